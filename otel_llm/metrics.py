@@ -1,0 +1,104 @@
+"""Per-request metric math of spec/metrics.md, vectorised over a :class:`TimelineBatch`.
+
+Every function is pure. Inputs and outputs are in **seconds** (TPOT: seconds per token).
+Undefined values are ``NaN`` (never 0): TTFT when a request has no token event, TPOT when it has
+``N <= 1`` output tokens, the largest ITL when it has fewer than two token events.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .timeline import Timeline, TimelineBatch
+
+
+@dataclass(frozen=True)
+class RequestMetrics:
+    """Per-request values, one entry per request of the batch (seconds)."""
+
+    ttft: np.ndarray  # t_1 - submit; NaN when m == 0
+    tpot: np.ndarray  # (t_m - t_1) / (N - 1); NaN when N <= 1
+    e2e: np.ndarray  # end - submit
+    itl_max: np.ndarray  # largest ITL sample; NaN when m < 2
+    events: np.ndarray  # m, token events (int)
+    output_tokens: np.ndarray  # N = sum k_i (int)
+    multi_token_events: np.ndarray  # events carrying more than one token (int)
+    itl: np.ndarray  # pooled ITL samples of all requests, request order (seconds)
+    itl_request: np.ndarray  # index of the request each ITL sample belongs to
+
+
+def segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Sum of ``values[offsets[i]:offsets[i+1]]`` for each i; empty segments give 0."""
+    csum = np.zeros(len(values) + 1, dtype=np.result_type(values.dtype, np.int64))
+    np.cumsum(values, out=csum[1:])
+    return csum[offsets[1:]] - csum[offsets[:-1]]
+
+
+def request_metrics(batch: TimelineBatch) -> RequestMetrics:
+    """TTFT, TPOT, E2E, ITL samples and counts for every request of ``batch``."""
+    off = batch.offsets
+    start, stop = off[:-1], off[1:]
+    m = stop - start
+    has = m > 0
+    n_req = len(batch)
+    et = batch.event_time
+    ntok = segment_sum(batch.event_tokens, off)
+
+    first = np.full(n_req, np.nan)
+    last = np.full(n_req, np.nan)
+    first[has] = et[start[has]]
+    last[has] = et[stop[has] - 1]
+    ttft = first - batch.submit
+
+    tpot = np.full(n_req, np.nan)
+    many = ntok > 1
+    tpot[many] = (last[many] - first[many]) / (ntok[many] - 1)
+
+    # Pooled ITL: gaps between consecutive events, dropping the gaps that cross requests.
+    event_req = np.repeat(np.arange(n_req, dtype=np.int64), m)
+    if len(et) > 1:
+        gaps = np.diff(et)
+        same = event_req[1:] == event_req[:-1]
+        itl = gaps[same]
+        itl_req = event_req[1:][same]
+    else:
+        itl = np.zeros(0)
+        itl_req = np.zeros(0, np.int64)
+    itl_max = np.full(n_req, np.nan)
+    if len(itl):
+        # samples of one request are contiguous; reduceat over the start of each run
+        gap_counts = np.maximum(m - 1, 0)
+        nz = gap_counts > 0
+        gstart = np.zeros(n_req, np.int64)
+        np.cumsum(gap_counts[:-1], out=gstart[1:])
+        itl_max[nz] = np.maximum.reduceat(itl, gstart[nz])
+
+    multi = segment_sum((batch.event_tokens > 1).astype(np.int64), off)
+    return RequestMetrics(ttft=ttft, tpot=tpot, e2e=batch.end - batch.submit, itl_max=itl_max,
+                          events=m, output_tokens=ntok, multi_token_events=multi,
+                          itl=itl, itl_request=itl_req)
+
+
+@dataclass(frozen=True)
+class SingleRequestMetrics:
+    """The spec's per-request numbers for one timeline (seconds; None where undefined)."""
+
+    ttft: float | None
+    itl: list[float]
+    tpot: float | None
+    e2e: float
+    output_tokens: int
+    multi_token_events: int
+
+
+def single_request_metrics(tl: Timeline) -> SingleRequestMetrics:
+    """:func:`request_metrics` for one request (the same code path, a batch of one)."""
+    rm = request_metrics(TimelineBatch.from_timelines([tl]))
+
+    def opt(x: float) -> float | None:
+        return None if np.isnan(x) else float(x)
+
+    return SingleRequestMetrics(ttft=opt(rm.ttft[0]), itl=rm.itl.tolist(), tpot=opt(rm.tpot[0]),
+                                e2e=float(rm.e2e[0]), output_tokens=int(rm.output_tokens[0]),
+                                multi_token_events=int(rm.multi_token_events[0]))

@@ -1,0 +1,192 @@
+"""Window statistics over many requests (spec/metrics.md: "Many requests", "Percentiles",
+"Goodput"). Plain dataclasses for what is measured; formatting lives in :mod:`otel_llm.report`.
+
+Units: seconds, requests/s, tokens/s; TPOT in seconds per token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .metrics import RequestMetrics, request_metrics
+from .percentiles import Percent, percentile_key, percentiles
+from .slo import SLO
+from .timeline import CANCELLED, ERROR, OK, REJECTED, TimelineBatch
+from .window import Window
+
+DEFAULT_PERCENTILES: tuple[str, ...] = ("50", "90", "95", "99")
+
+#: The population each latency distribution sorts (printed with every percentile).
+POPULATIONS = {
+    "ttft": "per-request TTFT of completed requests with a token",
+    "tpot": "per-request TPOT of completed requests with N > 1 tokens",
+    "itl": "pooled ITL: every gap of every completed request (long outputs contribute more samples)",
+    "itl_max": "per-request largest ITL of completed requests with 2+ token events",
+    "e2e": "per-request E2E of completed requests",
+}
+
+
+@dataclass
+class Distribution:
+    population: str
+    n: int
+    mean: float | None
+    min: float | None
+    max: float | None
+    percentiles: dict[str, float | None]  # key "p%g" -> seconds
+
+    @classmethod
+    def of(cls, population: str, samples: np.ndarray, ps: Sequence[Percent], method: str) -> "Distribution":
+        # sorted once: percentiles, min, max, and a mean that does not depend on input order
+        s = np.sort(samples[~np.isnan(samples)])
+        n = int(len(s))
+        vals = percentiles(s, ps, method, presorted=True)
+        return cls(population, n,
+                   float(np.mean(s)) if n else None,
+                   float(s[0]) if n else None,
+                   float(s[-1]) if n else None,
+                   {percentile_key(p): v for p, v in zip(ps, vals)})
+
+    def to_json(self) -> dict:
+        d = {"population": self.population, "n": self.n, "mean": self.mean, "min": self.min, "max": self.max}
+        d.update(self.percentiles)
+        return d
+
+
+@dataclass
+class Counts:
+    requests: int  # all requests in the data
+    completed: int  # status ok, end in window
+    failed: int  # status error, end in window
+    cancelled: int
+    rejected: int
+    tpot_undefined: int  # completed with N <= 1
+    no_token: int  # completed with no token event
+    multi_token_events: int  # token events of completed requests carrying more than one token
+
+
+@dataclass
+class Goodput:
+    slo: dict[str, float]
+    tpot_undefined: str
+    good: int
+    requests_per_s: float | None
+    attainment: float | None  # good / completed; None when nothing completed
+    attainment_by_bound: dict[str, float | None]
+
+
+@dataclass
+class Summary:
+    window: Window
+    counts: Counts
+    requests_per_s: float | None
+    output_tokens_per_s: float | None
+    output_tokens_in_window: int
+    percentile_method: str
+    latency: dict[str, Distribution]
+    goodput: Goodput | None
+    extra: dict = field(default_factory=dict)  # conditions etc., passed through to JSON
+
+    def to_json(self) -> dict:
+        c = self.counts
+        out = {
+            "window": {"start": self.window.start, "end": self.window.end, "seconds": self.window.seconds,
+                       "source": "given" if self.window.explicit else "earliest submit to latest end"},
+            "counts": {"requests": c.requests, "completed": c.completed, "failed": c.failed,
+                       "cancelled": c.cancelled, "rejected": c.rejected, "tpot_undefined": c.tpot_undefined,
+                       "no_token": c.no_token, "multi_token_events": c.multi_token_events},
+            "throughput": {"requests_per_s": self.requests_per_s, "output_tokens_per_s": self.output_tokens_per_s,
+                           "output_tokens": self.output_tokens_in_window},
+            "percentile_method": self.percentile_method,
+            "latency": {k: d.to_json() for k, d in self.latency.items()},
+            "goodput": None,
+        }
+        if self.goodput is not None:
+            g = self.goodput
+            out["goodput"] = {"slo": g.slo, "tpot_undefined": g.tpot_undefined, "good": g.good,
+                              "requests_per_s": g.requests_per_s, "attainment": g.attainment,
+                              "attainment_by_bound": g.attainment_by_bound}
+        out.update(self.extra)
+        return out
+
+
+def _rate(count: int, seconds: float) -> float | None:
+    return count / seconds if seconds > 0 else None
+
+
+def bound_checks(rm: RequestMetrics, slo: SLO) -> dict[str, np.ndarray]:
+    """For each bound of ``slo``, a boolean per request: does it meet that bound (spec rules for
+    undefined values: TPOT per ``slo.tpot_undefined``, ITL max vacuous with < 2 events, and any
+    ``ttft`` or ``itl_max`` bound fails with no token at all)."""
+    no_token = rm.events == 0
+    out: dict[str, np.ndarray] = {}
+    for name, bound in slo.bounds.items():
+        if name == "ttft":
+            ok = ~no_token & (np.nan_to_num(rm.ttft, nan=np.inf) <= bound)
+        elif name == "tpot":
+            undefined = np.isnan(rm.tpot)
+            ok = np.where(undefined, slo.tpot_undefined == "pass", np.nan_to_num(rm.tpot, nan=0.0) <= bound)
+        elif name == "itl_max":
+            ok = ~no_token & (np.isnan(rm.itl_max) | (np.nan_to_num(rm.itl_max, nan=0.0) <= bound))
+        else:  # e2e
+            ok = rm.e2e <= bound
+        out[name] = ok
+    return out
+
+
+def summarize(
+    batch: TimelineBatch,
+    window: Window | None = None,
+    slo: SLO | None = None,
+    ps: Iterable[Percent] = DEFAULT_PERCENTILES,
+    method: str = "nearest-rank",
+    rm: RequestMetrics | None = None,
+) -> Summary:
+    """All window statistics of spec/metrics.md for ``batch``.
+
+    ``window`` defaults to :meth:`Window.of` (earliest submit to latest end). Latency
+    distributions are over the completed requests (status ok, end in window).
+    """
+    ps = list(ps)
+    w = window or Window.of(batch)
+    rm = rm if rm is not None else request_metrics(batch)
+    in_win = w.contains(batch.end)
+    st = batch.status
+    completed = in_win & (st == OK)
+    n_completed = int(completed.sum())
+    T = w.seconds
+
+    tok_in = int(batch.event_tokens[w.contains(batch.event_time)].sum())
+    counts = Counts(
+        requests=len(batch), completed=n_completed,
+        failed=int((in_win & (st == ERROR)).sum()), cancelled=int((in_win & (st == CANCELLED)).sum()),
+        rejected=int((in_win & (st == REJECTED)).sum()),
+        tpot_undefined=int((completed & (rm.output_tokens <= 1)).sum()),
+        no_token=int((completed & (rm.events == 0)).sum()),
+        multi_token_events=int(rm.multi_token_events[completed].sum()),
+    )
+    latency = {
+        "ttft": Distribution.of(POPULATIONS["ttft"], rm.ttft[completed], ps, method),
+        "tpot": Distribution.of(POPULATIONS["tpot"], rm.tpot[completed], ps, method),
+        "itl": Distribution.of(POPULATIONS["itl"], rm.itl[completed[rm.itl_request]], ps, method),
+        "itl_max": Distribution.of(POPULATIONS["itl_max"], rm.itl_max[completed], ps, method),
+        "e2e": Distribution.of(POPULATIONS["e2e"], rm.e2e[completed], ps, method),
+    }
+    goodput = None
+    if slo is not None:
+        checks = bound_checks(rm, slo)
+        good_mask = completed.copy()
+        for ok in checks.values():
+            good_mask &= ok
+        good = int(good_mask.sum())
+        goodput = Goodput(
+            slo=slo.bounds, tpot_undefined=slo.tpot_undefined, good=good, requests_per_s=_rate(good, T),
+            attainment=good / n_completed if n_completed else None,
+            attainment_by_bound={k: (int((completed & ok).sum()) / n_completed if n_completed else None)
+                                 for k, ok in checks.items()},
+        )
+    return Summary(window=w, counts=counts, requests_per_s=_rate(n_completed, T),
+                   output_tokens_per_s=_rate(tok_in, T), output_tokens_in_window=tok_in,
+                   percentile_method=method, latency=latency, goodput=goodput)
