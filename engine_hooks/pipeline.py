@@ -1,0 +1,179 @@
+"""The tracing pipeline of one process: recorder -> tracker -> span factory -> exporter.
+
+The engine's threads only touch the :class:`~engine_hooks.recorder.Recorder`. A daemon thread
+wakes every ``interval_s`` (``OTEL_BSP_SCHEDULE_DELAY`` ms, default 200), drains the recorder,
+builds spans with explicit times and exports them in batches of at most
+``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512). Nothing here raises into the engine: failures
+are counted in :class:`PipelineCounters` and warned about once. Spans are flushed at exit.
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import weakref
+from dataclasses import dataclass
+
+from opentelemetry.sdk.trace.export import SpanExporter
+
+from otel_llm.export import SafeSpanExporter, exporter_from_env
+
+from .clock import WallAnchor, monotonic_ns
+from .recorder import Recorder
+from .spans import SpanFactory, make_resource
+from .tracker import RequestTracker
+
+log = logging.getLogger("engine_hooks")
+
+
+@dataclass
+class PipelineCounters:
+    events_dropped: int = 0  # recorder full
+    spans_exported: int = 0
+    spans_dropped: int = 0  # exporter failed
+    requests_traced: int = 0
+    requests_evicted: int = 0  # in-flight bound hit
+    steps_traced: int = 0
+    builder_errors: int = 0
+    hook_errors: int = 0
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+class TracingPipeline:
+    def __init__(self, exporter: SpanExporter | None = None, *, service_name: str = "llm-engine",
+                 engine: str | None = None, model: str | None = None, boundary: str = "engine",
+                 interval_s: float | None = None, capacity: int | None = None,
+                 max_in_flight: int = 100_000, gpu_elapsed=None, resource_attrs: dict | None = None):
+        self.recorder = Recorder(capacity or _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 1 << 18))
+        self.anchor = WallAnchor()
+        self.tracker = RequestTracker(self.anchor, max_in_flight, gpu_elapsed=gpu_elapsed)
+        self.factory = SpanFactory(make_resource(service_name, resource_attrs), boundary, engine, model)
+        self.exporter = SafeSpanExporter(exporter, "engine_hooks") if exporter is not None else None
+        self.interval_s = interval_s if interval_s is not None else _env_int("OTEL_BSP_SCHEDULE_DELAY", 200) / 1000
+        self.batch_size = max(1, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
+        self.counters = PipelineCounters()
+        self._lock = threading.Lock()  # one builder at a time (thread vs flush)
+        self._wake = threading.Event()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+        self._hook_warned = False
+        self._builder_warned = False
+        _live_pipelines.add(self)
+
+    # -- hot path helpers ------------------------------------------------------------------------
+    def hook_failed(self, exc: BaseException) -> None:
+        """A hook raised: count it, warn once. Never re-raises."""
+        self.counters.hook_errors += 1
+        if not self._hook_warned:
+            self._hook_warned = True
+            log.warning("engine_hooks: a tracing hook failed (%s: %s); the engine goes on, failures are counted",
+                        type(exc).__name__, exc)
+
+    def start(self) -> "TracingPipeline":
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(target=self._run, name="otel-llm-spans", daemon=True)
+            self._thread.start()
+        return self
+
+    # -- builder side ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopped:
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            self.process()
+
+    def process(self, final: bool = False) -> int:
+        """Drain, build and export; returns the number of spans handed to the exporter."""
+        with self._lock:
+            try:
+                self.tracker.feed(self.recorder.drain())
+                self.tracker.resolve_gpu(force=final)
+                if final:
+                    self.tracker.close_all(self.anchor.wall_ns(monotonic_ns()))
+                finished, steps = self.tracker.take()
+                spans = []
+                for r in finished:
+                    spans.extend(self.factory.request_spans(r))
+                spans.extend(self.factory.step_spans(steps))
+                c = self.counters
+                c.requests_traced += len(finished)
+                c.steps_traced += len(steps)
+                c.requests_evicted = self.tracker.evicted
+                c.events_dropped = self.recorder.dropped
+            except Exception as exc:  # noqa: BLE001
+                self.counters.builder_errors += 1
+                if not self._builder_warned:
+                    self._builder_warned = True
+                    log.warning("engine_hooks: building spans failed (%s: %s); counting and going on",
+                                type(exc).__name__, exc, exc_info=True)
+                return 0
+            if self.exporter is None:
+                return 0
+            for i in range(0, len(spans), self.batch_size):
+                self.exporter.export(spans[i:i + self.batch_size])
+            self.counters.spans_exported = self.exporter.exported
+            self.counters.spans_dropped = self.exporter.dropped
+            return len(spans)
+
+    def flush(self) -> None:
+        """Export everything recorded so far (requests still in flight stay in flight)."""
+        self.process()
+        if self.exporter is not None:
+            self.exporter.force_flush()
+
+    def shutdown(self) -> None:
+        """Final flush: requests still in flight are exported as incomplete, then the exporter closes."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+        self.process(final=True)
+        if self.exporter is not None:
+            self.exporter.force_flush()
+            self.exporter.shutdown()
+
+
+_live_pipelines: "weakref.WeakSet[TracingPipeline]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_all_at_exit() -> None:
+    for p in list(_live_pipelines):
+        try:
+            p.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+_default: TracingPipeline | None = None
+_default_lock = threading.Lock()
+
+
+def default_pipeline(**kwargs) -> TracingPipeline:
+    """The process's pipeline, configured from the environment on first use (exporter from
+    ``OTEL_LLM_TRACES_FILE`` or the standard ``OTEL_*`` variables)."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._stopped:
+            try:
+                exporter = exporter_from_env()
+            except ValueError as exc:
+                log.warning("engine_hooks: %s; spans are not exported", exc)
+                exporter = None
+            _default = TracingPipeline(exporter, **kwargs).start()
+        return _default
+
+
+def flush() -> None:
+    """Export what every pipeline of this process has recorded so far."""
+    for p in list(_live_pipelines):
+        p.flush()

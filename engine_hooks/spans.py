@@ -1,0 +1,134 @@
+"""Building OpenTelemetry spans from finished-request and step records, with explicit times.
+
+Runs off the engine's thread. Span layout (DESIGN.md): ``llm.request`` (SERVER) with children
+``llm.queue``, ``llm.prefill``, ``llm.decode``, one ``llm.preemption`` per preemption and
+``llm.stream``; the token-event arrays ride on ``llm.request``. Children are clamped inside
+their parent. Engine steps go into one trace per export batch: an ``llm.engine.steps`` span with
+one ``llm.engine.step`` child per iteration.
+"""
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace.status import Status, StatusCode
+
+from otel_llm import semconv as sc
+
+from .tracker import FinishedRequest, StepRecord
+
+_SCOPE = InstrumentationScope("engine_hooks", "0.1.0")
+_PROPAGATOR = TraceContextTextMapPropagator()
+_SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+
+
+def make_resource(default_service: str, attrs: Mapping[str, object] | None = None) -> Resource:
+    """A resource from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, defaulting the
+    service name to ``default_service`` when neither sets one."""
+    extra = dict(attrs or {})
+    env_attrs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
+    if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in env_attrs:
+        extra["service.name"] = default_service
+    return Resource.create(extra)
+
+
+def parent_from_headers(headers: Mapping[str, str] | None) -> SpanContext | None:
+    """The remote parent span context of a W3C ``traceparent`` header, if valid."""
+    if not headers:
+        return None
+    ctx = _PROPAGATOR.extract(carrier=dict(headers))
+    sc_ = trace_api.get_current_span(ctx).get_span_context()
+    return sc_ if sc_.is_valid else None
+
+
+class SpanFactory:
+    def __init__(self, resource: Resource, boundary: str = "engine", engine: str | None = None,
+                 model: str | None = None):
+        self.resource = resource
+        self.boundary = boundary
+        self.engine = engine
+        self.model = model
+        self._ids = RandomIdGenerator()
+        self.steps_in_trace = 0
+
+    def _ctx(self, trace_id: int) -> SpanContext:
+        return SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=_SAMPLED)
+
+    def _span(self, name: str, ctx: SpanContext, parent: SpanContext | None, start: int, end: int,
+              attrs: dict, kind: SpanKind = SpanKind.INTERNAL, status: Status | None = None) -> ReadableSpan:
+        return ReadableSpan(name=name, context=ctx, parent=parent, resource=self.resource, attributes=attrs,
+                            kind=kind, status=status or Status(StatusCode.UNSET), start_time=start,
+                            end_time=max(end, start), instrumentation_scope=_SCOPE)
+
+    def request_spans(self, r: FinishedRequest) -> list[ReadableSpan]:
+        parent = parent_from_headers(r.trace_headers)
+        trace_id = parent.trace_id if parent else self._ids.generate_trace_id()
+        root = self._ctx(trace_id)
+        s0, s1 = r.start_ns, r.end_ns
+        clamp = lambda t: min(max(t, s0), s1)  # noqa: E731
+        b = {sc.BOUNDARY: self.boundary}
+        attrs = {
+            **b, sc.REQUEST_ID: r.request_id, sc.STATUS: r.status,
+            sc.OUTPUT_TOKENS: r.output_tokens, sc.PREEMPTIONS: len(r.preemptions),
+            sc.TOKEN_EVENT_OFFSETS: [clamp(t) - s0 for t in r.out_times_ns],
+            sc.TOKEN_EVENT_TOKENS: list(r.out_tokens),
+        }
+        if r.input_tokens is not None:
+            attrs[sc.INPUT_TOKENS] = r.input_tokens
+        if self.model:
+            attrs[sc.REQUEST_MODEL] = self.model
+        if self.engine:
+            attrs[sc.ENGINE_NAME] = self.engine
+        if r.finish_reason:
+            attrs[sc.FINISH_REASONS] = [r.finish_reason]
+        if r.incomplete:
+            attrs["llm.request.incomplete"] = True
+        if r.attrs:
+            attrs.update(r.attrs)
+        status = None
+        if r.status != "ok":
+            attrs[sc.ERROR_TYPE] = r.finish_reason if r.status == "error" and r.finish_reason else r.status
+            status = Status(StatusCode.ERROR, r.status)
+        out = [self._span(sc.SPAN_REQUEST, root, parent, s0, s1, attrs, SpanKind.SERVER, status)]
+        child = lambda name, t0, t1, a=None: out.append(  # noqa: E731
+            self._span(name, self._ctx(trace_id), root, clamp(t0), clamp(t1), {**b, **(a or {})}))
+        sched = r.first_scheduled_ns
+        child(sc.SPAN_QUEUE, s0, sched if sched is not None else s1,
+              None if sched is not None else {"llm.queue.incomplete": True})
+        if sched is not None and r.first_generated_ns is not None:
+            child(sc.SPAN_PREFILL, sched, r.first_generated_ns)
+            if r.last_generated_ns is not None and r.generated_tokens > 1:
+                child(sc.SPAN_DECODE, r.first_generated_ns, r.last_generated_ns)
+        for t0, t1, mode in r.preemptions:
+            child(sc.SPAN_PREEMPTION, t0, t1, {sc.PREEMPTION_MODE: mode})
+        if r.out_times_ns:
+            child(sc.SPAN_STREAM, r.out_times_ns[0], r.out_times_ns[-1], {"llm.stream.events": len(r.out_times_ns)})
+        return out
+
+    def step_spans(self, steps: list[StepRecord]) -> list[ReadableSpan]:
+        if not steps:
+            return []
+        trace_id = self._ids.generate_trace_id()
+        root = self._ctx(trace_id)
+        b = {sc.BOUNDARY: self.boundary}
+        if self.engine:
+            b[sc.ENGINE_NAME] = self.engine
+        out = [self._span(sc.SPAN_STEPS, root, None, steps[0].start_ns, max(s.end_ns for s in steps),
+                          {**b, "llm.steps.count": len(steps), "llm.steps.first_index": steps[0].index})]
+        for s in steps:
+            a = {**b, sc.STEP_INDEX: s.index, sc.STEP_BATCH_SIZE: s.batch_size,
+                 sc.STEP_PREFILL_TOKENS: s.prefill_tokens, sc.STEP_DECODE_TOKENS: s.decode_tokens,
+                 sc.STEP_PREEMPTED: s.preempted}
+            if s.kv_usage is not None:
+                a[sc.STEP_KV_USAGE] = float(s.kv_usage)
+            if s.gpu_time_ns is not None:
+                a[sc.STEP_GPU_TIME_NS] = int(s.gpu_time_ns)
+            out.append(self._span(sc.SPAN_STEP, self._ctx(trace_id), root, s.start_ns, s.end_ns, a))
+        return out

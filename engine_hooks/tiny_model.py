@@ -1,0 +1,66 @@
+"""Build a tiny random-weight Llama with a local tokenizer, for tests, demos and benchmarks.
+
+Nothing is downloaded: the config, the random weights and a word-level tokenizer are all made
+here and saved with ``save_pretrained`` so that vLLM or transformers can load the folder offline.
+
+Run: ``python -m engine_hooks.tiny_model DIR`` (does nothing when DIR already holds the model).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+MARKER = "otel_llm_tiny_model.json"
+SPEC = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024, "seed": 0}
+
+
+def build_tiny_model(path: str) -> str:
+    """Create the model folder at ``path`` (idempotent); returns ``path``."""
+    marker = os.path.join(path, MARKER)
+    if os.path.exists(marker):
+        with open(marker) as fh:
+            if json.load(fh) == SPEC:
+                return path
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    os.makedirs(path, exist_ok=True)
+    words = ["<unk>", "<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(SPEC["vocab_size"] - 4)]
+    vocab = {w: i for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(path)
+    torch.manual_seed(SPEC["seed"])
+    cfg = LlamaConfig(vocab_size=SPEC["vocab_size"], hidden_size=SPEC["hidden_size"],
+                      intermediate_size=SPEC["intermediate_size"], num_hidden_layers=SPEC["num_hidden_layers"],
+                      num_attention_heads=SPEC["num_attention_heads"], num_key_value_heads=SPEC["num_key_value_heads"],
+                      max_position_embeddings=SPEC["max_position_embeddings"], bos_token_id=1, eos_token_id=2,
+                      pad_token_id=3, torch_dtype="bfloat16")
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.save_pretrained(path)
+    with open(marker, "w") as fh:
+        json.dump(SPEC, fh)
+    return path
+
+
+def prompt(n_tokens: int, seed: int = 0) -> str:
+    """A prompt of exactly ``n_tokens`` words of the tiny vocabulary."""
+    return " ".join(f"w{(seed * 31 + i * 7) % (SPEC['vocab_size'] - 4)}" for i in range(n_tokens))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Build the tiny random-weight Llama used by tests and demos.")
+    ap.add_argument("dir", help="output folder")
+    a = ap.parse_args(argv)
+    print(build_tiny_model(a.dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

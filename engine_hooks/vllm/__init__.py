@@ -1,0 +1,146 @@
+"""Tracing for vLLM (v1 engine).
+
+``instrument(vllm.LLM)`` / ``instrument(AsyncLLM)`` return subclasses with the same constructor
+and API whose engines are traced: request spans from the front end (``frontend.py``) and
+per-iteration step spans from inside the engine-core process (``core.py``, loaded there by
+vLLM's plugin entry point). ``instrument(engine)`` hooks an engine already built, with less
+detail (it says which, once). ``vllm serve`` is traced through the plugin with
+``OTEL_LLM_ENABLE=1`` (``plugin.py``).
+
+vLLM's statistics (``disable_log_stats=False``; the server's default) carry the engine core's own
+QUEUED / SCHEDULED / PREEMPTED timestamps; ``instrument`` turns them on.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import os
+from typing import Any
+
+from ..api import EngineHooks
+from .frontend import capture_trace_headers, instrument_output_processor
+from .plugin import ENV_ENABLE, ENV_FRONTEND
+
+log = logging.getLogger("engine_hooks")
+_hooks: EngineHooks | None = None
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, msg: str, *args) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(msg, *args)
+
+
+def frontend_hooks() -> EngineHooks:
+    global _hooks
+    if _hooks is None:
+        _hooks = EngineHooks(engine="vllm", service_name="vllm")
+    return _hooks
+
+
+def _model_name(engine: Any) -> str | None:
+    mc = getattr(engine, "model_config", None)
+    if mc is None:
+        return None
+    name = getattr(mc, "served_model_name", None) or getattr(mc, "model", None)
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else None
+    return str(name) if name else None
+
+
+def attach(engine: Any) -> bool:
+    """Hook the front end of one ``LLMEngine`` / ``AsyncLLM`` (idempotent)."""
+    op = getattr(engine, "output_processor", None)
+    if op is None:
+        raise TypeError(f"{type(engine).__name__} has no output_processor: not a vLLM v1 engine")
+    done = instrument_output_processor(op, frontend_hooks(), _model_name(engine))
+    capture_trace_headers(engine)
+    if not getattr(engine, "log_stats", True):
+        _warn_once("log_stats", "otel-llm: this vLLM engine runs with stats logging off (disable_log_stats=True): "
+                   "requests get llm.request, llm.stream and token events, but no queue, prefill, decode or "
+                   "preemption spans. Build it with disable_log_stats=False (instrument(vllm.LLM) does).")
+    return done
+
+
+@contextlib.contextmanager
+def _core_plugin_env():
+    """While an engine is built: its engine-core process loads the plugin (step spans), and the
+    plugin leaves front ends other than this engine's alone."""
+    saved = {k: os.environ.get(k) for k in (ENV_ENABLE, ENV_FRONTEND)}
+    os.environ[ENV_ENABLE] = "1"
+    os.environ[ENV_FRONTEND] = "0"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _engine_of(obj: Any) -> Any:
+    return getattr(obj, "llm_engine", None) or obj
+
+
+def instrument(target: Any, **_: Any) -> Any:
+    """Trace a vLLM engine class (returns a traced subclass) or an engine instance (returns it)."""
+    if isinstance(target, type):
+        return _instrument_class(target)
+    engine = _engine_of(target)
+    attach(engine)
+    _warn_once("instance", "otel-llm: instrument() was given an engine that is already running: its engine-core "
+               "process started without the otel-llm hooks, so there are no llm.engine.step spans (batch size, "
+               "prefill/decode tokens, KV usage). Use instrument(%s) before building it, or set OTEL_LLM_ENABLE=1, "
+               "for those.", type(target).__name__)
+    return target
+
+
+def _instrument_class(cls: type) -> type:
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    is_async = issubclass(cls, (AsyncLLM, LLMEngine))  # these take log_stats; vllm.LLM takes disable_log_stats
+
+    def __init__(self, *args, **kwargs):
+        if is_async:
+            kwargs["log_stats"] = True
+            if len(args) >= 3:  # (vllm_config, executor_class, log_stats, ...)
+                args = (*args[:2], True, *args[3:])
+        else:
+            kwargs["disable_log_stats"] = False
+        with _core_plugin_env():
+            cls.__init__(self, *args, **kwargs)
+        attach(_engine_of(self))
+
+    traced = type(cls.__name__, (cls,), {"__init__": functools.wraps(cls.__init__)(__init__),
+                                         "__doc__": cls.__doc__, "__module__": cls.__module__,
+                                         "__otel_llm_traced__": True})
+    traced.__qualname__ = cls.__qualname__
+    return traced
+
+
+def instrument_frontend_classes() -> None:
+    """Plugin mode: hook every LLMEngine / AsyncLLM built in this process from now on."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    for cls in (AsyncLLM, LLMEngine):
+        init = cls.__init__
+        if getattr(init, "__otel_llm_hooked__", False):
+            continue
+
+        def make(init):
+            @functools.wraps(init)
+            def __init__(self, *args, **kwargs):
+                init(self, *args, **kwargs)
+                try:
+                    attach(self)
+                except Exception as exc:  # noqa: BLE001
+                    _warn_once("attach", "otel-llm: could not hook the vLLM front end (%s); untraced", exc)
+            __init__.__otel_llm_hooked__ = True
+            return __init__
+
+        cls.__init__ = make(init)

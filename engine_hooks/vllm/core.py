@@ -1,0 +1,60 @@
+"""vLLM engine core: one ``llm.engine.step`` span per scheduler iteration, from inside the
+engine-core process (loaded there by vLLM's ``vllm.general_plugins`` entry point).
+
+Hooks the ``Scheduler`` class with the generic :class:`~engine_hooks.api.EngineHooks`:
+``schedule`` starts an iteration, ``update_from_output`` ends it (iterations are matched by
+their ``SchedulerOutput``, so overlapping iterations under async scheduling pair up correctly).
+Per step, on the engine's thread: two clock reads, a handful of attribute reads and one
+``list.count`` over the batch's scheduled-token counts (C). Prefill tokens are the scheduled
+tokens of requests that were given more than one token this step; decode tokens count the
+requests given exactly one (a one-token prefill chunk counts as decode).
+"""
+from __future__ import annotations
+
+import logging
+
+from ..api import EngineHooks, hooked
+from ..gpu_timer import CudaEventTimer
+
+log = logging.getLogger("engine_hooks")
+
+
+def _decode_tokens(res, self, so, *a, **k) -> int:
+    return list(so.num_scheduled_tokens.values()).count(1)
+
+
+def _prefill_tokens(res, self, so, *a, **k) -> int:
+    return so.total_num_scheduled_tokens - list(so.num_scheduled_tokens.values()).count(1)
+
+
+def _kv_usage(res, self, *a, **k):
+    return self.kv_cache_manager.usage
+
+
+def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = None) -> bool:
+    """Patch vLLM's Scheduler class in this process; returns False when already patched."""
+    if scheduler_cls is None:
+        from vllm.v1.core.sched.scheduler import Scheduler as scheduler_cls  # noqa: N813
+    if hooked(scheduler_cls.update_from_output):
+        return False
+    hooks = hooks or EngineHooks(engine="vllm", service_name="vllm", gpu_timer=CudaEventTimer.if_available())
+    scheduler_cls.schedule = hooks.schedule(key=lambda res, *a, **k: id(res))(scheduler_cls.schedule)
+    scheduler_cls.update_from_output = hooks.step(
+        key=lambda res, self, so, *a, **k: id(so),
+        batch_size=lambda res, self, so, *a, **k: len(so.num_scheduled_tokens),
+        prefill_tokens=_prefill_tokens, decode_tokens=_decode_tokens,
+        preempted=lambda res, self, so, *a, **k: len(getattr(so, "preempted_req_ids", None) or ()),
+        kv_usage=_kv_usage,
+    )(scheduler_cls.update_from_output)
+
+    shutdown = scheduler_cls.shutdown
+
+    def shutdown_and_flush(self, *a, **k):
+        try:
+            hooks.pipeline.shutdown()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("engine_hooks: flushing step spans at shutdown failed: %s", exc)
+        return shutdown(self, *a, **k)
+
+    scheduler_cls.shutdown = shutdown_and_flush
+    return True

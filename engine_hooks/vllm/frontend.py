@@ -1,0 +1,116 @@
+"""vLLM front end: the engine boundary (arrival, outputs handed out, finish or abort).
+
+Hooks one ``OutputProcessor`` instance (``LLMEngine`` and ``AsyncLLM`` both own one) with the
+generic :class:`~engine_hooks.api.EngineHooks`:
+
+* ``add_request`` -> arrival (internal request id, external id as ``llm.request.id``, arrival
+  wall time, prompt tokens, the caller's W3C trace headers);
+* ``process_outputs`` -> :meth:`EngineHooks.raw`: O(1) on the engine's thread (a reference to the
+  step's ``EngineCoreOutput`` list); unpacked later into token events, and into the engine core's
+  own QUEUED / SCHEDULED / PREEMPTED events (recorded inside vLLM's scheduler, monotonic clock of
+  this host) that give the queue, prefill, decode and preemption spans;
+* ``abort_requests`` -> finish with status ``cancelled``.
+"""
+from __future__ import annotations
+
+import contextvars
+from typing import Any, Mapping
+
+from otel_llm import semconv as sc
+
+from ..api import EngineHooks, hooked
+from ..tracker import RequestTracker
+
+#: trace headers of the request being added on this task (AsyncLLM drops them unless vLLM's own
+#: tracing is on, so the adapter captures them before that).
+incoming_trace_headers: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "otel_llm_incoming_trace_headers", default=None)
+
+_STATUS = {0: "ok", 1: "ok", 2: "cancelled", 3: "error", 4: "ok"}  # FinishReason -> status
+_REASON = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "repetition"}
+_QUEUED, _SCHEDULED, _PREEMPTED = 1, 2, 3  # EngineCoreEventType
+
+
+def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float | None, list]) -> None:
+    """Unpack one ``process_outputs`` call (runs on the span-building thread)."""
+    core_ts, outputs = payload
+    anchor = tracker.anchor
+    out_ns = anchor.wall_ns(mono_ns)
+    gen_ns = anchor.wall_ns_from_mono_s(core_ts) if core_ts else out_ns
+    for o in outputs:
+        rid = o.request_id
+        if o.events:
+            for ev in o.events:
+                t = anchor.wall_ns_from_mono_s(ev.timestamp)
+                if ev.type == _SCHEDULED:
+                    tracker.scheduled(rid, t)
+                elif ev.type == _PREEMPTED:
+                    tracker.preempted(rid, t, "recompute")  # vLLM v1 preempts by recomputation only
+        n = len(o.new_token_ids)
+        if n:
+            tracker.generated(rid, gen_ns, n)
+            tracker.token_out(rid, out_ns, n)
+        fr = o.finish_reason
+        if fr is not None:
+            tracker.finish(rid, out_ns, _STATUS.get(int(fr), "error"), _REASON.get(int(fr), str(fr)))
+
+
+def _trace_headers(res, self, request, *a, **k):
+    return incoming_trace_headers.get() or getattr(request, "trace_headers", None)
+
+
+def _start_ns(res, self, request, *a, **k):
+    t = getattr(request, "arrival_time", None)
+    return int(t * 1e9) if t else None
+
+
+def _input_tokens(res, self, request, *a, **k):
+    ids = getattr(request, "prompt_token_ids", None)
+    return len(ids) if ids is not None else None
+
+
+def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) -> bool:
+    """Hook one OutputProcessor instance; returns False when it was hooked already."""
+    if hooked(getattr(op, "process_outputs", None)):
+        return False
+    attrs = {sc.REQUEST_MODEL: model} if model else {}
+    cls = type(op)
+
+    def attributes(res, self, request, *a, **k):
+        ext = getattr(request, "external_req_id", None) or request.request_id
+        return {**attrs, sc.REQUEST_ID: ext, "llm.request.internal_id": request.request_id}
+
+    # bound to the instance: engines built without instrument() in this process stay untouched
+    op.add_request = hooks.arrival(
+        request_id=lambda res, self, request, *a, **k: request.request_id, input_tokens=_input_tokens,
+        trace_headers=_trace_headers, start_time_ns=_start_ns, attributes=attributes,
+    )(cls.add_request).__get__(op)
+    op.process_outputs = hooks.raw(
+        payload=lambda res, self, outputs, engine_core_timestamp=None, *a, **k: (engine_core_timestamp, outputs),
+        expander=expand_outputs,
+    )(cls.process_outputs).__get__(op)
+    op.abort_requests = hooks.finish(
+        request_id=lambda res, *a, **k: res or (), status="cancelled", reason=lambda *a, **k: "abort",
+    )(cls.abort_requests).__get__(op)
+    return True
+
+
+def capture_trace_headers(engine: Any) -> None:
+    """Wrap ``AsyncLLM.add_request`` of one engine so the caller's trace headers reach the hooks."""
+    add = getattr(engine, "add_request", None)
+    import functools
+    import inspect
+
+    if add is None or getattr(add, "__otel_llm_hooked__", False) or not inspect.iscoroutinefunction(add):
+        return  # LLMEngine (sync) passes trace_headers through to the request already
+
+    @functools.wraps(add)
+    async def add_request(*args, **kwargs):
+        token = incoming_trace_headers.set(kwargs.get("trace_headers"))
+        try:
+            return await add(*args, **kwargs)
+        finally:
+            incoming_trace_headers.reset(token)
+
+    add_request.__otel_llm_hooked__ = True  # type: ignore[attr-defined]
+    engine.add_request = add_request

@@ -1,0 +1,39 @@
+"""vLLM general plugin (entry point ``vllm.general_plugins``): runs in every vLLM process.
+
+With ``OTEL_LLM_ENABLE=1`` in the environment:
+* in the engine-core process it hooks the scheduler (step spans);
+* in the front-end process (``vllm serve`` / the OpenAI API server) it hooks every
+  ``OutputProcessor`` and ``AsyncLLM`` built from then on (request spans, and the caller's W3C
+  ``traceparent`` joined).
+Without it, the plugin does nothing. ``instrument()`` sets the variable while it builds an engine,
+with ``OTEL_LLM_FRONTEND=0`` so that only that engine's front end is hooked.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger("engine_hooks")
+
+ENV_ENABLE = "OTEL_LLM_ENABLE"
+ENV_FRONTEND = "OTEL_LLM_FRONTEND"
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_ENABLE, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def register() -> None:
+    if not enabled():
+        return
+    try:
+        from .core import instrument_scheduler_class
+
+        instrument_scheduler_class()
+        if os.environ.get(ENV_FRONTEND, "1") != "0":
+            from . import instrument_frontend_classes
+
+            instrument_frontend_classes()
+    except Exception as exc:  # noqa: BLE001 - tracing must never stop vLLM from starting
+        log.warning("otel-llm: vLLM plugin could not install its hooks (%s: %s); vLLM runs untraced",
+                    type(exc).__name__, exc)

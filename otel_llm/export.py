@@ -1,0 +1,139 @@
+"""Span exporters and their configuration from the standard ``OTEL_*`` environment variables.
+
+* :class:`FileSpanExporter`: OTLP JSON lines (one ``ExportTraceServiceRequest`` per line, hex ids),
+  the format of the OpenTelemetry Collector's file exporter. Every process of a run can append to
+  the same file: each batch is one ``write`` on an ``O_APPEND`` descriptor.
+* :class:`SafeSpanExporter`: wraps any exporter so that it never raises, warns once, and counts
+  the spans it could not deliver.
+* :func:`exporter_from_env`: ``OTEL_LLM_TRACES_FILE`` (a path) wins; otherwise
+  ``OTEL_TRACES_EXPORTER`` (``otlp`` by default, ``console``, ``none``) with
+  ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf`` by
+  default, or ``grpc``); the OTLP exporters read their own endpoint, header, timeout and
+  compression variables (``OTEL_EXPORTER_OTLP_ENDPOINT`` and friends).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Sequence
+
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from .otlp_json import to_json
+
+log = logging.getLogger("otel_llm")
+
+ENV_TRACES_FILE = "OTEL_LLM_TRACES_FILE"
+
+
+class FileSpanExporter(SpanExporter):
+    """Append spans to ``path`` as OTLP JSON lines."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fd: int | None = None
+        self._lock = threading.Lock()
+
+    def _open(self) -> int:
+        if self._fd is None:
+            d = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(d, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        return self._fd
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        line = (to_json(encode_spans(spans)) + "\n").encode()
+        with self._lock:
+            fd = self._open()
+            view = memoryview(line)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+class SafeSpanExporter(SpanExporter):
+    """Never raises; warns once per failure kind; counts what it could not deliver."""
+
+    def __init__(self, inner: SpanExporter, name: str = "otel-llm"):
+        self.inner = inner
+        self.name = name
+        self.exported = 0
+        self.dropped = 0
+        self._warned = False
+
+    def _warn(self, why: str) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning("%s: could not export spans (%s); dropping and counting them, tracing goes on", self.name, why)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception as exc:  # noqa: BLE001 - tracing must never raise into the engine
+            self.dropped += len(spans)
+            self._warn(f"{type(exc).__name__}: {exc}")
+            return SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+        else:
+            self.dropped += len(spans)
+            self._warn(f"exporter {type(self.inner).__name__} reported failure")
+        return result
+
+    def shutdown(self) -> None:
+        try:
+            self.inner.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        try:
+            return self.inner.force_flush(timeout_millis)
+        except Exception:  # noqa: BLE001
+            return False
+
+
+def otlp_protocol() -> str:
+    return (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf").strip()
+
+
+def exporter_from_env() -> SpanExporter | None:
+    """The exporter the environment asks for, or None when tracing export is off."""
+    path = os.environ.get(ENV_TRACES_FILE)
+    if path:
+        return FileSpanExporter(path)
+    kind = (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower()
+    if kind == "none":
+        return None
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if kind != "otlp":
+        raise ValueError(f"OTEL_TRACES_EXPORTER={kind!r} is not supported (otlp, console or none)")
+    proto = otlp_protocol()
+    if proto == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter()
+    if proto in ("http/protobuf", "http"):
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
+
+        return HTTPExporter()
+    raise ValueError(f"OTLP protocol {proto!r} is not supported (grpc or http/protobuf)")

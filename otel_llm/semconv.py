@@ -1,0 +1,45 @@
+"""Span names and attribute keys: the contract between engine_hooks, the client side and the
+collector (DESIGN.md, "Span conventions"). GenAI semantic-convention names where one exists;
+engine internals under ``llm.``. Add keys freely; change none of these silently."""
+
+# span names
+SPAN_CLIENT_REQUEST = "llm.client.request"
+SPAN_REQUEST = "llm.request"
+SPAN_QUEUE = "llm.queue"
+SPAN_PREFILL = "llm.prefill"
+SPAN_DECODE = "llm.decode"
+SPAN_PREEMPTION = "llm.preemption"
+SPAN_STREAM = "llm.stream"
+SPAN_STEP = "llm.engine.step"
+SPAN_STEPS = "llm.engine.steps"  # parent of a run of step spans (one trace per export batch)
+
+REQUEST_SPANS = (SPAN_REQUEST, SPAN_CLIENT_REQUEST)
+
+# attributes
+BOUNDARY = "llm.boundary"  # "client" | "engine"
+REQUEST_ID = "llm.request.id"
+TOKEN_EVENT_OFFSETS = "llm.token_event.offsets_ns"  # int[]: ns after the span start
+TOKEN_EVENT_TOKENS = "llm.token_event.tokens"  # int[]: tokens in each event
+TOKEN_EVENT_ESTIMATED = "llm.token_event.estimated"  # bool: token counts estimated, not from usage
+INPUT_TOKENS = "gen_ai.usage.input_tokens"
+OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+REQUEST_MODEL = "gen_ai.request.model"
+RESPONSE_ID = "gen_ai.response.id"
+FINISH_REASONS = "gen_ai.response.finish_reasons"
+OPERATION_NAME = "gen_ai.operation.name"
+SYSTEM = "gen_ai.system"
+ERROR_TYPE = "error.type"
+STATUS = "llm.request.status"  # ok | error | cancelled | rejected
+PREEMPTIONS = "llm.request.preemptions"
+PREEMPTION_MODE = "llm.preemption.mode"  # recompute | swap
+ENGINE_NAME = "llm.engine.name"
+
+STEP_INDEX = "llm.step.index"
+STEP_BATCH_SIZE = "llm.step.batch_size"
+STEP_PREFILL_TOKENS = "llm.step.prefill_tokens"
+STEP_DECODE_TOKENS = "llm.step.decode_tokens"
+STEP_PREEMPTED = "llm.step.preempted"
+STEP_KV_USAGE = "llm.step.kv_cache_usage"  # fraction 0..1
+STEP_GPU_TIME_NS = "llm.step.gpu_time_ns"  # CUDA only
+
+STATUS_VALUES = ("ok", "error", "cancelled", "rejected")
