@@ -18,7 +18,7 @@ One decorator per lifecycle method::
         @hooks.preempt(request_id=lambda res, self, req: req.id)
         def preempt(self, req): ...
 
-        @hooks.token_out(outputs=lambda res, self, outs: [(o.id, o.n) for o in outs])
+        @hooks.token_out(outputs=lambda _, self, outs: [(o.id, o.n) for o in outs])
         def emit(self, outs): ...
 
         @hooks.finish(request_id=lambda res, self, req, status: req.id,
@@ -26,7 +26,7 @@ One decorator per lifecycle method::
         def finish(self, req, status): ...
 
 **Extractors** are called after the method returns, as ``fn(result, *args, **kwargs)`` (``args``
-include ``self`` for methods). They run on the engine's thread, so keep them to attribute reads;
+include ``self`` for methods); ``token_out``'s is called before, with ``result=None``. They run on the engine's thread, so keep them to attribute reads;
 anything that must walk a batch can be deferred with :meth:`EngineHooks.raw`, which keeps a
 reference and unpacks it on the span-building thread. A hook that raises never reaches the
 engine: the failure is counted and warned about once.
@@ -60,15 +60,25 @@ class EngineHooks:
 
     @property
     def pipeline(self) -> TracingPipeline:
+        """The pipeline events go to: the one given, else the process's default pipeline
+        (configured from the environment), created on first use, not at decoration time."""
         if self._pipeline is None:
             self._pipeline = default_pipeline(engine=self._engine, model=self._model, service_name=self._service,
                                               gpu_elapsed=self.gpu_timer.elapsed_ns if self.gpu_timer else None)
         return self._pipeline
 
-    def _wrap(self, fn: Callable, after: Callable[[Any, tuple, dict], None], before=None) -> Callable:
-        pipeline = self.pipeline
-        record_failure = pipeline.hook_failed
+    def use(self, pipeline: TracingPipeline) -> "EngineHooks":
+        """Send this object's events to ``pipeline`` from now on."""
+        self._pipeline = pipeline
+        self.__dict__.pop("_rec", None)
+        return self
 
+    def _rec(self, event: tuple) -> None:
+        # first call binds the recorder's append directly (an instance attribute shadows this method)
+        self._rec = self.pipeline.recorder.record
+        self._rec(event)
+
+    def _wrap(self, fn: Callable, after: Callable[[Any, tuple, dict], None], before=None) -> Callable:
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
             pre = None
@@ -76,12 +86,12 @@ class EngineHooks:
                 try:
                     pre = before(args, kwargs)
                 except Exception as exc:  # noqa: BLE001
-                    record_failure(exc)
+                    self.pipeline.hook_failed(exc)
             result = fn(*args, **kwargs)
             try:
                 after(result, args, kwargs, pre)
             except Exception as exc:  # noqa: BLE001
-                record_failure(exc)
+                self.pipeline.hook_failed(exc)
             return result
 
         wrapper.__otel_llm_hooked__ = True  # type: ignore[attr-defined]
@@ -95,10 +105,8 @@ class EngineHooks:
         (``traceparent``) whose trace the request's spans join. ``start_time_ns``: wall-clock ns
         of the arrival, if the engine knows it better than the hook's own time."""
         def deco(fn):
-            rec = self.pipeline.recorder.record
-
             def after(res, a, k, _):
-                rec((ARRIVAL, monotonic_ns(), request_id(res, *a, **k),
+                self._rec((ARRIVAL, monotonic_ns(), request_id(res, *a, **k),
                      start_time_ns(res, *a, **k) if start_time_ns else None,
                      input_tokens(res, *a, **k) if input_tokens else None,
                      trace_headers(res, *a, **k) if trace_headers else None,
@@ -111,8 +119,6 @@ class EngineHooks:
         or again after a preemption. ``key``: identifies the iteration when several overlap
         (matched with the ``key`` of :meth:`step`)."""
         def deco(fn):
-            rec = self.pipeline.recorder.record
-
             def before(a, k):
                 return monotonic_ns()
 
@@ -122,7 +128,7 @@ class EngineHooks:
                 if scheduled is not None:
                     t = monotonic_ns()
                     for rid in scheduled(res, *a, **k) or ():
-                        rec((SCHEDULED, t, rid))
+                        self._rec((SCHEDULED, t, rid))
             return self._wrap(fn, after, before)
         return deco
 
@@ -132,7 +138,6 @@ class EngineHooks:
         """Ends the iteration begun by the matching :meth:`schedule` call and records an
         ``llm.engine.step`` span (GPU time too, when a GPU timer is set)."""
         def deco(fn):
-            rec = self.pipeline.recorder.record
             zero = _const(0)
             bs, pf, dc, pr = (batch_size or zero), (prefill_tokens or zero), (decode_tokens or zero), (preempted or zero)
 
@@ -147,7 +152,7 @@ class EngineHooks:
                 t0, handle = start if start is not None else (t1, None)
                 idx = self._step_index
                 self._step_index = idx + 1
-                rec((STEP, t0, t1, idx, bs(res, *a, **k), pf(res, *a, **k), dc(res, *a, **k), pr(res, *a, **k),
+                self._rec((STEP, t0, t1, idx, bs(res, *a, **k), pf(res, *a, **k), dc(res, *a, **k), pr(res, *a, **k),
                      kv_usage(res, *a, **k) if kv_usage else None, handle))
             return self._wrap(fn, after, before)
         return deco
@@ -158,23 +163,22 @@ class EngineHooks:
         mode_fn = mode if callable(mode) else _const(mode)
 
         def deco(fn):
-            rec = self.pipeline.recorder.record
-
             def after(res, a, k, _):
-                rec((PREEMPTED, monotonic_ns(), request_id(res, *a, **k), mode_fn(res, *a, **k)))
+                self._rec((PREEMPTED, monotonic_ns(), request_id(res, *a, **k), mode_fn(res, *a, **k)))
             return self._wrap(fn, after)
         return deco
 
     def token_out(self, outputs: Extractor):
-        """Output handed to the transport. ``outputs``: iterable of ``(request_id, tokens)``."""
+        """Output handed to the transport. ``outputs``: iterable of ``(request_id, tokens)``.
+        Recorded when the method is *called* (its extractor gets ``result=None``), so that a
+        ``finish`` hook running inside it comes after the tokens it hands out."""
         def deco(fn):
-            rec = self.pipeline.recorder.record
-
-            def after(res, a, k, _):
+            def before(a, k):
                 t = monotonic_ns()
-                for rid, n in outputs(res, *a, **k) or ():
-                    rec((TOKEN_OUT, t, rid, n))
-            return self._wrap(fn, after)
+                for rid, n in outputs(None, *a, **k) or ():
+                    self._rec((TOKEN_OUT, t, rid, n))
+
+            return self._wrap(fn, lambda res, a, k, pre: None, before)
         return deco
 
     def finish(self, request_id: Extractor, status: str | Extractor = "ok", reason: Extractor | None = None):
@@ -183,15 +187,13 @@ class EngineHooks:
         status_fn = status if callable(status) else _const(status)
 
         def deco(fn):
-            rec = self.pipeline.recorder.record
-
             def after(res, a, k, _):
                 t = monotonic_ns()
                 ids = request_id(res, *a, **k)
                 st = status_fn(res, *a, **k)
                 rs = reason(res, *a, **k) if reason else None
                 for rid in ([ids] if isinstance(ids, str) else (ids or ())):
-                    rec((FINISH, t, rid, st, rs))
+                    self._rec((FINISH, t, rid, st, rs))
             return self._wrap(fn, after)
         return deco
 
@@ -200,10 +202,8 @@ class EngineHooks:
         ``expander(tracker, mono_ns, payload)`` later, on the span-building thread: O(1) on the
         engine's thread for whatever the payload holds."""
         def deco(fn):
-            rec = self.pipeline.recorder.record
-
             def after(res, a, k, _):
-                rec((RAW, monotonic_ns(), expander, payload(res, *a, **k)))
+                self._rec((RAW, monotonic_ns(), expander, payload(res, *a, **k)))
             return self._wrap(fn, after)
         return deco
 
