@@ -34,3 +34,25 @@ def jsonl(tmp_path):
     def make(rows, name="timelines.jsonl"):
         return write_jsonl(tmp_path / name, rows)
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory):
+    """The tiny random-weight Llama, built locally once per session (nothing downloaded)."""
+    from engine_hooks.tiny_model import build_tiny_model
+
+    cache = os.environ.get("OTEL_LLM_TINY_MODEL") or str(tmp_path_factory.mktemp("model") / "tiny-llama")
+    return build_tiny_model(cache)
+
+
+def run_vllm_scenario(tmp_path, scenario, model, timeout=400, env=None):
+    """Run one scenario of tests/vllm_scenarios.py in its own process; returns (truth, spans)."""
+    from otel_llm.otlp_spans import read_trace_file
+
+    traces = tmp_path / f"{scenario}.jsonl"
+    out = tmp_path / f"{scenario}.json"
+    full_env = {**os.environ, "OTEL_LLM_TRACES_FILE": str(traces), **(env or {})}
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_scenarios.py"), scenario, model, str(out)],
+                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return json.loads(out.read_text()), read_trace_file(traces)

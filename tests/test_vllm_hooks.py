@@ -1,0 +1,85 @@
+"""engine_hooks on real vLLM (CPU, tiny random-weight model): spans checked against vLLM's own
+per-request truth."""
+from collections import Counter
+
+import pytest
+
+from otel_llm import semconv as sc
+
+from conftest import run_vllm_scenario
+from spantree import check_nesting_and_order, request_trees
+
+pytestmark = pytest.mark.slow
+
+
+def test_class_form_with_preemptions(tmp_path, tiny_model):
+    """instrument(vllm.LLM) with a 1 MiB KV cache: every request's llm.preemption spans match
+    vLLM's RequestOutput.metrics.num_preemptions, and token counts match its outputs."""
+    truth, spans = run_vllm_scenario(tmp_path, "class-preempt", tiny_model)
+    assert truth["class_name"] == "LLM"
+    trees = request_trees(spans)
+    reqs = {r["id"]: r for r in truth["requests"]}
+    assert set(trees) == set(reqs)
+    total_preemptions = 0
+    for rid, tree in trees.items():
+        check_nesting_and_order(tree)
+        root = tree["root"]
+        assert root.attributes[sc.STATUS] == "ok"
+        assert root.attributes[sc.OUTPUT_TOKENS] == reqs[rid]["tokens"] == 200
+        assert root.attributes[sc.INPUT_TOKENS] == 40
+        pre = tree["children"].get(sc.SPAN_PREEMPTION, [])
+        assert len(pre) == reqs[rid]["preemptions"] == root.attributes[sc.PREEMPTIONS]
+        assert all(p.attributes[sc.PREEMPTION_MODE] == "recompute" for p in pre)
+        total_preemptions += len(pre)
+        for name in (sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_STREAM):
+            assert len(tree["children"][name]) == 1, name
+        # preemptions happen between the first token and the last
+        for p in pre:
+            assert p.start_ns >= tree["children"][sc.SPAN_PREFILL][0].start_ns
+    assert total_preemptions > 0, "a 1 MiB KV cache should force preemptions"
+    steps = [s for s in spans if s.name == sc.SPAN_STEP]
+    assert len(steps) >= 200
+    assert sum(s.attributes[sc.STEP_PREEMPTED] for s in steps) == total_preemptions
+    # every output token but each request's first, and at most the first after each recompute,
+    # comes from a step that gave that request exactly one token (a decode token)
+    decode = sum(s.attributes[sc.STEP_DECODE_TOKENS] for s in steps)
+    assert 32 * 199 - total_preemptions <= decode <= 32 * 199
+    assert max(s.attributes[sc.STEP_KV_USAGE] for s in steps) > 0.9
+    assert all(sc.STEP_GPU_TIME_NS not in s.attributes for s in steps)  # CPU: no GPU time
+    assert all(s.resource["service.name"] == "vllm" for s in spans)
+
+
+def test_instance_form(tmp_path, tiny_model):
+    truth, spans = run_vllm_scenario(tmp_path, "instance", tiny_model)
+    assert truth["same_object"] is True
+    assert len(truth["warnings"]) == 1 and "llm.engine.step" in truth["warnings"][0]
+    trees = request_trees(spans)
+    assert set(trees) == {r["id"] for r in truth["requests"]}
+    for rid, tree in trees.items():
+        check_nesting_and_order(tree)
+        assert tree["root"].attributes[sc.OUTPUT_TOKENS] == 24
+        # stats logging was on, so the engine core's own timestamps give the phases
+        assert {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_STREAM} <= set(tree["children"])
+    assert not [s for s in spans if s.name == sc.SPAN_STEP]  # said so in the warning
+    assert Counter(s.name for s in spans)[sc.SPAN_REQUEST] == 16  # hooked once, not twice
+
+
+def test_async_cancelled_mid_stream_and_traceparent(tmp_path, tiny_model):
+    truth, spans = run_vllm_scenario(tmp_path, "async-abort", tiny_model)
+    assert truth["cancelled"] == ["victim"]
+    trees = request_trees(spans)
+    assert set(trees) == {"ok-0", "ok-1", "victim"}
+    victim = trees["victim"]["root"]
+    assert victim.attributes[sc.STATUS] == "cancelled" and victim.status_code == 2
+    assert victim.attributes[sc.OUTPUT_TOKENS] >= truth["seen"]["victim"] >= 5
+    assert victim.attributes[sc.OUTPUT_TOKENS] < 400
+    check_nesting_and_order(trees["victim"])
+    for rid, n in (("ok-0", 32), ("ok-1", 48)):
+        check_nesting_and_order(trees[rid])
+        assert trees[rid]["root"].attributes[sc.OUTPUT_TOKENS] == n == truth["seen"][rid]
+        assert trees[rid]["root"].attributes[sc.STATUS] == "ok"
+    _, trace_id, parent_id, _ = truth["traceparent"].split("-")
+    ok0 = trees["ok-0"]["root"]
+    assert ok0.trace_id == trace_id and ok0.parent_span_id == parent_id
+    assert trees["ok-1"]["root"].trace_id != trace_id
+    assert [s for s in spans if s.name == sc.SPAN_STEP]  # class form: step spans from the engine core

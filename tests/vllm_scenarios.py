@@ -1,0 +1,117 @@
+"""Real vLLM runs for the engine-hook tests, one scenario per process (vLLM's engine core is a
+spawned child, so each run needs ``if __name__ == "__main__"``). Writes the ground truth vLLM
+itself reports to OUT (JSON); spans go to ``OTEL_LLM_TRACES_FILE``.
+
+    python tests/vllm_scenarios.py SCENARIO MODEL_DIR OUT.json
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+ENGINE_ARGS = dict(dtype="bfloat16", enforce_eager=True, max_model_len=512)
+MiB = 2 ** 20
+
+
+class Captured(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def prompts(n: int, length: int = 40) -> list[str]:
+    from engine_hooks.tiny_model import prompt
+
+    return [prompt(length, seed=i) for i in range(n)]
+
+
+def truth_of(outputs) -> list[dict]:
+    return [{"id": o.request_id, "tokens": len(o.outputs[0].token_ids),
+             "preemptions": o.metrics.num_preemptions if o.metrics is not None else None,
+             "finish_reason": o.outputs[0].finish_reason} for o in outputs]
+
+
+def scenario_class(model: str, kv_mib: float, n: int, max_tokens: int) -> dict:
+    from vllm import LLM, SamplingParams
+
+    import engine_hooks
+
+    TracedLLM = engine_hooks.instrument(LLM)
+    llm = TracedLLM(model=model, kv_cache_memory_bytes=int(kv_mib * MiB), **ENGINE_ARGS)
+    outs = llm.generate(prompts(n), SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
+    return {"requests": truth_of(outs), "class_name": TracedLLM.__name__}
+
+
+def scenario_instance(model: str) -> dict:
+    from vllm import LLM, SamplingParams
+
+    import engine_hooks
+
+    cap = Captured()
+    logging.getLogger("engine_hooks").addHandler(cap)
+    llm = LLM(model=model, kv_cache_memory_bytes=64 * MiB, disable_log_stats=False, **ENGINE_ARGS)
+    same = engine_hooks.instrument(llm)
+    engine_hooks.instrument(llm)  # twice: hooks are never applied twice, the warning comes once
+    outs = llm.generate(prompts(16), SamplingParams(max_tokens=24, ignore_eos=True), use_tqdm=False)
+    return {"requests": truth_of(outs), "same_object": same is llm, "warnings": cap.messages}
+
+
+async def _async_abort(model: str) -> dict:
+    from vllm import AsyncEngineArgs, SamplingParams
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    import engine_hooks
+
+    engine = engine_hooks.instrument(AsyncLLM).from_engine_args(
+        AsyncEngineArgs(model=model, kv_cache_memory_bytes=64 * MiB, **ENGINE_ARGS))
+    seen: dict[str, int] = {}
+    progressed = asyncio.Event()
+
+    async def consume(rid: str, max_tokens: int, traceparent: str | None = None):
+        sp = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        headers = {"traceparent": traceparent} if traceparent else None
+        async for out in engine.generate(prompts(1)[0], sp, request_id=rid, trace_headers=headers):
+            seen[rid] = len(out.outputs[0].token_ids)
+            if rid == "victim" and seen[rid] >= 5:
+                progressed.set()
+
+    tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    tasks = {rid: asyncio.create_task(consume(rid, mt, tp if rid == "ok-0" else None))
+             for rid, mt in (("ok-0", 32), ("ok-1", 48), ("victim", 400))}
+    await asyncio.wait_for(progressed.wait(), 120)
+    tasks["victim"].cancel()
+    results = await asyncio.gather(*tasks.values(), return_exceptions=True)
+    await asyncio.sleep(0.5)
+    engine.shutdown()
+    return {"seen": seen, "cancelled": [rid for rid, r in zip(tasks, results) if isinstance(r, asyncio.CancelledError)],
+            "traceparent": tp}
+
+
+def main() -> None:
+    scenario, model, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    if scenario == "class":
+        result = scenario_class(model, kv_mib=64, n=24, max_tokens=32)
+    elif scenario == "class-preempt":
+        result = scenario_class(model, kv_mib=1, n=32, max_tokens=200)
+    elif scenario == "instance":
+        result = scenario_instance(model)
+    elif scenario == "async-abort":
+        result = asyncio.run(_async_abort(model))
+    else:
+        raise SystemExit(f"unknown scenario {scenario}")
+    with open(out, "w") as fh:
+        json.dump(result, fh)
+
+
+if __name__ == "__main__":
+    main()
