@@ -1,0 +1,168 @@
+"""Benchmark: what engine_hooks costs vLLM, measured side by side in one run.
+
+Three engines on the tiny random-weight model (CPU): plain vLLM, vLLM wrapped by
+``engine_hooks.instrument``, and vLLM with its own OpenTelemetry tracing
+(``otlp_traces_endpoint`` to a local OTLP/gRPC sink that discards). They run the same batch
+(128 requests x 256 output tokens by default) in alternating rounds, so drift hits all three
+alike. Prints output-token throughput per engine, the median instrumented/plain and
+vllm-tracing/plain ratios, and the hook cost per engine step in microseconds (hot path, timed
+on the real wrapped scheduler methods; and the span-building thread's CPU time per step).
+
+Run: ``.venv/bin/python benchmarks/overhead.py [--rounds 5] [--requests 128] [--tokens 256]``
+Target (DESIGN.md): instrumented/plain >= 0.98 here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from concurrent import futures
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+MiB = 2 ** 20
+
+
+def start_sink() -> tuple[object, int, list]:
+    """An OTLP/gRPC trace sink on loopback that counts and discards."""
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received = [0]
+
+    class Sink(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):  # noqa: N802
+            received[0] += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Sink(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, port, received
+
+
+def hot_path_cost_us(n: int = 20000, batch: int = 128) -> tuple[float, float]:
+    """Per-step cost of the scheduler hooks (schedule + update_from_output wrappers), timed on a
+    stand-in scheduler class patched by the same code as vLLM's, with a 128-request batch."""
+    from engine_hooks import EngineHooks, TracingPipeline
+    from engine_hooks.vllm.core import instrument_scheduler_class
+
+    class SO:
+        def __init__(self):
+            self.num_scheduled_tokens = {f"r{i}": 1 for i in range(batch)}
+            self.total_num_scheduled_tokens = batch
+            self.preempted_req_ids = set()
+
+    class KV:
+        usage = 0.5
+
+    def make_scheduler_class():
+        class Sched:
+            kv_cache_manager = KV()
+
+            def schedule(self):
+                return SO()
+
+            def update_from_output(self, so, out):
+                return {}
+
+            def shutdown(self):
+                pass
+        return Sched
+
+    Plain, Sched = make_scheduler_class(), make_scheduler_class()
+    pipeline = TracingPipeline(None, capacity=1 << 30)
+    instrument_scheduler_class(Sched, EngineHooks(pipeline=pipeline))
+
+    def loop(cls):
+        s = cls()
+        t0 = time.perf_counter_ns()
+        for _ in range(n):
+            s.update_from_output(s.schedule(), None)
+        return (time.perf_counter_ns() - t0) / n / 1000
+
+    loop(Plain), loop(Sched)
+    plain = min(loop(Plain) for _ in range(3))
+    hooked = min(loop(Sched) for _ in range(3))
+    t0 = time.thread_time_ns()
+    pipeline.process()
+    build_us = (time.thread_time_ns() - t0) / (n * 4) / 1000
+    return hooked - plain, build_us
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--kv-mib", type=int, default=64)
+    ap.add_argument("--model", default=None, help="model folder (default: build the tiny model in a temp dir)")
+    a = ap.parse_args()
+
+    from vllm import LLM, SamplingParams
+
+    import engine_hooks
+    from engine_hooks.tiny_model import build_tiny_model, prompt
+
+    tmp = tempfile.mkdtemp(prefix="otel-llm-bench-")
+    model = a.model or build_tiny_model(os.path.join(tmp, "tiny"))
+    os.environ["OTEL_LLM_TRACES_FILE"] = os.path.join(tmp, "spans.jsonl")
+    server, port, received = start_sink()
+    common = dict(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512,
+                  kv_cache_memory_bytes=a.kv_mib * MiB)
+    print(f"starting 3 engines (tiny model, {a.kv_mib} MiB KV cache)...", flush=True)
+    engines = {
+        "plain": LLM(**common),
+        "instrumented": engine_hooks.instrument(LLM)(**common),
+        "vllm-tracing": LLM(**common, otlp_traces_endpoint=f"127.0.0.1:{port}",
+                            disable_log_stats=False),
+    }
+    os.environ.setdefault("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
+    prompts = [prompt(32, seed=i) for i in range(a.requests)]
+    sp = SamplingParams(max_tokens=a.tokens, ignore_eos=True)
+    for llm in engines.values():  # warm-up
+        llm.generate(prompts[:8], SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
+    rates: dict[str, list[float]] = {k: [] for k in engines}
+    steps_per_round = None
+    for r in range(a.rounds):
+        order = list(engines.items())
+        order = order[r % 3:] + order[:r % 3]  # rotate who goes first
+        for name, llm in order:
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+            dt = time.perf_counter() - t0
+            toks = sum(len(o.outputs[0].token_ids) for o in outs)
+            rates[name].append(toks / dt)
+        print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f} tok/s" for k, v in rates.items()),
+              flush=True)
+    engine_hooks.flush()
+    from engine_hooks.pipeline import _live_pipelines
+
+    fe = next(iter(_live_pipelines))
+    hot_us, build_us = hot_path_cost_us()
+
+    ratio = [i / p for i, p in zip(rates["instrumented"], rates["plain"])]
+    vratio = [v / p for v, p in zip(rates["vllm-tracing"], rates["plain"])]
+    print()
+    print(f"requests x tokens: {a.requests} x {a.tokens}, rounds: {a.rounds}")
+    for k, v in rates.items():
+        print(f"{k:>13}: median {statistics.median(v):,.0f} output tok/s  (rounds: {', '.join(f'{x:,.0f}' for x in v)})")
+    print(f"instrumented / plain: median {statistics.median(ratio):.3f}  (rounds: {', '.join(f'{x:.3f}' for x in ratio)})  target >= 0.98")
+    print(f"vllm-tracing / plain: median {statistics.median(vratio):.3f}  (rounds: {', '.join(f'{x:.3f}' for x in vratio)})")
+    print(f"hook cost on the engine's thread: {hot_us:.2f} us per engine step "
+          f"(schedule + update_from_output wrappers, 128-request batch)")
+    print(f"span building off the engine's thread: {build_us:.2f} us of CPU per step span")
+    print(f"front-end pipeline: {fe.counters.requests_traced} requests traced, {fe.counters.spans_exported} spans "
+          f"exported, {fe.counters.spans_dropped} dropped, {fe.counters.hook_errors} hook errors; "
+          f"vLLM's own tracing sent {received[0]} spans")
+    server.stop(0)
+
+
+if __name__ == "__main__":
+    main()
