@@ -56,3 +56,30 @@ def run_vllm_scenario(tmp_path, scenario, model, timeout=400, env=None):
                           capture_output=True, text=True, timeout=timeout, env=full_env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-5000:]
     return json.loads(out.read_text()), read_trace_file(traces)
+
+
+@pytest.fixture
+def make_collector(tmp_path):
+    """Start in-process collectors on free loopback ports; stopped at the end of the test."""
+    from collector.assembly import AssemblyConfig
+    from collector.config import CollectorConfig
+    from collector.service import Collector
+
+    started = []
+
+    def make(**kw):
+        assembly = kw.pop("assembly", AssemblyConfig(grace_s=0.2, timeout_s=5))
+        cfg = CollectorConfig(otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", prometheus="127.0.0.1:0",
+                              store=str(tmp_path / f"store{len(started)}.db"), assembly=assembly, tick_s=0.05)
+        for k, v in kw.items():
+            setattr(cfg, k, v)
+        c = Collector(cfg).start()
+        started.append(c)
+        return c
+
+    yield make
+    for c in started:
+        try:
+            c.stop()
+        except Exception:
+            pass

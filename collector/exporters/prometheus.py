@@ -1,0 +1,105 @@
+"""Prometheus exposition of the derived metrics (text format 0.0.4) on ``--prometheus``.
+
+OpenTelemetry names become Prometheus names as the OpenTelemetry Prometheus exporter does:
+dots to underscores, the unit as a suffix (``_seconds``), ``_total`` on counters. The
+collector's own counters are exposed too, as ``otel_llm_collector_*``.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable
+
+from ..metrics import Counter, Histogram
+
+UNIT_SUFFIX = {"s": "seconds", "ms": "milliseconds", "By": "bytes"}
+
+
+def prom_name(name: str, unit: str, counter: bool = False) -> str:
+    base = name.replace(".", "_").replace("-", "_")
+    suffix = UNIT_SUFFIX.get(unit)
+    if suffix and not base.endswith("_" + suffix):
+        base += "_" + suffix
+    if counter and not base.endswith("_total"):
+        base += "_total"
+    return base
+
+
+def _esc(v: str) -> str:
+    return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(names, values, extra: str = "") -> str:
+    parts = [f'{n}="{_esc(v)}"' for n, v in zip(names, values)]
+    if extra:
+        parts.append(extra)
+    return "{" + ",".join(parts) + "}" if parts else ""
+
+
+def _num(v: float) -> str:
+    if v == math.inf:
+        return "+Inf"
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def render(families: list, self_counters: dict[str, float] | None = None) -> str:
+    out: list[str] = []
+    for f in families:
+        if isinstance(f, Histogram):
+            n = prom_name(f.name, f.unit)
+            out.append(f"# HELP {n} {f.description}")
+            out.append(f"# TYPE {n} histogram")
+            for labels, s in sorted(f.series.items()):
+                cum = 0
+                for b, c in zip(list(f.bounds) + [math.inf], s.counts.tolist()):
+                    cum += c
+                    out.append(f"{n}_bucket{_labels(f.label_names, labels, 'le=' + chr(34) + _num(b) + chr(34))} {cum}")
+                out.append(f"{n}_sum{_labels(f.label_names, labels)} {_num(s.sum)}")
+                out.append(f"{n}_count{_labels(f.label_names, labels)} {s.count}")
+        elif isinstance(f, Counter):
+            n = prom_name(f.name, "", counter=True)
+            out.append(f"# HELP {n} {f.description}")
+            out.append(f"# TYPE {n} counter")
+            for labels, v in sorted(f.series.items()):
+                out.append(f"{n}{_labels(f.label_names, labels)} {_num(v)}")
+    for key, v in sorted((self_counters or {}).items()):
+        n = "otel_llm_collector_" + key
+        out.append(f"# TYPE {n} gauge")
+        out.append(f"{n} {_num(v)}")
+    return "\n".join(out) + "\n"
+
+
+class PrometheusEndpoint:
+    """Serves ``/metrics`` from a snapshot callable."""
+
+    def __init__(self, host: str, port: int, snapshot: Callable[[], list], self_counters: Callable[[], dict]):
+        snap, selfc = snapshot, self_counters
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                if self.path.split("?")[0] not in ("/metrics", "/"):
+                    self.send_error(404, "see /metrics")
+                    return
+                body = render(snap(), selfc()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server.daemon_threads = True
+        self.address = self.server.server_address
+        self._thread = threading.Thread(target=self.server.serve_forever, name="prometheus", daemon=True)
+
+    def start(self) -> "PrometheusEndpoint":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

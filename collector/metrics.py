@@ -1,0 +1,151 @@
+"""The derived metrics: what is measured, kept apart from where it is sent.
+
+Cumulative histograms and counters, labelled with ``boundary`` and ``model`` (and ``status`` /
+``slo``), fed in vectorised batches (numpy bucket counting, so pooled ITL samples cost no Python
+per sample). The Prometheus endpoint and the OTLP metrics push both read :meth:`MetricsRegistry.snapshot`.
+
+Names follow the GenAI semantic conventions with their advisory buckets where one exists; the
+rest are under ``llm.``. Latency histograms hold completed requests only (status ok), as
+spec/metrics.md's distributions do; ``llm.requests`` counts every status. Goodput over any window
+is a PromQL rate of ``llm.slo.good_requests`` (one series per configured SLO), and attainment is
+its ratio to ``llm.requests{status="ok"}``.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from otel_llm.metrics import RequestMetrics
+from otel_llm.slo import SLO
+from otel_llm.summary import bound_checks
+
+from .records import RequestRecord
+
+# GenAI semantic conventions, advisory explicit bucket boundaries (seconds)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
+DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+               1.0, 2.5, 5.0, 10.0)
+
+
+@dataclass
+class HistogramSeries:
+    counts: np.ndarray  # per bucket, len(bounds) + 1 (last: +Inf)
+    sum: float = 0.0
+    count: int = 0
+    min: float = float("inf")
+    max: float = float("-inf")
+
+
+@dataclass
+class Histogram:
+    name: str
+    unit: str
+    description: str
+    bounds: tuple[float, ...]
+    label_names: tuple[str, ...]
+    series: dict[tuple, HistogramSeries] = field(default_factory=dict)
+
+    def observe(self, labels: tuple, values: np.ndarray) -> None:
+        values = values[~np.isnan(values)]
+        if not len(values):
+            return
+        s = self.series.get(labels)
+        if s is None:
+            s = self.series[labels] = HistogramSeries(np.zeros(len(self.bounds) + 1, np.int64))
+        # le buckets: value v goes to the first bound >= v
+        idx = np.searchsorted(np.asarray(self.bounds), values, side="left")
+        s.counts += np.bincount(idx, minlength=len(self.bounds) + 1)
+        s.sum += float(values.sum())
+        s.count += len(values)
+        s.min = min(s.min, float(values.min()))
+        s.max = max(s.max, float(values.max()))
+
+
+@dataclass
+class Counter:
+    name: str
+    unit: str
+    description: str
+    label_names: tuple[str, ...]
+    series: dict[tuple, float] = field(default_factory=dict)
+
+    def add(self, labels: tuple, n: float) -> None:
+        if n:
+            self.series[labels] = self.series.get(labels, 0) + n
+
+
+BM = ("boundary", "model")
+
+
+class MetricsRegistry:
+    def __init__(self, slos: dict[str, SLO] | None = None):
+        self.slos = dict(slos or {})
+        self.start_time_ns = time.time_ns()
+        self._lock = threading.Lock()
+        h = lambda name, unit, desc, b: Histogram(name, unit, desc, b, BM)  # noqa: E731
+        self.ttft = h("gen_ai.server.time_to_first_token", "s", "Time to first token (spec: TTFT), completed requests", TTFT_BUCKETS)
+        self.tpot = h("gen_ai.server.time_per_output_token", "s", "Time per output token after the first (spec: TPOT; requests with N > 1)", TPOT_BUCKETS)
+        self.duration = h("gen_ai.server.request.duration", "s", "End-to-end request duration (spec: E2E), completed requests", DURATION_BUCKETS)
+        self.itl = h("llm.inter_token_latency", "s", "Inter-token latency, every gap between token events of completed requests", ITL_BUCKETS)
+        self.itl_max = h("llm.inter_token_latency.max", "s", "Largest inter-token gap per completed request", ITL_BUCKETS)
+        self.queue = h("llm.queue.duration", "s", "Engine queue time: arrival to first scheduled", TTFT_BUCKETS)
+        self.prefill = h("llm.prefill.duration", "s", "Engine prefill time: first scheduled to first token generated", TTFT_BUCKETS)
+        self.requests = Counter("llm.requests", "{request}", "Requests derived, by status", BM + ("status",))
+        self.good = Counter("llm.slo.good_requests", "{request}", "Completed requests meeting every bound of the SLO (rate = goodput)", BM + ("slo",))
+        self.output_tokens = Counter("llm.usage.output_tokens", "{token}", "Output tokens of derived requests, every status", BM)
+        self.preemptions = Counter("llm.preemptions", "{preemption}", "Preemptions of derived engine requests", BM)
+
+    @property
+    def families(self) -> list:
+        return [self.ttft, self.tpot, self.duration, self.itl, self.itl_max, self.queue, self.prefill,
+                self.requests, self.good, self.output_tokens, self.preemptions]
+
+    def record(self, records: list[RequestRecord], rm: RequestMetrics) -> None:
+        """Add a batch of derived records; ``rm`` is their per-request metrics, same order."""
+        if not records:
+            return
+        groups: dict[tuple, list[int]] = {}
+        for i, r in enumerate(records):
+            groups.setdefault((r.boundary, r.model), []).append(i)
+        status = np.array([r.status for r in records])
+        ok = status == "ok"
+        queue = np.array([np.nan if r.queue is None else r.queue for r in records])
+        prefill = np.array([np.nan if r.prefill is None else r.prefill for r in records])
+        checks = {name: bound_checks(rm, slo) for name, slo in self.slos.items()}
+        with self._lock:
+            for labels, idx_list in groups.items():
+                idx = np.asarray(idx_list)
+                sel = idx[ok[idx]]
+                self.ttft.observe(labels, rm.ttft[sel])
+                self.tpot.observe(labels, rm.tpot[sel])
+                self.duration.observe(labels, rm.e2e[sel])
+                self.itl_max.observe(labels, rm.itl_max[sel])
+                mask = np.zeros(len(records), bool)
+                mask[sel] = True
+                self.itl.observe(labels, rm.itl[mask[rm.itl_request]])
+                if labels[0] == "engine":
+                    self.queue.observe(labels, queue[sel])
+                    self.prefill.observe(labels, prefill[sel])
+                    self.preemptions.add(labels, sum(records[i].preemptions for i in idx_list))
+                for st, n in zip(*np.unique(status[idx], return_counts=True)):
+                    self.requests.add(labels + (str(st),), int(n))
+                self.output_tokens.add(labels, int(rm.output_tokens[idx].sum()))
+                for name, per_bound in checks.items():
+                    good = ok[idx].copy()
+                    for passed in per_bound.values():
+                        good &= passed[idx]
+                    # a series per SLO and group from the first request on, so rate() has a base
+                    self.good.series.setdefault(labels + (name,), 0)
+                    self.good.add(labels + (name,), int(good.sum()))
+
+    def snapshot(self) -> list:
+        """A consistent copy of every family (for exporters on other threads)."""
+        import copy
+
+        with self._lock:
+            return copy.deepcopy(self.families)

@@ -1,0 +1,82 @@
+"""OTLP/gRPC trace receiver (``opentelemetry.proto.collector.trace.v1.TraceService/Export``).
+
+The request arrives as raw bytes (no deserializer in grpc) so that a malformed payload is
+answered INVALID_ARGUMENT with a message, not an internal error. Overload answers UNAVAILABLE
+with a ``google.rpc.RetryInfo`` detail (what the OTLP exporters read to back off). Optional
+bearer-token authentication and TLS.
+"""
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+from google.protobuf import any_pb2, duration_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from .decode import DecodeError, PayloadTooLarge
+
+SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+
+
+def retry_trailer(message: str, seconds: int) -> tuple:
+    detail = any_pb2.Any()
+    detail.Pack(error_details_pb2.RetryInfo(retry_delay=duration_pb2.Duration(seconds=seconds)))
+    st = status_pb2.Status(code=code_pb2.UNAVAILABLE, message=message, details=[detail])
+    return (("grpc-status-details-bin", st.SerializeToString()),)
+
+
+class GrpcReceiver:
+    def __init__(self, collector, host: str, port: int, workers: int = 4):
+        self.collector = collector
+        cfg = collector.config
+        opts = [("grpc.max_receive_message_length", cfg.max_message_bytes)]
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=opts)
+        handler = grpc.method_handlers_generic_handler(SERVICE, {
+            "Export": grpc.unary_unary_rpc_method_handler(
+                self._export, request_deserializer=None, response_serializer=lambda m: m.SerializeToString())})
+        self.server.add_generic_rpc_handlers((handler,))
+        addr = f"{host}:{port}"
+        if cfg.tls_cert and cfg.tls_key:
+            with open(cfg.tls_key, "rb") as k, open(cfg.tls_cert, "rb") as c:
+                creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+            self.port = self.server.add_secure_port(addr, creds)
+        else:
+            self.port = self.server.add_insecure_port(addr)
+        if not self.port:
+            raise OSError(f"OTLP/gRPC receiver: cannot listen on {addr}")
+        self.address = (host, self.port)
+
+    def _export(self, body: bytes, context):
+        from ..service import Overloaded
+
+        c = self.collector
+        token = c.config.auth_token
+        if token:
+            md = dict(context.invocation_metadata())
+            if md.get("authorization") != f"Bearer {token}":
+                c.receiver_counters.unauthenticated += 1
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        try:
+            res = c.accept(body)
+        except PayloadTooLarge as exc:
+            c.receiver_counters.payloads_invalid += 1
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except DecodeError as exc:
+            c.receiver_counters.payloads_invalid += 1
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Overloaded as exc:
+            context.set_trailing_metadata(retry_trailer(str(exc), Overloaded.retry_after_s))
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"collector overloaded: {exc}; retry later")
+        resp = ExportTraceServiceResponse()
+        if res.rejected:
+            resp.partial_success.rejected_spans = res.rejected
+            resp.partial_success.error_message = res.message or "spans rejected"
+        return resp
+
+    def start(self) -> "GrpcReceiver":
+        self.server.start()
+        return self
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        self.server.stop(grace_s).wait()

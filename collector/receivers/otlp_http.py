@@ -1,0 +1,129 @@
+"""OTLP/HTTP trace receiver: ``POST /v1/traces`` with ``application/x-protobuf`` or
+``application/json`` bodies, optionally ``Content-Encoding: gzip``. Answers in the request's
+encoding: 200 with an ``ExportTraceServiceResponse`` (``partial_success`` only when spans were
+rejected), 400 with a ``google.rpc.Status`` for malformed data, 413 over the size limit, 415 for
+other content types, 401 without the bearer token, 503 with ``Retry-After`` under overload.
+"""
+from __future__ import annotations
+
+import json
+import ssl
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from google.protobuf import json_format
+from google.rpc import status_pb2
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+from .decode import DecodeError, PayloadTooLarge
+
+PATH = "/v1/traces"
+
+
+class HttpReceiver:
+    def __init__(self, collector, host: str, port: int):
+        self.collector = collector
+        handler = self._handler_class()
+        self.server = ThreadingHTTPServer((host, port), handler)
+        self.server.daemon_threads = True
+        cfg = collector.config
+        if cfg.tls_cert and cfg.tls_key:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.address = self.server.server_address
+        self._thread = threading.Thread(target=self.server.serve_forever, name="otlp-http", daemon=True)
+
+    def _handler_class(self):
+        collector = self.collector
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def _reply(self, code: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                for k, v in (extra or {}).items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(body)
+
+            def _status(self, code: int, http_code: int, message: str, as_json: bool, extra=None) -> None:
+                st = status_pb2.Status(code=code, message=message)
+                if as_json:
+                    self._reply(http_code, json.dumps({"code": code, "message": message}).encode(),
+                                "application/json", extra)
+                else:
+                    self._reply(http_code, st.SerializeToString(), "application/x-protobuf", extra)
+
+            def do_POST(self):  # noqa: N802
+                from ..service import Overloaded
+
+                ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
+                as_json = ctype == "application/json"
+                length = self.headers.get("Content-Length")
+                if self.path.split("?")[0] != PATH:
+                    self.close_connection = True
+                    self._status(5, 404, f"unknown path {self.path}; traces go to {PATH}", as_json)
+                    return
+                if length is None or not length.isdigit():
+                    self.close_connection = True
+                    self._status(3, 411, "Content-Length required", as_json)
+                    return
+                n = int(length)
+                limit = collector.config.max_message_bytes
+                if n > limit:
+                    self.close_connection = True
+                    self._status(8, 413, f"body of {n} bytes is over the {limit}-byte limit", as_json)
+                    return
+                body = self.rfile.read(n)
+                token = collector.config.auth_token
+                if token and self.headers.get("Authorization") != f"Bearer {token}":
+                    collector.receiver_counters.unauthenticated += 1
+                    self._status(16, 401, "missing or wrong bearer token", as_json,
+                                 {"WWW-Authenticate": "Bearer"})
+                    return
+                if ctype not in ("application/x-protobuf", "application/json"):
+                    self._status(3, 415, f"unsupported Content-Type {ctype!r}: use application/x-protobuf "
+                                         "or application/json", as_json)
+                    return
+                enc = (self.headers.get("Content-Encoding") or "").strip().lower()
+                if enc not in ("", "identity", "gzip"):
+                    self._status(3, 415, f"unsupported Content-Encoding {enc!r}", as_json)
+                    return
+                try:
+                    res = collector.accept(body, json_body=as_json, gzipped=enc == "gzip")
+                except PayloadTooLarge as exc:
+                    collector.receiver_counters.payloads_invalid += 1
+                    self._status(8, 413, str(exc), as_json)
+                    return
+                except DecodeError as exc:
+                    collector.receiver_counters.payloads_invalid += 1
+                    self._status(3, 400, str(exc), as_json)
+                    return
+                except Overloaded as exc:
+                    self._status(14, 503, f"collector overloaded: {exc}; retry later", as_json,
+                                 {"Retry-After": str(Overloaded.retry_after_s)})
+                    return
+                resp = ExportTraceServiceResponse()
+                if res.rejected:
+                    resp.partial_success.rejected_spans = res.rejected
+                    resp.partial_success.error_message = res.message or "spans rejected"
+                if as_json:
+                    self._reply(200, json_format.MessageToJson(resp).encode(), "application/json")
+                else:
+                    self._reply(200, resp.SerializeToString(), "application/x-protobuf")
+
+        return Handler
+
+    def start(self) -> "HttpReceiver":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

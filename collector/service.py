@@ -1,0 +1,181 @@
+"""The collector pipeline: receivers -> assembly -> derivation -> store and exporters.
+
+:class:`Collector` owns the stages and one worker thread that releases assembled traces
+(``expire`` every ``tick_s``), derives their records in one vectorised batch, appends them to the
+store and the metrics registry. Receivers call :meth:`Collector.accept`. :meth:`stop` (SIGTERM)
+stops the receivers, releases every trace still in flight and flushes it all to the store.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+from .assembly import ReleasedTrace, TraceAssembler
+from .config import CollectorConfig, host_port
+from .derive import derive
+from .metrics import MetricsRegistry
+from .receivers.decode import WalkResult, decode_payload
+from .store import RequestStore
+
+log = logging.getLogger("collector")
+
+
+class Overloaded(Exception):
+    """Derivation is behind: receivers answer UNAVAILABLE / 503 with a retry delay."""
+
+    retry_after_s = 1
+
+
+@dataclass
+class ReceiverCounters:
+    requests: int = 0
+    spans: int = 0
+    spans_rejected: int = 0
+    payloads_invalid: int = 0
+    payloads_refused_overload: int = 0
+    unauthenticated: int = 0
+
+
+@dataclass
+class AcceptResult:
+    rejected: int
+    message: str | None
+
+
+class Collector:
+    def __init__(self, config: CollectorConfig | None = None):
+        self.config = cfg = config or CollectorConfig()
+        self.assembler = TraceAssembler(cfg.assembly)
+        self.registry = MetricsRegistry(cfg.slos)
+        self.store = RequestStore(cfg.store) if cfg.store else None
+        self.receiver_counters = ReceiverCounters()
+        self.records_derived = 0
+        self._backlog: list[ReleasedTrace] = []
+        self._backlog_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._paused = threading.Event()
+        self._worker = threading.Thread(target=self._run, name="collector-derive", daemon=True)
+        self._process_lock = threading.Lock()
+        self.receivers: list = []
+        self.prometheus = self.forwarder = self.pusher = None
+
+    # -- intake (receiver threads) ---------------------------------------------------------------
+    def accept(self, body: bytes, *, json_body: bool = False, gzipped: bool = False,
+               walked: tuple | None = None) -> AcceptResult:
+        """Decode, walk and assemble one export request. Raises DecodeError (malformed),
+        PayloadTooLarge, or Overloaded."""
+        if len(self._backlog) > self.config.max_backlog:
+            self.receiver_counters.payloads_refused_overload += 1
+            raise Overloaded(f"derivation is {len(self._backlog)} traces behind")
+        if walked is None:
+            req, w = decode_payload(body, json_body=json_body, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
+        else:
+            req, w = walked
+        return self._accept_walked(req, w)
+
+    def _accept_walked(self, req, w: WalkResult) -> AcceptResult:
+        c = self.receiver_counters
+        c.requests += 1
+        c.spans += w.total
+        c.spans_rejected += w.rejected
+        evicted = self.assembler.add(w.spans, time.monotonic())
+        if evicted:
+            with self._backlog_lock:
+                self._backlog.extend(evicted)
+        if self.forwarder is not None:
+            self.forwarder.submit(req.SerializeToString())
+        return AcceptResult(w.rejected, w.first_error)
+
+    # -- derivation (worker thread) --------------------------------------------------------------
+    def process(self, released: list[ReleasedTrace]) -> int:
+        with self._backlog_lock:
+            released = self._backlog + released
+            self._backlog = []
+        if not released:
+            return 0
+        with self._process_lock:
+            records, rm = derive(released)
+            if self.store is not None:
+                self.store.add(records)
+            self.registry.record(records, rm)
+            self.records_derived += len(records)
+        return len(records)
+
+    def tick(self, now: float | None = None) -> int:
+        return self.process(self.assembler.expire(time.monotonic() if now is None else now))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.config.tick_s):
+            if self._paused.is_set():
+                continue
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001
+                log.exception("collector: derivation failed; going on")
+
+    def pause(self) -> None:
+        """Stop deriving (tests of overload); accept() keeps assembling."""
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def self_counters(self) -> dict[str, float]:
+        out = {f"receiver_{k}": v for k, v in asdict(self.receiver_counters).items()}
+        out.update({f"assembly_{k}": v for k, v in asdict(self.assembler.counters).items()})
+        out["assembly_traces_in_flight"] = len(self.assembler)
+        out["derivation_backlog_traces"] = len(self._backlog)
+        out["records_derived"] = self.records_derived
+        if self.store is not None:
+            out["store_records"] = self.store.stored
+            out["store_duplicates_ignored"] = self.store.duplicates
+        if self.forwarder is not None:
+            out.update(forward_traces_sent=self.forwarder.sent, forward_traces_failed=self.forwarder.failed,
+                       forward_traces_dropped=self.forwarder.dropped)
+        return out
+
+    def start(self) -> "Collector":
+        cfg = self.config
+        from .receivers.otlp_grpc import GrpcReceiver
+        from .receivers.otlp_http import HttpReceiver
+
+        if cfg.forward_traces:
+            from .exporters.forward_traces import TraceForwarder
+
+            self.forwarder = TraceForwarder(cfg.forward_traces).start()
+        if cfg.otlp_grpc:
+            self.receivers.append(GrpcReceiver(self, *host_port(cfg.otlp_grpc)).start())
+        if cfg.otlp_http:
+            self.receivers.append(HttpReceiver(self, *host_port(cfg.otlp_http)).start())
+        if cfg.prometheus:
+            from .exporters.prometheus import PrometheusEndpoint
+
+            self.prometheus = PrometheusEndpoint(*host_port(cfg.prometheus), self.registry.snapshot,
+                                                 self.self_counters).start()
+        if cfg.forward_metrics:
+            from .exporters.otlp_metrics import MetricsPusher
+
+            self.pusher = MetricsPusher(cfg.forward_metrics, self.registry.snapshot, self.registry.start_time_ns,
+                                        cfg.metrics_interval_s).start()
+        self._worker.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop receiving, derive and store everything accepted, stop the exporters."""
+        for r in self.receivers:
+            r.stop()
+        self._stop.set()
+        if self._worker.is_alive():
+            self._worker.join(5)
+        self.process(self.assembler.flush())
+        if self.pusher is not None:
+            self.pusher.stop()
+        if self.forwarder is not None:
+            self.forwarder.stop()
+        if self.prometheus is not None:
+            self.prometheus.stop()
+        if self.store is not None:
+            self.store.close()

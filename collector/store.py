@@ -1,0 +1,126 @@
+"""The per-request store: one row per request and boundary, in SQLite (WAL), appended to and
+kept across restarts. Times are integer Unix ns; token events are int64 offsets from submit. ``otel-llm analyze --store`` and ``otel-llm compare`` read it.
+
+No prompt or completion text is stored: only times, counts, ids, model and status.
+Rows are unique on (trace id, boundary, request id): a request is never stored twice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from array import array
+from dataclasses import fields
+from typing import Iterable
+
+from otel_llm.timeline import TimelineBatch
+
+from .records import RequestRecord, records_to_batch
+
+_SCALARS = [f.name for f in fields(RequestRecord) if f.name not in ("event_offsets_ns", "event_tokens")]
+_TYPES = {"int": "INTEGER", "float": "REAL", "str": "TEXT", "bool": "INTEGER"}
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+  rowid INTEGER PRIMARY KEY,
+  {cols},
+  event_offsets_ns BLOB NOT NULL,
+  event_tokens BLOB NOT NULL,
+  UNIQUE (trace_id, boundary, request_id)
+);
+CREATE INDEX IF NOT EXISTS requests_boundary_end ON requests (boundary, end_ns);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+"""
+
+
+def _coltype(name: str) -> str:
+    t = str(RequestRecord.__dataclass_fields__[name].type)
+    for k, v in _TYPES.items():
+        if t.startswith(k):
+            return v
+    return "REAL"
+
+
+class RequestStore:
+    def __init__(self, path: str):
+        self.path = path
+        d = os.path.dirname(os.path.abspath(path))
+        os.makedirs(d, exist_ok=True)
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        cols = ",\n  ".join(f'"{c}" {_coltype(c)}' for c in _SCALARS)
+        self._db.executescript(SCHEMA.format(cols=cols))
+        self._lock = threading.Lock()
+        placeholders = ", ".join("?" for _ in range(len(_SCALARS) + 2))
+        names = ", ".join(f'"{c}"' for c in _SCALARS)
+        self._insert = f"INSERT OR IGNORE INTO requests ({names}, event_offsets_ns, event_tokens) VALUES ({placeholders})"
+        self.stored = 0
+        self.duplicates = 0
+
+    def add(self, records: Iterable[RequestRecord]) -> int:
+        rows = [tuple(getattr(r, c) for c in _SCALARS)
+                + (array("q", r.event_offsets_ns).tobytes(), array("q", r.event_tokens).tobytes()) for r in records]
+        if not rows:
+            return 0
+        with self._lock:
+            before = self._db.total_changes
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(self._insert, rows)
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            n = self._db.total_changes - before
+        self.stored += n
+        self.duplicates += len(rows) - n
+        return n
+
+    def records(self, boundary: str | None = None) -> list[RequestRecord]:
+        q = f'SELECT {", ".join(chr(34) + c + chr(34) for c in _SCALARS)}, event_offsets_ns, event_tokens FROM requests'
+        args: tuple = ()
+        if boundary:
+            q += " WHERE boundary = ?"
+            args = (boundary,)
+        q += " ORDER BY submit_ns, rowid"
+        with self._lock:
+            rows = self._db.execute(q, args).fetchall()
+        out = []
+        for row in rows:
+            kw = dict(zip(_SCALARS, row))
+            for b in ("estimated_tokens", "paired"):
+                kw[b] = bool(kw[b])
+            ts, ks = array("q"), array("q")
+            ts.frombytes(row[-2])
+            ks.frombytes(row[-1])
+            out.append(RequestRecord(**kw, event_offsets_ns=ts.tolist(), event_tokens=ks.tolist()))
+        return out
+
+    def count(self, boundary: str | None = None) -> int:
+        with self._lock:
+            if boundary:
+                return self._db.execute("SELECT COUNT(*) FROM requests WHERE boundary = ?", (boundary,)).fetchone()[0]
+            return self._db.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
+
+    def set_meta(self, key: str, value) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def load_timelines(path: str, boundary: str) -> TimelineBatch:
+    """Entry point ``otel_llm.timeline_sources: store``: the store's records at one boundary."""
+    if not os.path.exists(path):
+        from otel_llm.cli import CLIError
+
+        raise CLIError(f"{path}: no such store")
+    store = RequestStore(path)
+    try:
+        return records_to_batch(store.records(boundary))
+    finally:
+        store.close()

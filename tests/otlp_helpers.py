@@ -1,0 +1,96 @@
+"""Emitting request traces through the official OpenTelemetry SDK, for collector tests."""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.trace import SpanKind, set_span_in_context
+
+from otel_llm import semconv as sc
+
+MS = 1_000_000
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@dataclass
+class Req:
+    """One request at both boundaries, times in ms after ``base``."""
+    id: str
+    client_submit: float = 0
+    client_events: list = field(default_factory=lambda: [(100, 1), (130, 1), (170, 1)])
+    client_end: float = 180
+    status: str = "ok"
+    engine: bool = True
+    arrival: float = 10
+    first_scheduled: float = 30
+    first_generated: float = 80
+    engine_events: list = field(default_factory=lambda: [(85, 1), (115, 1), (155, 1)])
+    engine_end: float = 160
+    preemptions: list = field(default_factory=list)  # [(start_ms, end_ms)]
+    client: bool = True
+    model: str = "tiny"
+
+
+def provider(exporter, service="test") -> TracerProvider:
+    tp = TracerProvider(resource=Resource.create({"service.name": service}))
+    tp.add_span_processor(SimpleSpanProcessor(exporter))
+    return tp
+
+
+def emit(tracer, r: Req, base_ns: int) -> None:
+    t = lambda ms: base_ns + int(ms * MS)  # noqa: E731
+    ctx = None
+    client_span = None
+    if r.client:
+        offs = [int(e * MS) - int(r.client_submit * MS) for e, _ in r.client_events]
+        client_span = tracer.start_span(sc.SPAN_CLIENT_REQUEST, kind=SpanKind.CLIENT, start_time=t(r.client_submit),
+                                        attributes={sc.BOUNDARY: "client", sc.REQUEST_ID: r.id, sc.STATUS: r.status,
+                                                    sc.REQUEST_MODEL: r.model,
+                                                    sc.TOKEN_EVENT_OFFSETS: offs,
+                                                    sc.TOKEN_EVENT_TOKENS: [k for _, k in r.client_events],
+                                                    sc.OUTPUT_TOKENS: sum(k for _, k in r.client_events)})
+        ctx = set_span_in_context(client_span)
+    if r.engine:
+        offs = [int(e * MS) - int(r.arrival * MS) for e, _ in r.engine_events]
+        es = tracer.start_span(sc.SPAN_REQUEST, context=ctx, kind=SpanKind.SERVER, start_time=t(r.arrival),
+                               attributes={sc.BOUNDARY: "engine", sc.REQUEST_ID: r.id, sc.STATUS: r.status,
+                                           sc.REQUEST_MODEL: r.model, sc.TOKEN_EVENT_OFFSETS: offs,
+                                           sc.TOKEN_EVENT_TOKENS: [k for _, k in r.engine_events],
+                                           sc.OUTPUT_TOKENS: sum(k for _, k in r.engine_events)})
+        ectx = set_span_in_context(es)
+        phases = [(sc.SPAN_QUEUE, r.arrival, r.first_scheduled), (sc.SPAN_PREFILL, r.first_scheduled, r.first_generated)]
+        if r.engine_events:
+            phases.append((sc.SPAN_DECODE, r.first_generated, r.engine_events[-1][0] - 5))
+        for p0, p1 in r.preemptions:
+            phases.append((sc.SPAN_PREEMPTION, p0, p1))
+        for name, a, b in phases:
+            c = tracer.start_span(name, context=ectx, start_time=t(a),
+                                  attributes={sc.BOUNDARY: "engine", **({sc.PREEMPTION_MODE: "recompute"}
+                                                                         if name == sc.SPAN_PREEMPTION else {})})
+            c.end(end_time=t(b))
+        es.end(end_time=t(r.engine_end))
+    if client_span is not None:
+        client_span.end(end_time=t(r.client_end))
+
+
+def grpc_exporter(port: int, **kw):
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=f"127.0.0.1:{port}", insecure=True, **kw)
+
+
+def http_exporter(port: int, **kw):
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", **kw)
