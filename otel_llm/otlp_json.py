@@ -13,12 +13,18 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
 
+def _dicts(obj, key: str):
+    """The dicts in ``obj[key]`` when it is a list (tolerates any shape: input may be hostile)."""
+    v = obj.get(key) if isinstance(obj, dict) else None
+    return [x for x in v if isinstance(x, dict)] if isinstance(v, list) else []
+
+
 def _walk_spans(d: dict):
-    for rs in d.get("resourceSpans", ()):
-        for ss in rs.get("scopeSpans", ()):
-            for span in ss.get("spans", ()):
+    for rs in _dicts(d, "resourceSpans"):
+        for ss in _dicts(rs, "scopeSpans"):
+            for span in _dicts(ss, "spans"):
                 yield span
-                yield from span.get("links", ())
+                yield from _dicts(span, "links")
 
 
 def _map_ids(d: dict, fn) -> dict:
@@ -58,7 +64,7 @@ def from_dict(d: dict) -> ExportTraceServiceRequest:
     req = ExportTraceServiceRequest()
     try:
         json_format.ParseDict(d, req, ignore_unknown_fields=True)
-    except json_format.ParseError as exc:
+    except (json_format.ParseError, TypeError, AttributeError, KeyError, OverflowError) as exc:
         raise ValueError(f"not an OTLP trace export request: {exc}") from None
     return req
 

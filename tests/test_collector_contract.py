@@ -1,0 +1,270 @@
+"""The OTLP receiver contract, bad input, overload, auth, and the assembly rules."""
+import gzip
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from google.rpc import error_details_pb2, status_pb2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest, ExportTraceServiceResponse)
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from collector.assembly import AssemblyConfig, TraceAssembler
+from collector.receivers.decode import DecodeError, decode_payload
+from otel_llm import semconv as sc
+from otel_llm.otlp_json import to_json
+from otel_llm.otlp_spans import SpanRecord
+
+from conftest import ROOT
+from otlp_helpers import Req, emit, free_port, provider
+
+EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+def sample_request(reqs=None) -> ExportTraceServiceRequest:
+    """A real export request, as the SDK's encoder builds it."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    mem = InMemorySpanExporter()
+    tp = provider(mem)
+    for r in reqs or [Req("s1")]:
+        emit(tp.get_tracer("t"), r, time.time_ns())
+    tp.shutdown()
+    return encode_spans(mem.get_finished_spans())
+
+
+def post(port, body, ctype="application/x-protobuf", headers=None):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=body, method="POST",
+                                 headers={"Content-Type": ctype, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, dict(e.headers), e.read()
+
+
+def raw_grpc(port, body: bytes, metadata=None):
+    ch = grpc.insecure_channel(f"127.0.0.1:{port}")
+    call = ch.unary_unary(EXPORT, request_serializer=None, response_deserializer=None)
+    try:
+        return call.with_call(body, metadata=metadata, timeout=10)
+    finally:
+        ch.close()
+
+
+# -- HTTP --------------------------------------------------------------------------------------
+
+def test_http_success_protobuf_json_gzip(make_collector):
+    c = make_collector()
+    port = c.receivers[1].address[1]
+    body = sample_request().SerializeToString()
+    code, h, resp = post(port, body)
+    assert code == 200 and h["Content-Type"] == "application/x-protobuf"
+    r = ExportTraceServiceResponse()
+    r.ParseFromString(resp)
+    assert not r.HasField("partial_success")  # success without partial_success
+    code, h, resp = post(port, gzip.compress(sample_request([Req("gz")]).SerializeToString()),
+                         headers={"Content-Encoding": "gzip"})
+    assert code == 200
+    code, h, resp = post(port, to_json(sample_request([Req("js")])).encode(), "application/json")
+    assert code == 200 and h["Content-Type"] == "application/json" and json.loads(resp) == {}
+    assert c.receiver_counters.spans == 15
+
+
+def test_http_malformed_and_unsupported(make_collector):
+    c = make_collector()
+    port = c.receivers[1].address[1]
+    code, _, body = post(port, b"\xff\xfe not protobuf")
+    st_ = status_pb2.Status()
+    st_.ParseFromString(body)
+    assert code == 400 and st_.code == 3 and "malformed" in st_.message
+    code, _, body = post(port, b"{nope", "application/json")
+    assert code == 400 and "malformed JSON" in json.loads(body)["message"]
+    code, _, body = post(port, b"x", "text/plain")
+    assert code == 415
+    code, _, _ = post(port, b"\x1f\x8bbroken", headers={"Content-Encoding": "gzip"})
+    assert code == 400
+    assert c.receiver_counters.payloads_invalid == 3
+
+
+def test_http_size_limit_including_gzip_bombs(make_collector):
+    c = make_collector(max_message_bytes=64 * 1024)
+    port = c.receivers[1].address[1]
+    code, _, _ = post(port, b"\x00" * (65 * 1024))
+    assert code == 413
+    bomb = gzip.compress(b"\x00" * (10 * 2 ** 20))  # 10 KiB that inflate to 10 MiB
+    assert len(bomb) < 64 * 1024
+    code, _, _ = post(port, bomb, headers={"Content-Encoding": "gzip"})
+    assert code == 413
+
+
+def test_partial_success_for_bad_spans(make_collector):
+    c = make_collector()
+    req = sample_request()
+    bad = req.resource_spans[0].scope_spans[0].spans[0]
+    bad.trace_id = b"\x00" * 16
+    code, _, body = post(c.receivers[1].address[1], req.SerializeToString())
+    r = ExportTraceServiceResponse()
+    r.ParseFromString(body)
+    assert code == 200 and r.partial_success.rejected_spans == 1 and "invalid" in r.partial_success.error_message
+
+
+def test_bearer_token_on_both_receivers(make_collector):
+    c = make_collector(auth_token="s3cret")
+    body = sample_request().SerializeToString()
+    port = c.receivers[1].address[1]
+    assert post(port, body)[0] == 401
+    assert post(port, body, headers={"Authorization": "Bearer wrong"})[0] == 401
+    assert post(port, body, headers={"Authorization": "Bearer s3cret"})[0] == 200
+    with pytest.raises(grpc.RpcError) as e:
+        raw_grpc(c.receivers[0].port, body)
+    assert e.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    _, call = raw_grpc(c.receivers[0].port, body, metadata=(("authorization", "Bearer s3cret"),))
+    assert call.code() == grpc.StatusCode.OK
+
+
+def test_overload_answers_retry_later(make_collector):
+    c = make_collector(assembly=AssemblyConfig(grace_s=0.1, timeout_s=5, max_traces=2), max_backlog=3)
+    c.pause()
+    for i in range(6):  # each request is its own trace: the ring buffer evicts into the backlog
+        post(c.receivers[1].address[1], sample_request([Req(f"o{i}")]).SerializeToString())
+    code, h, _ = post(c.receivers[1].address[1], sample_request([Req("late")]).SerializeToString())
+    assert code == 503 and h["Retry-After"] == "1"
+    with pytest.raises(grpc.RpcError) as e:
+        raw_grpc(c.receivers[0].port, sample_request([Req("g")]).SerializeToString())
+    assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+    details = dict(e.value.trailing_metadata())["grpc-status-details-bin"]
+    st_ = status_pb2.Status()
+    st_.ParseFromString(details)
+    info = error_details_pb2.RetryInfo()
+    st_.details[0].Unpack(info)
+    assert info.retry_delay.seconds == 1
+    c.resume()
+    t0 = time.monotonic()
+    while c.store.count() < 12 and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert c.store.count() == 12  # nothing that was accepted is lost
+    assert c.receiver_counters.payloads_refused_overload == 2
+
+
+# -- gRPC --------------------------------------------------------------------------------------
+
+def test_grpc_malformed_is_invalid_argument(make_collector):
+    c = make_collector()
+    with pytest.raises(grpc.RpcError) as e:
+        raw_grpc(c.receivers[0].port, b"\xff\xff\xff garbage")
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in e.value.details()
+    resp, call = raw_grpc(c.receivers[0].port, sample_request().SerializeToString())
+    r = ExportTraceServiceResponse()
+    r.ParseFromString(resp)
+    assert call.code() == grpc.StatusCode.OK and not r.HasField("partial_success")
+
+
+# -- fuzzing the decoders ------------------------------------------------------------------------
+
+_VALID = sample_request([Req("f1", preemptions=[(120, 130)]), Req("f2", engine=False)]).SerializeToString()
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=2048))
+def test_fuzz_random_bytes(data):
+    for json_body in (False, True):
+        try:
+            decode_payload(data, json_body=json_body)
+        except DecodeError:
+            pass
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, len(_VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
+       st.integers(0, len(_VALID)))
+def test_fuzz_mutated_payloads(mutations, cut):
+    data = bytearray(_VALID)
+    for pos, val in mutations:
+        data[pos] = val
+    data = bytes(data[:cut] if cut % 3 == 0 else data)
+    try:
+        req, walked = decode_payload(data)
+    except DecodeError:
+        return
+    # whatever decodes, the rest of the pipeline takes without crashing
+    from collector.assembly import ReleasedTrace
+    from collector.derive import derive
+
+    recs, _ = derive([ReleasedTrace(s.trace_id, [s], "flush") for s in walked.spans])
+    assert len(recs) <= len(walked.spans)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+                    lambda ch: st.lists(ch, max_size=4) | st.dictionaries(
+                        st.sampled_from(["resourceSpans", "scopeSpans", "spans", "traceId", "spanId", "name",
+                                         "attributes", "key", "value", "startTimeUnixNano"]), ch, max_size=4),
+                    max_leaves=20))
+def test_fuzz_json_structures(obj):
+    try:
+        decode_payload(json.dumps(obj).encode(), json_body=True)
+    except DecodeError:
+        pass
+
+
+# -- assembly rules ------------------------------------------------------------------------------
+
+def span(trace, sid, name=sc.SPAN_REQUEST, parent=""):
+    return SpanRecord(trace, sid, parent, name, 2, 1, 2, {sc.REQUEST_ID: trace})
+
+
+def test_assembly_grace_duplicates_late_out_of_order():
+    a = TraceAssembler(AssemblyConfig(grace_s=1.0, timeout_s=10.0, max_traces=100))
+    t = "a" * 32
+    a.add([span(t, "02" * 8, sc.SPAN_QUEUE, "01" * 8)], now=0.0)  # a child before its parent: fine
+    assert a.expire(5.0) == []  # no request span yet: waits for the timeout
+    a.add([span(t, "01" * 8), span(t, "01" * 8)], now=5.0)  # duplicate in one batch
+    assert a.counters.spans_duplicate == 1
+    assert a.expire(5.9) == []
+    (rel,) = a.expire(6.0)
+    assert rel.reason == "grace" and {s.span_id for s in rel.spans} == {"01" * 8, "02" * 8}
+    a.add([span(t, "03" * 8, sc.SPAN_DECODE, "01" * 8)], now=7.0)  # late: counted, not re-derived
+    assert a.counters.spans_late == 1 and len(a) == 0 and a.expire(100.0) == []
+
+
+def test_assembly_timeout_and_ring_buffer_bound():
+    a = TraceAssembler(AssemblyConfig(grace_s=1.0, timeout_s=3.0, max_traces=3))
+    evicted = []
+    for i in range(5):
+        evicted += a.add([span(f"{i:032x}", "01" * 8, sc.SPAN_QUEUE, "02" * 8)], now=float(i))
+    assert len(a) == 3 and [e.trace_id for e in evicted] == [f"{0:032x}", f"{1:032x}"]
+    assert a.counters.traces_evicted == 2
+    timed = a.expire(5.5)  # trace 2 arrived at t=2: its 3 s timeout passed
+    assert [r.reason for r in timed] == ["timeout"] and timed[0].trace_id == f"{2:032x}"
+    assert {r.trace_id for r in a.flush()} == {f"{3:032x}", f"{4:032x}"}
+
+
+def test_sigterm_flushes_accepted_spans_to_the_store(tmp_path):
+    store = tmp_path / "sig.db"
+    gport, hport = free_port(), free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "otel_llm", "collector", "--otlp-grpc", f"127.0.0.1:{gport}",
+                             "--otlp-http", f"127.0.0.1:{hport}", "--prometheus", "off", "--store", str(store),
+                             "--trace-grace", "60"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "otel-llm collector:" in line and f"127.0.0.1:{hport}" in line
+        code, _, _ = post(hport, sample_request([Req("x1"), Req("x2")]).SerializeToString())
+        assert code == 200
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "4 stored" in err
+    from collector.store import RequestStore
+
+    assert RequestStore(str(store)).count() == 4  # derived at shutdown, long before the 60 s grace
