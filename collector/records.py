@@ -7,6 +7,7 @@ N <= 1, never 0).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -22,8 +23,8 @@ class RequestRecord:
     status: str  # ok | error | cancelled | rejected
     submit_ns: int  # Unix ns. client: sent; engine: arrived at the front end
     end_ns: int  # Unix ns. client: stream closed; engine: finished or aborted
-    event_offsets_ns: list[int] = field(default_factory=list)  # token events, ns after submit, ascending
-    event_tokens: list[int] = field(default_factory=list)
+    event_offsets_ns: Sequence[int] = field(default_factory=list)  # token events, ns after submit, ascending
+    event_tokens: Sequence[int] = field(default_factory=list)
     input_tokens: int | None = None
     output_tokens: int = 0
     estimated_tokens: bool = False  # client counted tokens itself rather than from usage
@@ -58,11 +59,11 @@ class RequestRecord:
     @property
     def event_times(self) -> list[float]:
         """Token event times, Unix seconds."""
-        return [(self.submit_ns + o) / 1e9 for o in self.event_offsets_ns]
+        return [(self.submit_ns + int(o)) / 1e9 for o in self.event_offsets_ns]
 
     @property
     def first_event_ns(self) -> int | None:
-        return self.submit_ns + self.event_offsets_ns[0] if self.event_offsets_ns else None
+        return self.submit_ns + int(self.event_offsets_ns[0]) if len(self.event_offsets_ns) else None
 
 
 def records_to_batch(records: list[RequestRecord], epoch_ns: int = 0) -> TimelineBatch:
@@ -70,9 +71,10 @@ def records_to_batch(records: list[RequestRecord], epoch_ns: int = 0) -> Timelin
     (0: Unix seconds; a recent epoch keeps differences exact to well under a nanosecond)."""
     n_ev = [len(r.event_offsets_ns) for r in records]
     submit = np.array([r.submit_ns - epoch_ns for r in records], dtype=np.int64)
-    offs = np.fromiter((o for r in records for o in r.event_offsets_ns), dtype=np.int64, count=sum(n_ev))
+    cat = lambda xs: np.concatenate([np.asarray(x, np.int64) for x in xs]) if xs else np.zeros(0, np.int64)  # noqa: E731
+    offs = cat([r.event_offsets_ns for r in records])
     return TimelineBatch.from_columns(
         [r.request_id for r in records], submit / 1e9, [(r.end_ns - epoch_ns) / 1e9 for r in records],
         [STATUS_CODE[r.status] for r in records], np.repeat(np.arange(len(records)), n_ev),
-        (np.repeat(submit, n_ev) + offs) / 1e9, [k for r in records for k in r.event_tokens],
+        (np.repeat(submit, n_ev) + offs) / 1e9, cat([r.event_tokens for r in records]),
         [-1 if r.input_tokens is None else r.input_tokens for r in records])

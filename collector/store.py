@@ -7,10 +7,13 @@ Rows are unique on (trace id, boundary, request id): a request is never stored t
 from __future__ import annotations
 
 import json
+import operator
 import os
 import sqlite3
 import threading
 from array import array
+
+import numpy as np
 from dataclasses import fields
 from typing import Iterable
 
@@ -19,6 +22,7 @@ from otel_llm.timeline import TimelineBatch
 from .records import RequestRecord, records_to_batch
 
 _SCALARS = [f.name for f in fields(RequestRecord) if f.name not in ("event_offsets_ns", "event_tokens")]
+_GET_SCALARS = operator.attrgetter(*_SCALARS)
 _TYPES = {"int": "INTEGER", "float": "REAL", "str": "TEXT", "bool": "INTEGER"}
 
 SCHEMA = """
@@ -60,8 +64,9 @@ class RequestStore:
         self.duplicates = 0
 
     def add(self, records: Iterable[RequestRecord]) -> int:
-        rows = [tuple(getattr(r, c) for c in _SCALARS)
-                + (array("q", r.event_offsets_ns).tobytes(), array("q", r.event_tokens).tobytes()) for r in records]
+        get = _GET_SCALARS
+        rows = [get(r) + (np.asarray(r.event_offsets_ns, np.int64).tobytes(),
+                          np.asarray(r.event_tokens, np.int64).tobytes()) for r in records]
         if not rows:
             return 0
         with self._lock:

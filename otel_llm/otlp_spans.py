@@ -16,7 +16,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from .otlp_json import from_dict
 
 
-@dataclass
+@dataclass(slots=True)
 class SpanRecord:
     trace_id: str
     span_id: str

@@ -1,7 +1,8 @@
 """Decoding OTLP trace payloads (protobuf or JSON, optionally gzip) and walking their spans.
 
 Only the spans the collector derives from are turned into :class:`SpanRecord` (request spans
-with their attributes; phase spans with names, ids and times); every span is counted. Spans with
+with the attributes derivation reads; phase spans with names, ids and times); every span is
+counted. Spans with
 invalid ids or an end before their start are rejected and counted (``partial_success``).
 """
 from __future__ import annotations
@@ -14,10 +15,16 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 
 from otel_llm import semconv as sc
 from otel_llm.otlp_json import from_json
-from otel_llm.otlp_spans import SpanRecord, attributes_dict
+from otel_llm.otlp_spans import SpanRecord, any_value, attributes_dict
+
+from ..int_arrays import RawIntArray
 
 ROOT_SPANS = frozenset(sc.REQUEST_SPANS)
 PHASE_SPANS = frozenset((sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_PREEMPTION, sc.SPAN_STREAM))
+_ARRAY_KEYS = frozenset((sc.TOKEN_EVENT_OFFSETS, sc.TOKEN_EVENT_TOKENS))
+#: the request-span attributes derivation reads (the rest travel on to --forward-traces untouched)
+_ROOT_KEYS = frozenset((sc.REQUEST_ID, sc.REQUEST_MODEL, sc.STATUS, sc.INPUT_TOKENS, sc.TOKEN_EVENT_ESTIMATED,
+                        sc.BOUNDARY))
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 
@@ -90,7 +97,15 @@ def walk(req: ExportTraceServiceRequest) -> WalkResult:
                 if is_root:
                     if res is None:
                         res = attributes_dict(rs.resource.attributes)
-                    attrs = attributes_dict(s.attributes)
+                    attrs = {}
+                    for kv in s.attributes:
+                        k = kv.key
+                        if k in _ARRAY_KEYS:
+                            v = kv.value
+                            attrs[k] = (RawIntArray(v.array_value.SerializeToString())  # decoded in bulk
+                                        if v.HasField("array_value") else any_value(v))
+                        elif k in _ROOT_KEYS:
+                            attrs[k] = any_value(kv.value)
                 elif name == sc.SPAN_PREEMPTION:
                     attrs = attributes_dict(s.attributes)
                 else:

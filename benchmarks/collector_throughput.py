@@ -1,0 +1,193 @@
+"""Benchmark: the collector's end-to-end rate against the raw decode-and-walk rate, and its
+memory with 100,000 traces in flight. All in one run, one process.
+
+* payloads: realistic export requests as the SDK batches them (512 spans each): per request a
+  client span and an engine span with token-event arrays, and the engine's queue / prefill /
+  decode / stream spans (6 spans, 64 token events per boundary).
+* raw: protobuf parse + a walk touching every span's ids, name, times and attributes.
+* end-to-end: ``Collector.accept`` (decode, walk, assemble) + release + derivation + SQLite
+  store + metrics registry, for the same payloads.
+* memory (fresh processes): peak RSS growth with 100,000 traces held in flight (long grace),
+  then the same arrivals with ``--max-traces`` a tenth of that (the ring buffer bounds it).
+
+Run: ``.venv/bin/python benchmarks/collector_throughput.py [--traces 50000]``
+Targets: >= 100,000 spans/s end to end, >= 0.5 x the raw rate; memory bounded by --max-traces.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue  # noqa: E402
+from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
+
+from otel_llm import semconv as sc  # noqa: E402
+
+MS = 1_000_000
+
+
+def _kv(key, v) -> KeyValue:
+    if isinstance(v, str):
+        return KeyValue(key=key, value=AnyValue(string_value=v))
+    if isinstance(v, list):
+        return KeyValue(key=key, value=AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=x) for x in v])))
+    return KeyValue(key=key, value=AnyValue(int_value=v))
+
+
+def request_spans(i: int, base: int, rnd: random.Random, events: int = 64) -> list[Span]:
+    tid = rnd.getrandbits(128).to_bytes(16, "big")
+    ids = [rnd.getrandbits(64).to_bytes(8, "big") for _ in range(6)]
+    cs = base + i * 10 * MS
+    arrival, sched, gen = cs + 2 * MS, cs + 5 * MS, cs + 40 * MS
+    gaps = [rnd.randint(5, 40) * MS // 2 for _ in range(events)]
+    eng_t = [gen + MS + sum(gaps[:j]) for j in range(events)]
+    end = eng_t[-1] + MS
+    cl_t = [t + 3 * MS for t in eng_t]
+
+    def span(sid, parent, name, kind, t0, t1, attrs):
+        return Span(trace_id=tid, span_id=sid, parent_span_id=parent, name=name, kind=kind,
+                    start_time_unix_nano=t0, end_time_unix_nano=t1, attributes=[_kv(k, v) for k, v in attrs.items()])
+
+    common = {sc.REQUEST_ID: f"req-{i}", sc.REQUEST_MODEL: "tiny", sc.STATUS: "ok", sc.INPUT_TOKENS: 128,
+              sc.OUTPUT_TOKENS: events, sc.TOKEN_EVENT_TOKENS: [1] * events}
+    return [
+        span(ids[0], b"", sc.SPAN_CLIENT_REQUEST, 3, cs, end + 5 * MS,
+             {sc.BOUNDARY: "client", **common, sc.TOKEN_EVENT_OFFSETS: [t - cs for t in cl_t]}),
+        span(ids[1], ids[0], sc.SPAN_REQUEST, 2, arrival, end,
+             {sc.BOUNDARY: "engine", **common, sc.TOKEN_EVENT_OFFSETS: [t - arrival for t in eng_t]}),
+        span(ids[2], ids[1], sc.SPAN_QUEUE, 1, arrival, sched, {sc.BOUNDARY: "engine"}),
+        span(ids[3], ids[1], sc.SPAN_PREFILL, 1, sched, gen, {sc.BOUNDARY: "engine"}),
+        span(ids[4], ids[1], sc.SPAN_DECODE, 1, gen, eng_t[-1], {sc.BOUNDARY: "engine"}),
+        span(ids[5], ids[1], sc.SPAN_STREAM, 1, eng_t[0], eng_t[-1], {sc.BOUNDARY: "engine"}),
+    ]
+
+
+def payloads(n_traces: int, seed: int = 0, spans_per_payload: int = 512) -> tuple[list[bytes], int]:
+    rnd = random.Random(seed)
+    base = time.time_ns()
+    out, batch, total = [], [], 0
+    for i in range(n_traces):
+        batch.extend(request_spans(i, base, rnd))
+        if len(batch) >= spans_per_payload or i == n_traces - 1:
+            req = ExportTraceServiceRequest()
+            rs = req.resource_spans.add()
+            rs.resource.attributes.append(_kv("service.name", "bench"))
+            rs.scope_spans.add().spans.extend(batch)
+            out.append(req.SerializeToString())
+            total += len(batch)
+            batch = []
+    return out, total
+
+
+def raw_rate(bodies: list[bytes], total: int) -> float:
+    t0 = time.perf_counter()
+    n = 0
+    for body in bodies:
+        req = ExportTraceServiceRequest()
+        req.ParseFromString(body)
+        for rs in req.resource_spans:
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    s.trace_id, s.span_id, s.parent_span_id, s.name, s.start_time_unix_nano, s.end_time_unix_nano
+                    for kv in s.attributes:
+                        kv.key
+                    n += 1
+    assert n == total
+    return total / (time.perf_counter() - t0)
+
+
+def make_collector(store: str, max_traces: int, grace_s: float = 0.0):
+    from collector.assembly import AssemblyConfig
+    from collector.config import CollectorConfig
+    from collector.service import Collector
+    from otel_llm.slo import SLO
+
+    cfg = CollectorConfig(otlp_grpc=None, otlp_http=None, prometheus=None, store=store,
+                          assembly=AssemblyConfig(grace_s=grace_s, timeout_s=3600, max_traces=max_traces),
+                          slos={"default": SLO(ttft=1, tpot=0.05)}, max_backlog=10 ** 9)
+    return Collector(cfg)  # not started: the benchmark drives it
+
+
+def end_to_end_rate(bodies: list[bytes], total: int, n_traces: int, tmp: str) -> tuple[float, int]:
+    c = make_collector(os.path.join(tmp, "e2e.db"), max_traces=100_000)
+    t0 = time.perf_counter()
+    for i, body in enumerate(bodies):
+        c.accept(body)
+        if i % 8 == 7:
+            c.tick(now=time.monotonic() + 1)  # grace 0: every trace whose request spans are in is ready
+    c.process(c.assembler.flush())
+    dt = time.perf_counter() - t0
+    stored = c.store.count()
+    assert stored == 2 * n_traces, stored
+    c.store.close()
+    return total / dt, stored
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_in_flight(n_traces: int, max_traces: int) -> None:
+    """Child-process mode: RSS growth while ``n_traces`` arrive and at most ``max_traces`` are held."""
+    tmp = tempfile.mkdtemp(prefix="otel-llm-collector-mem-")
+    bodies, _ = payloads(n_traces, seed=1)
+    gc.collect()
+    before = rss_bytes()
+    c = make_collector(os.path.join(tmp, "mem.db"), max_traces=max_traces, grace_s=3600)
+    peak = 0
+    for body in bodies:
+        c.accept(body)
+        c.process([])  # traces evicted past the bound are derived and stored, so they leave memory
+        peak = max(peak, rss_bytes() - before)
+    print(f"{len(c.assembler)} {c.assembler.counters.traces_evicted} {peak}")
+
+
+def memory_run(n_traces: int, max_traces: int) -> tuple[int, int, int]:
+    import subprocess
+
+    out = subprocess.run([sys.executable, __file__, "--memory-child", str(n_traces), str(max_traces)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    held, evicted, peak = map(int, out[-3:])
+    return held, evicted, peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--traces", type=int, default=50_000, help="traces for the rate runs (default 50,000)")
+    ap.add_argument("--in-flight", type=int, default=100_000, help="traces held for the memory run (default 100,000)")
+    ap.add_argument("--memory-child", nargs=2, type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.memory_child:
+        memory_in_flight(*a.memory_child)
+        return
+    tmp = tempfile.mkdtemp(prefix="otel-llm-collector-bench-")
+    bodies, total = payloads(a.traces)
+    mib = sum(map(len, bodies)) / 2 ** 20
+    print(f"payloads: {a.traces:,} traces, {total:,} spans in {len(bodies)} requests ({mib:.1f} MiB protobuf)", flush=True)
+    raw = raw_rate(bodies, total)
+    print(f"raw decode-and-walk: {raw:,.0f} spans/s", flush=True)
+    e2e, stored = end_to_end_rate(bodies, total, a.traces, tmp)
+    print(f"end to end (decode, assemble, derive, store, metrics): {e2e:,.0f} spans/s "
+          f"({stored:,} records stored)  target >= 100,000", flush=True)
+    print(f"end-to-end / raw: {e2e / raw:.2f}  target >= 0.5", flush=True)
+    del bodies
+    held, _, peak = memory_run(a.in_flight, a.in_flight)
+    print(f"memory: {held:,} traces in flight -> peak RSS +{peak / 2 ** 20:,.0f} MiB "
+          f"({peak / max(held, 1):,.0f} bytes/trace)", flush=True)
+    bound = max(a.in_flight // 10, 1)
+    held_b, ev, peak_b = memory_run(a.in_flight, bound)
+    print(f"memory with --max-traces {bound}: {held_b:,} in flight, {ev:,} derived early -> "
+          f"peak RSS +{peak_b / 2 ** 20:,.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""A real Prometheus server (Debian's package) scrapes the collector; PromQL gives goodput."""
+import json
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+
+from otel_llm.slo import SLO
+
+from otlp_helpers import Req, emit, free_port, grpc_exporter, provider
+
+pytestmark = pytest.mark.slow
+
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+def promql(port, q):
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+    with urllib.request.urlopen(url, timeout=10) as r:
+        d = json.load(r)
+    assert d["status"] == "success", d
+    return d["data"]["result"]
+
+
+@pytest.fixture
+def prometheus(tmp_path):
+    def start(target_port):
+        port = free_port()
+        cfg = tmp_path / "prometheus.yml"
+        cfg.write_text(f"""global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+  - job_name: otel-llm-collector
+    static_configs:
+      - targets: ['127.0.0.1:{target_port}']
+""")
+        proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                                 f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        procs.append(proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1)
+                return port
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError("prometheus did not become ready: " + proc.stderr.read1(4000).decode())
+
+    procs = []
+    if not shutil.which("prometheus") and not shutil.os.path.exists(PROMETHEUS):
+        pytest.fail("Debian's prometheus is not installed: run `make test`, which installs it")
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)
+
+
+def test_promql_goodput(make_collector, prometheus):
+    """Figure 5 at the client boundary: 10 completed, 8 meet TTFT <= 1 s and TPOT <= 50 ms."""
+    c = make_collector(slos={"default": SLO(ttft=1.0, tpot=0.05)})
+    prom = prometheus(c.prometheus.address[1])
+    reqs = []
+    for i in range(10):
+        ttft, tpot = (1500 if i == 3 else 500), (70 if i == 7 else 30)
+        ev = [(ttft + j * tpot, 1) for j in range(5)]
+        reqs.append(Req(f"g{i}", client_events=ev, client_end=ev[-1][0] + 10, arrival=1, first_scheduled=2,
+                        first_generated=ttft - 2, engine_events=[(t - 1, k) for t, k in ev],
+                        engine_end=ev[-1][0] + 5))
+    sel = 'boundary="client",model="tiny"'
+    good_q = f'sum(llm_slo_good_requests_total{{{sel},slo="default"}})'
+
+    def send_and_wait(batch, good_total):
+        tp = provider(grpc_exporter(c.receivers[0].port))
+        base = time.time_ns()
+        for r in batch:
+            emit(tp.get_tracer("t"), r, base)
+        tp.shutdown()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            res = promql(prom, good_q)
+            if res and float(res[0]["value"][1]) == good_total:
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"Prometheus never saw {good_total} good requests: {res}")
+
+    # a running service: the series exist (one good request) before the measured load arrives,
+    # as Prometheus takes a new series' first sample as its baseline
+    send_and_wait([Req("warm-up")], 1)
+    time.sleep(2.5)
+    send_and_wait(reqs, 9)
+    attainment = promql(prom, f'{good_q} / sum(llm_requests_total{{{sel},status="ok"}})')
+    assert float(attainment[0]["value"][1]) == pytest.approx(9 / 11)  # 9 good of 11 completed, all time
+    time.sleep(2.5)
+    # goodput over a window = rate of the good counter; over the window holding figure 5's batch,
+    # it is 80% of the request throughput (8 good of 10 completed)
+    goodput = float(promql(prom, f'sum(rate(llm_slo_good_requests_total{{{sel},slo="default"}}[4s]))')[0]["value"][1])
+    throughput = float(promql(prom, f'sum(rate(llm_requests_total{{{sel},status="ok"}}[4s]))')[0]["value"][1])
+    assert goodput > 0 and goodput == pytest.approx(0.8 * throughput, rel=1e-9)
+    ttft_p = promql(prom, f'histogram_quantile(0.5, sum by (le) (rate(gen_ai_server_time_to_first_token_seconds_bucket{{{sel}}}[1m])))')
+    assert 0.25 <= float(ttft_p[0]["value"][1]) <= 0.5  # 9 of 10 TTFTs are 500 ms: within the (0.25, 0.5] bucket
