@@ -38,7 +38,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Iterable
 
-from .clock import monotonic_ns
+from otel_llm.clock import monotonic_ns
 from .recorder import ARRIVAL, FINISH, PREEMPTED, RAW, SCHEDULED, STEP, TOKEN_OUT
 from .pipeline import TracingPipeline, default_pipeline
 

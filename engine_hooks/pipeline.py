@@ -19,7 +19,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_llm.export import SafeSpanExporter, exporter_from_env
 
-from .clock import WallAnchor, monotonic_ns
+from otel_llm.clock import WallAnchor, monotonic_ns
 from .recorder import Recorder
 from .spans import SpanFactory, make_resource
 from .tracker import RequestTracker

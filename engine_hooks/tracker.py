@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from .clock import WallAnchor
+from otel_llm.clock import WallAnchor
 from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, RAW, SCHEDULED, STEP, TOKEN_OUT
 
 

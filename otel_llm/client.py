@@ -1,0 +1,347 @@
+"""Client-side tracing for OpenAI-compatible streaming over HTTP: what the caller saw.
+
+One ``llm.client.request`` span (CLIENT) per request, from the moment the request is sent to the
+moment the stream closes, carrying the token-event arrays of DESIGN.md. A W3C ``traceparent`` is
+injected, so the engine's spans (engine_hooks) join the same trace.
+
+Token events: each streamed chunk that carries output is one event. Its token count comes from
+streamed usage where the server sends it per chunk (vLLM: ``stream_options.continuous_usage_stats``);
+otherwise each chunk with text counts as one token, reconciled with the final usage when the
+server sends it (``stream_options.include_usage``); when they disagree, the counts stay as
+counted and ``llm.token_event.estimated`` is true. Chunks with no token (role-only, usage-only,
+keep-alive) are not events. No prompt or completion text is recorded unless
+``capture_content=True`` (or ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true``).
+
+Status: ``ok``; ``rejected`` for HTTP 429 / 503 (the server refused it); ``error`` for other HTTP
+errors or a broken stream; ``cancelled`` when the caller cancels (the exception is re-raised).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from . import semconv as sc
+from .clock import WallAnchor
+from .timeline import Timeline
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+REJECTED_HTTP = (429, 503)
+
+
+def capture_content_default() -> bool:
+    return os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").lower() in ("1", "true", "yes")
+
+
+@dataclass
+class ClientResult:
+    """What one request looked like from the caller's side. Times: Unix ns."""
+
+    request_id: str  # the id we sent (x-request-id) or the response's id
+    status: str
+    submit_ns: int
+    end_ns: int
+    events_ns: list[int] = field(default_factory=list)
+    event_tokens: list[int] = field(default_factory=list)
+    estimated: bool = False
+    output_tokens: int = 0  # from usage when the server sent it, else counted
+    input_tokens: int | None = None
+    http_status: int | None = None
+    error: str | None = None
+    text: str = ""  # the completion, for the caller; never put in spans unless opted in
+    trace_id: str | None = None
+
+    def timeline(self) -> Timeline:
+        return Timeline(id=self.request_id, submit=self.submit_ns / 1e9, end=self.end_ns / 1e9, status=self.status,
+                        events=tuple((t / 1e9, k) for t, k in zip(self.events_ns, self.event_tokens)),
+                        input_tokens=self.input_tokens)
+
+
+class _StreamRecorder:
+    """Turns SSE chunks (already parsed JSON) into token events; one per chunk with output."""
+
+    def __init__(self) -> None:
+        self.events_ns: list[int] = []
+        self.tokens: list[int] = []
+        self.estimated_events = 0
+        self.prev_completion: int | None = None
+        self.final_usage: dict | None = None
+        self.response_id: str | None = None
+        self.text_parts: list[str] = []
+
+    def chunk(self, obj: dict, t_ns: int) -> None:
+        self.response_id = self.response_id or obj.get("id")
+        choices = obj.get("choices") or []
+        usage = obj.get("usage")
+        text = ""
+        for ch in choices:
+            text += ch.get("text") or ""
+            delta = ch.get("delta") or {}
+            text += (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+        if text:
+            self.text_parts.append(text)
+        if usage and not choices:
+            self.final_usage = usage  # usage-only chunk: not a token event
+            return
+        n = None
+        if usage and usage.get("completion_tokens") is not None:
+            cur = int(usage["completion_tokens"])
+            n = cur - (self.prev_completion or 0)
+            self.prev_completion = cur
+            self.final_usage = usage
+        elif text:
+            n = 1
+            self.estimated_events += 1
+        if n and n > 0:
+            self.events_ns.append(t_ns)
+            self.tokens.append(n)
+
+    def finish(self) -> tuple[bool, int, int | None]:
+        """(estimated, output_tokens, input_tokens) after reconciling with the final usage."""
+        usage = self.final_usage or {}
+        total = usage.get("completion_tokens")
+        counted = sum(self.tokens)
+        estimated = self.estimated_events > 0
+        if estimated and total is not None and int(total) == counted:
+            estimated = False  # every chunk carried one token: the counts are exact
+        out = int(total) if total is not None else counted
+        inp = usage.get("prompt_tokens")
+        return estimated, out, int(inp) if inp is not None else None
+
+
+class TracedClient:
+    """An httpx-based async client for ``/v1/completions`` and ``/v1/chat/completions`` streaming.
+
+    ``base_url``: e.g. ``http://127.0.0.1:8000/v1``. Each call returns a :class:`ClientResult`
+    and records one ``llm.client.request`` span.
+    """
+
+    def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
+                 tracer_provider=None, capture_content: bool | None = None, timeout_s: float = 600.0,
+                 continuous_usage: bool = True, max_connections: int = 1000):
+        import httpx
+
+        from .tracing import default_provider
+
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.capture_content = capture_content_default() if capture_content is None else capture_content
+        self.continuous_usage = continuous_usage
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), headers=headers,
+                                       limits=httpx.Limits(max_connections=max_connections,
+                                                           max_keepalive_connections=max_connections))
+        self._tracer = (tracer_provider or default_provider()).get_tracer("otel_llm.client", "0.1.0")
+        self._anchor = WallAnchor()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "TracedClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    def _now(self) -> int:
+        return self._anchor.wall_ns(time.monotonic_ns())
+
+    async def completion(self, prompt: str | list[int], max_tokens: int, *, request_id: str | None = None,
+                         extra: dict | None = None, attributes: dict | None = None) -> ClientResult:
+        body = {"prompt": prompt, "max_tokens": max_tokens}
+        return await self._stream("/completions", body, request_id, extra, attributes,
+                                  input_tokens=len(prompt) if isinstance(prompt, list) else None)
+
+    async def chat(self, messages: list[dict], max_tokens: int, *, request_id: str | None = None,
+                   extra: dict | None = None, attributes: dict | None = None) -> ClientResult:
+        return await self._stream("/chat/completions", {"messages": messages, "max_tokens": max_tokens},
+                                  request_id, extra, attributes)
+
+    async def _stream(self, path: str, body: dict, request_id: str | None, extra: dict | None,
+                      attributes: dict | None, input_tokens: int | None = None) -> ClientResult:
+        body = {**body, "stream": True, **(extra or {})}
+        if self.model and "model" not in body:
+            body["model"] = self.model
+        so = dict(body.get("stream_options") or {})
+        so.setdefault("include_usage", True)
+        if self.continuous_usage:
+            so.setdefault("continuous_usage_stats", True)
+        body["stream_options"] = so
+        submit = self._now()
+        span = self._tracer.start_span(sc.SPAN_CLIENT_REQUEST, kind=SpanKind.CLIENT, start_time=submit,
+                                       attributes={sc.BOUNDARY: "client", sc.OPERATION_NAME: "text_completion"
+                                                   if path == "/completions" else "chat",
+                                                   **({sc.REQUEST_MODEL: body["model"]} if body.get("model") else {}),
+                                                   **(attributes or {})})
+        headers: dict[str, str] = {}
+        _PROPAGATOR.inject(headers, context=trace_api.set_span_in_context(span))
+        if request_id:
+            headers["X-Request-Id"] = request_id
+        rec = _StreamRecorder()
+        res = ClientResult(request_id=request_id or "", status="ok", submit_ns=submit, end_ns=submit,
+                           input_tokens=input_tokens, trace_id=format(span.get_span_context().trace_id, "032x"))
+        try:
+            async with self._http.stream("POST", self.base_url + path, json=body, headers=headers) as resp:
+                res.http_status = resp.status_code
+                if resp.status_code >= 400:
+                    detail = (await resp.aread())[:500].decode(errors="replace")
+                    res.status = "rejected" if resp.status_code in REJECTED_HTTP else "error"
+                    res.error = f"HTTP {resp.status_code}: {detail}"
+                else:
+                    async for line in resp.aiter_lines():
+                        t = self._now()
+                        if not line.startswith("data:"):
+                            continue
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            break
+                        try:
+                            obj = json.loads(data)
+                        except json.JSONDecodeError:
+                            continue
+                        if obj.get("error"):
+                            res.status, res.error = "error", str(obj["error"])[:500]
+                            continue
+                        rec.chunk(obj, t)
+        except asyncio.CancelledError:
+            res.status, res.error = "cancelled", "cancelled by the caller"
+            self._close(span, res, rec, body)
+            raise
+        except Exception as exc:  # noqa: BLE001 - a broken stream is an error result, not a crash
+            res.status, res.error = "error", f"{type(exc).__name__}: {exc}"
+        self._close(span, res, rec, body)
+        return res
+
+    def _close(self, span, res: ClientResult, rec: _StreamRecorder, body: dict) -> None:
+        res.end_ns = self._now()
+        res.events_ns, res.event_tokens = rec.events_ns, rec.tokens
+        res.estimated, res.output_tokens, inp = rec.finish()
+        res.input_tokens = inp if inp is not None else res.input_tokens
+        res.text = "".join(rec.text_parts)
+        if not res.request_id:
+            res.request_id = rec.response_id or format(span.get_span_context().span_id, "016x")
+        a = {sc.REQUEST_ID: res.request_id, sc.STATUS: res.status, sc.OUTPUT_TOKENS: res.output_tokens,
+             sc.TOKEN_EVENT_OFFSETS: [t - res.submit_ns for t in res.events_ns],
+             sc.TOKEN_EVENT_TOKENS: list(res.event_tokens), sc.TOKEN_EVENT_ESTIMATED: res.estimated}
+        if rec.response_id:
+            a[sc.RESPONSE_ID] = rec.response_id
+        if res.input_tokens is not None:
+            a[sc.INPUT_TOKENS] = res.input_tokens
+        if res.http_status is not None:
+            a["http.response.status_code"] = res.http_status
+        if self.capture_content:
+            a["llm.prompt.text"] = json.dumps(body.get("prompt") or body.get("messages"))
+            a["llm.completion.text"] = res.text
+        span.set_attributes(a)
+        if res.status != "ok":
+            span.set_attribute(sc.ERROR_TYPE, res.status if res.http_status is None or res.http_status < 400
+                               else str(res.http_status))
+            span.set_status(Status(StatusCode.ERROR, res.error or res.status))
+        span.end(end_time=res.end_ns)
+
+
+def instrument_openai(client: Any, *, tracer_provider=None, capture_content: bool | None = None) -> Any:
+    """Trace the ``openai`` SDK's streaming calls (``completions.create`` and
+    ``chat.completions.create`` with ``stream=True``, sync or async client): one
+    ``llm.client.request`` span per call, ``traceparent`` injected through ``extra_headers``.
+    Returns the same client."""
+    from .tracing import default_provider
+
+    tracer = (tracer_provider or default_provider()).get_tracer("otel_llm.client", "0.1.0")
+    anchor = WallAnchor()
+    capture = capture_content_default() if capture_content is None else capture_content
+    now = lambda: anchor.wall_ns(time.monotonic_ns())  # noqa: E731
+
+    def start(kwargs: dict, op: str):
+        submit = now()
+        span = tracer.start_span(sc.SPAN_CLIENT_REQUEST, kind=SpanKind.CLIENT, start_time=submit,
+                                 attributes={sc.BOUNDARY: "client", sc.OPERATION_NAME: op,
+                                             **({sc.REQUEST_MODEL: kwargs["model"]} if kwargs.get("model") else {})})
+        headers = dict(kwargs.get("extra_headers") or {})
+        _PROPAGATOR.inject(headers, context=trace_api.set_span_in_context(span))
+        kwargs["extra_headers"] = headers
+        so = dict(kwargs.get("stream_options") or {})
+        so.setdefault("include_usage", True)
+        kwargs["stream_options"] = so
+        return span, ClientResult(request_id="", status="ok", submit_ns=submit, end_ns=submit), _StreamRecorder()
+
+    closer = TracedClient.__new__(TracedClient)
+    closer.capture_content, closer._anchor = capture, anchor
+
+    def chunk_dict(chunk) -> dict:
+        return chunk.model_dump() if hasattr(chunk, "model_dump") else dict(chunk)
+
+    def wrap(create, op: str, is_async: bool):
+        if is_async:
+            async def traced(*args, **kwargs):
+                if not kwargs.get("stream"):
+                    return await create(*args, **kwargs)
+                span, res, rec = start(kwargs, op)
+                try:
+                    stream = await create(*args, **kwargs)
+                except Exception as exc:
+                    _fail(res, exc)
+                    closer._close(span, res, rec, kwargs)
+                    raise
+
+                async def gen():
+                    try:
+                        async for chunk in stream:
+                            rec.chunk(chunk_dict(chunk), now())
+                            yield chunk
+                    except asyncio.CancelledError:
+                        res.status = "cancelled"
+                        raise
+                    except Exception as exc:
+                        _fail(res, exc)
+                        raise
+                    finally:
+                        closer._close(span, res, rec, kwargs)
+                return gen()
+            return traced
+
+        def traced_sync(*args, **kwargs):
+            if not kwargs.get("stream"):
+                return create(*args, **kwargs)
+            span, res, rec = start(kwargs, op)
+            try:
+                stream = create(*args, **kwargs)
+            except Exception as exc:
+                _fail(res, exc)
+                closer._close(span, res, rec, kwargs)
+                raise
+
+            def gen():
+                try:
+                    for chunk in stream:
+                        rec.chunk(chunk_dict(chunk), now())
+                        yield chunk
+                except GeneratorExit:
+                    res.status = "cancelled"
+                    raise
+                except Exception as exc:
+                    _fail(res, exc)
+                    raise
+                finally:
+                    closer._close(span, res, rec, kwargs)
+            return gen()
+        return traced_sync
+
+    is_async = type(client).__name__.startswith("Async")
+    client.completions.create = wrap(client.completions.create, "text_completion", is_async)
+    client.chat.completions.create = wrap(client.chat.completions.create, "chat", is_async)
+    return client
+
+
+def _fail(res: ClientResult, exc: BaseException) -> None:
+    code = getattr(exc, "status_code", None)
+    res.http_status = code
+    res.status = "rejected" if code in REJECTED_HTTP else "error"
+    res.error = f"{type(exc).__name__}: {exc}"[:500]

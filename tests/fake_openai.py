@@ -1,0 +1,83 @@
+"""A small OpenAI-compatible streaming server for client tests (loopback only).
+
+Request body extensions: ``fake_usage``: ``continuous`` (usage on every chunk), ``final`` (a
+usage-only chunk at the end), ``none``; ``fake_gap_ms``: time between chunks; ``fake_status``:
+answer with this HTTP status instead; ``fake_multi``: tokens per chunk. It records each
+request's headers.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class FakeOpenAI:
+    def __init__(self):
+        self.requests: list[dict] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                status = body.get("fake_status")
+                if status:
+                    msg = json.dumps({"error": {"message": "busy"}}).encode()
+                    self.send_response(status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(msg)))
+                    self.end_headers()
+                    self.wfile.write(msg)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                chat = self.path.endswith("/chat/completions")
+                n, gap = body.get("max_tokens", 4), body.get("fake_gap_ms", 5) / 1000
+                multi = body.get("fake_multi", 1)
+                usage = body.get("fake_usage", "continuous")
+                prompt_tokens = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 7
+
+                def send(obj):
+                    data = f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+
+                try:
+                    if chat:
+                        send({"id": "chat-1", "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
+                    done = 0
+                    while done < n:
+                        time.sleep(gap)
+                        k = min(multi, n - done)
+                        done += k
+                        choice = ({"index": 0, "delta": {"content": "x" * k}} if chat else {"index": 0, "text": "x" * k})
+                        obj = {"id": "cmpl-fake", "choices": [choice]}
+                        if usage == "continuous":
+                            obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
+                        send(obj)
+                    if usage in ("final", "continuous"):
+                        send({"id": "cmpl-fake", "choices": [],
+                              "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n}})
+                    send("[DONE]")
+                    self.wfile.write(b"0\r\n\r\n")
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
