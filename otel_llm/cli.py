@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="OpenTelemetry tracing and latency metrics (TTFT, ITL, TPOT, E2E, goodput) for LLM inference.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _register_analyze(sub)
+    from .bench import register as _register_bench
+
+    _register_bench(sub)
     for ep in sorted(entry_points(group="otel_llm.commands"), key=lambda e: e.name):
         try:
             ep.load()(sub)

@@ -154,10 +154,13 @@ class TracedClient:
         return self._anchor.wall_ns(time.monotonic_ns())
 
     async def completion(self, prompt: str | list[int], max_tokens: int, *, request_id: str | None = None,
-                         extra: dict | None = None, attributes: dict | None = None) -> ClientResult:
+                         extra: dict | None = None, attributes: dict | None = None,
+                         on_cancel=None) -> ClientResult:
+        """Stream one completion. ``on_cancel(result)`` is called with the partial result when
+        the caller cancels (the CancelledError is then re-raised)."""
         body = {"prompt": prompt, "max_tokens": max_tokens}
         return await self._stream("/completions", body, request_id, extra, attributes,
-                                  input_tokens=len(prompt) if isinstance(prompt, list) else None)
+                                  input_tokens=len(prompt) if isinstance(prompt, list) else None, on_cancel=on_cancel)
 
     async def chat(self, messages: list[dict], max_tokens: int, *, request_id: str | None = None,
                    extra: dict | None = None, attributes: dict | None = None) -> ClientResult:
@@ -165,7 +168,7 @@ class TracedClient:
                                   request_id, extra, attributes)
 
     async def _stream(self, path: str, body: dict, request_id: str | None, extra: dict | None,
-                      attributes: dict | None, input_tokens: int | None = None) -> ClientResult:
+                      attributes: dict | None, input_tokens: int | None = None, on_cancel=None) -> ClientResult:
         body = {**body, "stream": True, **(extra or {})}
         if self.model and "model" not in body:
             body["model"] = self.model
@@ -213,6 +216,8 @@ class TracedClient:
         except asyncio.CancelledError:
             res.status, res.error = "cancelled", "cancelled by the caller"
             self._close(span, res, rec, body)
+            if on_cancel is not None:
+                on_cancel(res)
             raise
         except Exception as exc:  # noqa: BLE001 - a broken stream is an error result, not a crash
             res.status, res.error = "error", f"{type(exc).__name__}: {exc}"

@@ -16,10 +16,11 @@ def write_jsonl(path: Path, rows) -> Path:
     return path
 
 
-def run_cli(*args, check=True, input=None):
+def run_cli(*args, check=True, input=None, env=None):
     """Run the installed ``otel-llm`` command in a subprocess, as a user would."""
+    full_env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", **(env or {})}
     proc = subprocess.run([sys.executable, "-m", "otel_llm", *map(str, args)], capture_output=True,
-                          text=True, input=input, cwd=ROOT, timeout=300)
+                          text=True, input=input, cwd=ROOT, timeout=300, env=full_env)
     if check and proc.returncode != 0:
         raise AssertionError(f"otel-llm {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
     return proc

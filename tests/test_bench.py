@@ -1,0 +1,100 @@
+"""otel-llm bench against the fake streaming server: load modes, conditions, output, Ctrl-C."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from otel_llm.bench import LengthDist, LoadSpec, arrival_offsets
+from otel_llm.otlp_spans import read_trace_file
+
+from conftest import ROOT, run_cli
+from fake_openai import FakeOpenAI
+
+
+@pytest.fixture
+def server():
+    s = FakeOpenAI()
+    yield s
+    s.close()
+
+
+def test_length_distributions():
+    rng = np.random.default_rng(0)
+    assert LengthDist.parse("32").sample(rng) == 32
+    u = LengthDist.parse("uniform:10:20")
+    xs = [u.sample(rng) for _ in range(500)]
+    assert min(xs) == 10 and max(xs) == 20
+    assert LengthDist.parse("normal:100:5").sample(rng) > 50
+    for bad in ("0", "uniform:5", "uniform:9:3", "zipf:1:2", "x"):
+        with pytest.raises(ValueError):
+            LengthDist.parse(bad)
+
+
+@pytest.mark.parametrize("arrival", ["poisson", "constant", "gamma"])
+def test_arrival_processes_hit_the_rate(arrival):
+    spec = LoadSpec(rate=50.0, arrival=arrival, burstiness=0.5)
+    off = arrival_offsets(spec, 20000, np.random.default_rng(1))
+    assert off[0] == 0 and (np.diff(off) >= 0).all()
+    assert (len(off) - 1) / off[-1] == pytest.approx(50.0, rel=0.05)
+    cv = np.std(np.diff(off)) / np.mean(np.diff(off))
+    assert cv == pytest.approx({"poisson": 1.0, "constant": 0.0, "gamma": 2 ** 0.5}[arrival], abs=0.06)
+
+
+def test_open_loop_run(server, tmp_path):
+    out = tmp_path / "timelines.jsonl"
+    traces = tmp_path / "spans.jsonl"
+    proc = run_cli("bench", "--base-url", server.base_url, "--model", "m", "--rate", "40", "--num-requests", "20",
+                   "--input-tokens", "uniform:5:9", "--output-tokens", "6", "--warmup", "3", "--seed", "7",
+                   "--output", out, "--format", "json", env={"OTEL_LLM_TRACES_FILE": str(traces)})
+    summary = json.loads(proc.stdout)
+    c = summary["conditions"]
+    assert c["load_mode"] == "open" and c["arrival_process"] == "poisson" and c["nominal_rate_per_s"] == 40
+    assert c["requests_sent"] == 20 and c["warmup_requests_excluded"] == 3 and c["statuses"]["ok"] == 20
+    assert c["achieved_arrival_rate_per_s"] > 5 and "schedule_delay_s" in c
+    assert c["input_tokens"] == "uniform[5, 9]" and c["output_tokens"] == "6"
+    assert summary["counts"]["completed"] == 20 and summary["latency"]["ttft"]["n"] == 20
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 20 and all(sum(k for _, k in r["events"]) == 6 for r in rows)
+    assert all(r["intended"] <= r["submit"] + 1e-3 for r in rows)
+    # the output file is valid analyze input
+    again = json.loads(run_cli("analyze", out, "--format", "json").stdout)
+    assert again["counts"]["completed"] == 20
+    # prompts were token ids of the drawn lengths, ignore_eos set
+    bodies = [r["body"] for r in server.requests]
+    assert len(bodies) == 23 and all(5 <= len(b["prompt"]) <= 9 and b["ignore_eos"] for b in bodies)
+    spans = [s for s in read_trace_file(traces) if s.name == "llm.client.request"]
+    assert len(spans) == 23
+    assert spans[0].resource["llm.bench.load_mode"] == "open" and spans[0].resource["llm.bench.model"] == "m"
+    assert sum(1 for s in spans if s.attributes.get("llm.bench.warmup")) == 3
+
+
+def test_closed_loop_run(server):
+    proc = run_cli("bench", "--base-url", server.base_url, "--model", "m", "--concurrency", "3",
+                   "--num-requests", "12", "--output-tokens", "4")
+    assert "load_mode: closed" in proc.stdout and "concurrency: 3" in proc.stdout
+    assert "completed 12" in proc.stdout and "not the same load" in proc.stdout
+
+
+def test_ctrl_c_cancels_in_flight_and_still_summarises(server, tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "otel_llm", "bench", "--base-url", server.base_url, "--model", "m",
+                          "--concurrency", "4", "--num-requests", "50", "--output-tokens", "200"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env={**__import__("os").environ, "OTEL_TRACES_EXPORTER": "none"})
+    time.sleep(3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted: True" in out
+    cancelled = int(out.split("cancelled ")[1].split(",")[0])
+    assert cancelled >= 1
+
+
+def test_bad_flags():
+    proc = run_cli("bench", "--base-url", "http://x/v1", "--model", "m", "--rate", "0", check=False)
+    assert proc.returncode == 2 and "--rate must be > 0" in proc.stderr
+    proc = run_cli("bench", "--base-url", "http://x/v1", "--model", "m", check=False)
+    assert proc.returncode == 2 and "--rate" in proc.stderr
