@@ -114,3 +114,56 @@ def run(args: argparse.Namespace) -> int:
     print(f"otel-llm collector: stopped; {c['records_derived']} records derived, "
           f"{c.get('store_records', 0)} stored", file=sys.stderr, flush=True)
     return 0
+
+
+def register_compare(sub) -> None:
+    p = sub.add_parser(
+        "compare", help="client vs engine per request: where the client's TTFT went",
+        description="From the collector's store: per request and as distributions, client TTFT = network_in + "
+                    "queue + prefill + delivery; client vs engine ITL; stalls the engine did not have (delivery) "
+                    "and those it did (preemption, other). Bounds the clock offset between client and engine hosts "
+                    "from the nesting of their spans and corrects network_in and delivery by it.")
+    p.add_argument("--store", required=True, metavar="PATH", help="the collector's store")
+    p.add_argument("--clock-offset", default="auto", metavar="auto|SECONDS",
+                   help="engine clock minus client clock: 'auto' estimates it from span nesting (0 when the bounds "
+                        "allow one clock); a number applies it")
+    p.add_argument("--stall", type=float, default=0.1, metavar="S",
+                   help="a client inter-token gap above this is a stall (default 0.1 s)")
+    p.add_argument("--percentiles", default="50,90,99", help="percentiles of the distributions (default 50,90,99)")
+    p.add_argument("--percentile-method", choices=("nearest-rank", "linear"), default="nearest-rank")
+    p.add_argument("--top", type=int, default=20, help="table/markdown: requests listed, slowest client TTFT first")
+    p.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    p.set_defaults(func=run_compare)
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    import json
+    import os
+
+    from otel_llm.cli import CLIError
+
+    from .compare import compare, summarize_comparison, to_json
+    from .report import format_comparison
+    from .store import RequestStore
+
+    if not os.path.exists(args.store):
+        raise CLIError(f"{args.store}: no such store")
+    try:
+        offset = None if args.clock_offset == "auto" else float(args.clock_offset)
+    except ValueError:
+        raise CLIError("--clock-offset: 'auto' or a number of seconds") from None
+    ps = [p.strip() for p in args.percentiles.split(",") if p.strip()]
+    store = RequestStore(args.store)
+    try:
+        records = store.records()
+    finally:
+        store.close()
+    rows, off, pairs, alone = compare(records, offset, args.stall)
+    if not rows:
+        raise CLIError(f"{args.store}: no request seen at both boundaries ({len(records)} records)")
+    summary = summarize_comparison(rows, off, pairs, alone, ps, args.percentile_method)
+    if args.format == "json":
+        print(json.dumps(to_json(rows, summary), indent=2))
+    else:
+        sys.stdout.write(format_comparison(rows, summary, args.top, markdown=args.format == "markdown"))
+    return 0

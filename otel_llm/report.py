@@ -52,7 +52,7 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
     for k, d in s.latency.items():
         name = LABELS[k] + (f" ({UNITS[k]})" if k in UNITS else "")
         rows.append([name, str(d.n), _ms(d.mean), *(_ms(d.percentiles[p]) for p in pkeys), _ms(d.max), d.population])
-    out.extend(_grid(cols, rows, markdown))
+    out.extend(grid(cols, rows, markdown))
     out.append("")
     if s.goodput is not None:
         g = s.goodput
@@ -66,7 +66,7 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
     return out
 
 
-def _grid(cols: list[str], rows: list[list[str]], markdown: bool) -> list[str]:
+def grid(cols: list[str], rows: list[list[str]], markdown: bool) -> list[str]:
     if markdown:
         return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + ["| " + " | ".join(r) + " |" for r in rows]
     widths = [max(len(x) for x in col) for col in zip(cols, *rows)]
