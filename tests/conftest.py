@@ -84,3 +84,33 @@ def make_collector(tmp_path):
             c.stop()
         except Exception:
             pass
+
+
+def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2 ** 20, timeout: float = 180.0):
+    """Start vLLM's OpenAI-compatible server on a free loopback port (the CPU build); returns
+    (process, base_url). The caller stops it."""
+    import socket
+    import time
+    import urllib.request
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "bfloat16",
+           "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(kv_bytes),
+           "--host", "127.0.0.1", "--port", str(port)]
+    log = open(os.path.join(os.path.dirname(model), f"vllm-server-{port}.log"), "w")
+    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}, stdout=log,
+                            stderr=subprocess.STDOUT, cwd=os.path.dirname(model))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"vLLM server exited with {proc.returncode}; see {log.name}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc, f"http://127.0.0.1:{port}/v1"
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise AssertionError(f"vLLM server not healthy after {timeout} s; see {log.name}")

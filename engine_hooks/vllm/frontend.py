@@ -5,8 +5,9 @@ generic :class:`~engine_hooks.api.EngineHooks`:
 
 * ``add_request`` -> arrival (internal request id, external id as ``llm.request.id``, arrival
   wall time, prompt tokens, the caller's W3C trace headers);
-* ``process_outputs`` -> :meth:`EngineHooks.raw`: O(1) on the engine's thread (a reference to the
-  step's ``EngineCoreOutput`` list); unpacked later into token events, and into the engine core's
+* ``process_outputs`` -> :meth:`EngineHooks.raw`: on the engine's thread, a reference to the
+  step's ``EngineCoreOutput`` list and their token counts (one ``map(len, ...)`` in C); unpacked
+  later into token events, and into the engine core's
   own QUEUED / SCHEDULED / PREEMPTED events (recorded inside vLLM's scheduler, monotonic clock of
   this host) that give the queue, prefill, decode and preemption spans;
 * ``abort_requests`` -> finish with status ``cancelled``.
@@ -14,6 +15,7 @@ generic :class:`~engine_hooks.api.EngineHooks`:
 from __future__ import annotations
 
 import contextvars
+import operator
 from typing import Any, Mapping
 
 from otel_llm import semconv as sc
@@ -31,13 +33,18 @@ _REASON = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "repetition"}
 _QUEUED, _SCHEDULED, _PREEMPTED = 1, 2, 3  # EngineCoreEventType
 
 
-def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float | None, list]) -> None:
-    """Unpack one ``process_outputs`` call (runs on the span-building thread)."""
-    core_ts, outputs = payload
+_NEW_TOKEN_IDS = operator.attrgetter("new_token_ids")
+
+
+def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float | None, list, list[int]]) -> None:
+    """Unpack one ``process_outputs`` call (runs on the span-building thread). Token counts were
+    taken on the engine's thread: vLLM extends an output's ``new_token_ids`` list in place when it
+    merges streamed deltas for a slow consumer, so its length later is not the step's count."""
+    core_ts, outputs, counts = payload
     anchor = tracker.anchor
     out_ns = anchor.wall_ns(mono_ns)
     gen_ns = anchor.wall_ns_from_mono_s(core_ts) if core_ts else out_ns
-    for o in outputs:
+    for o, n in zip(outputs, counts):
         rid = o.request_id
         if o.events:
             for ev in o.events:
@@ -46,7 +53,6 @@ def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float |
                     tracker.scheduled(rid, t)
                 elif ev.type == _PREEMPTED:
                     tracker.preempted(rid, t, "recompute")  # vLLM v1 preempts by recomputation only
-        n = len(o.new_token_ids)
         if n:
             tracker.generated(rid, gen_ns, n)
             tracker.token_out(rid, out_ns, n)
@@ -86,7 +92,8 @@ def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) 
         trace_headers=_trace_headers, start_time_ns=_start_ns, attributes=attributes,
     )(cls.add_request).__get__(op)
     op.process_outputs = hooks.raw(
-        payload=lambda res, self, outputs, engine_core_timestamp=None, *a, **k: (engine_core_timestamp, outputs),
+        payload=lambda res, self, outputs, engine_core_timestamp=None, *a, **k: (
+            engine_core_timestamp, outputs, list(map(len, map(_NEW_TOKEN_IDS, outputs)))),
         expander=expand_outputs,
     )(cls.process_outputs).__get__(op)
     op.abort_requests = hooks.finish(

@@ -1,0 +1,55 @@
+"""The whole loop on a real vLLM OpenAI server (CPU, tiny model): engine traced through the
+plugin (OTEL_LLM_ENABLE=1), otel-llm bench open and closed loop, the collector joining both
+boundaries, and otel-llm compare."""
+import json
+import signal
+import time
+
+import pytest
+
+from collector.assembly import AssemblyConfig
+
+from conftest import run_cli, start_vllm_server
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
+    c = make_collector(assembly=AssemblyConfig(grace_s=0.5, timeout_s=30))
+    otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    server, base_url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp})
+    try:
+        common = ["--base-url", base_url, "--model", tiny_model, "--input-tokens", "32", "--output-tokens", "24",
+                  "--format", "json", "--warmup", "2"]
+        open_run = json.loads(run_cli("bench", *common, "--rate", "15", "--num-requests", "24", "--seed", "1",
+                                      env={**otlp, "OTEL_TRACES_EXPORTER": "otlp"}).stdout)
+        closed_run = json.loads(run_cli("bench", *common, "--concurrency", "4", "--num-requests", "16",
+                                        "--seed", "2", env={**otlp, "OTEL_TRACES_EXPORTER": "otlp"}).stdout)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    assert open_run["conditions"]["statuses"]["ok"] == 24 and closed_run["conditions"]["statuses"]["ok"] == 16
+    assert open_run["conditions"]["load_mode"] == "open" and closed_run["conditions"]["load_mode"] == "closed"
+    n = 2 * (24 + 16 + 4)  # both boundaries of every request, warm-ups included
+    t0 = time.monotonic()
+    while c.store.count() < n and time.monotonic() - t0 < 60:
+        time.sleep(0.2)
+    records = c.store.records()
+    clients = {r.trace_id: r for r in records if r.boundary == "client"}
+    engines = {r.trace_id: r for r in records if r.boundary == "engine"}
+    assert len(clients) == 44 and set(engines) == set(clients)  # both boundaries of each request, one trace
+    for tid, cl in clients.items():
+        en = engines[tid]
+        assert cl.paired and en.paired and cl.status == en.status == "ok"
+        parts = cl.network_in + cl.queue + cl.prefill + cl.delivery
+        assert abs(parts - cl.ttft) < 1e-3  # the decomposition sums to the client TTFT within 1 ms
+        assert en.ttft <= cl.ttft
+        assert cl.output_tokens == en.output_tokens == 24
+        assert min(cl.network_in, cl.queue, cl.prefill, cl.delivery) > -1e-3
+    out = json.loads(run_cli("compare", "--store", c.config.store, "--format", "json").stdout)
+    assert out["summary"]["requests_paired"] == 44
+    assert out["summary"]["clock_offset"]["theta_s"] == 0  # one host, one clock: the bounds contain 0
+    assert out["summary"]["max_abs_parts_sum_error_s"] < 1e-3
+    # the engine core's step spans reached the collector too (counted, not derived per request)
+    assert c.receiver_counters.spans > 44 * 7
