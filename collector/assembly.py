@@ -4,7 +4,9 @@ Spans are grouped by trace id in a :class:`TraceStorage` (in memory by default).
 released to derivation when
 * ``grace_s`` has passed since its last request span (``llm.request`` / ``llm.client.request``)
   arrived: request spans are exported when they end, so their phases and the other boundary have
-  had time to arrive; or
+  had time to arrive. An engine request span with a parent (the caller sent a ``traceparent``)
+  and no client span yet waits ``peer_wait_s`` instead: the client's span ends later and its
+  exporter batches (5 s by default in the OpenTelemetry SDK); or
 * ``timeout_s`` has passed since its first span arrived (a trace with no request span, or one
   boundary missing); or
 * the ring buffer of ``max_traces`` traces in flight is full: the oldest is released early
@@ -23,12 +25,15 @@ from typing import Protocol
 
 from otel_llm.otlp_spans import SpanRecord
 
+from otel_llm.semconv import SPAN_CLIENT_REQUEST
+
 from .receivers.decode import ROOT_SPANS
 
 
 @dataclass
 class AssemblyConfig:
     grace_s: float = 1.0  # wait after the last request span of a trace
+    peer_wait_s: float = 10.0  # an engine span whose caller sent a traceparent waits this long for the client's span
     timeout_s: float = 30.0  # longest wait after a trace's first span
     max_traces: int = 100_000  # traces in flight (ring buffer)
     remember_released: int = 100_000  # released trace ids remembered, to count late spans
@@ -83,6 +88,7 @@ class InMemoryTraceStorage:
 class _Entry:
     first_seen: float
     ready_at: float | None = None  # set when a request span arrives
+    has_client: bool = False
 
 
 @dataclass
@@ -132,7 +138,10 @@ class TraceAssembler:
                     c.spans_duplicate += 1
                     continue
                 if s.name in ROOT_SPANS:
-                    e.ready_at = now + cfg.grace_s
+                    if s.name == SPAN_CLIENT_REQUEST:
+                        e.has_client = True
+                    waits_for_client = not e.has_client and s.parent_span_id
+                    e.ready_at = now + (max(cfg.grace_s, cfg.peer_wait_s) if waits_for_client else cfg.grace_s)
                     heapq.heappush(self._heap, (e.ready_at, tid))
         return evicted
 

@@ -41,6 +41,9 @@ def register(sub) -> None:
                    help=f"per-request SQLite store, appended across restarts (default {d.store}; 'off' to disable)")
     p.add_argument("--trace-grace", type=float, default=float(env_default("trace_grace", a.grace_s)), metavar="S",
                    help=f"wait after a trace's last request span before deriving it (default {a.grace_s} s)")
+    p.add_argument("--peer-wait", type=float, default=float(env_default("peer_wait", a.peer_wait_s)), metavar="S",
+                   help="an engine span whose caller sent a traceparent waits this long for the client's span "
+                        f"(default {a.peer_wait_s} s)")
     p.add_argument("--trace-timeout", type=float, default=float(env_default("trace_timeout", a.timeout_s)),
                    metavar="S", help=f"derive a trace at the latest this long after its first span (default {a.timeout_s} s)")
     p.add_argument("--max-traces", type=int, default=int(env_default("max_traces", a.max_traces)), metavar="N",
@@ -69,7 +72,7 @@ def config_from_args(args: argparse.Namespace) -> CollectorConfig:
         raise CLIError(f"--slo: {exc}") from None
     if bool(args.tls_cert) != bool(args.tls_key):
         raise CLIError("--tls-cert and --tls-key go together")
-    for name in ("trace_grace", "trace_timeout"):
+    for name in ("trace_grace", "trace_timeout", "peer_wait"):
         if getattr(args, name) < 0:
             raise CLIError(f"--{name.replace('_', '-')} must be >= 0")
     if args.max_traces < 1 or args.max_message_bytes < 1024:
@@ -78,7 +81,8 @@ def config_from_args(args: argparse.Namespace) -> CollectorConfig:
         otlp_grpc=_off(args.otlp_grpc), otlp_http=_off(args.otlp_http), prometheus=_off(args.prometheus),
         forward_traces=_off(args.forward_traces), forward_metrics=_off(args.forward_metrics),
         metrics_interval_s=args.metrics_interval, store=_off(args.store),
-        assembly=AssemblyConfig(grace_s=args.trace_grace, timeout_s=args.trace_timeout, max_traces=args.max_traces),
+        assembly=AssemblyConfig(grace_s=args.trace_grace, peer_wait_s=args.peer_wait, timeout_s=args.trace_timeout,
+                                max_traces=args.max_traces),
         slos=slos, max_message_bytes=args.max_message_bytes, auth_token=args.auth_token,
         tls_cert=args.tls_cert, tls_key=args.tls_key)
 

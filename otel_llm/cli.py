@@ -85,12 +85,13 @@ def load_source(name: str):
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
-    if (args.file is None) == (args.store is None):
-        raise CLIError("analyze: give a TIMELINES.jsonl file or --store PATH (one of them)")
-    if args.store is not None:
-        batch = load_source("store")(args.store, args.boundary)
+    if sum(x is not None for x in (args.file, args.store, args.traces)) != 1:
+        raise CLIError("analyze: give one of a TIMELINES.jsonl file, --store PATH or --traces FILE")
+    if args.store is not None or args.traces is not None:
+        kind, path = ("store", args.store) if args.store is not None else ("traces", args.traces)
+        batch = load_source(kind)(path, args.boundary)
         if len(batch) == 0:
-            raise CLIError(f"{args.store}: no {args.boundary}-boundary requests in the store")
+            raise CLIError(f"{path}: no {args.boundary}-boundary requests in the {kind}")
     else:
         batch = read_timelines(args.file)
     sys.stdout.write(analysis_text(batch, args))
@@ -108,8 +109,10 @@ def _register_analyze(sub) -> None:
                "Bad input exits with code 2 naming the file and line.")
     p.add_argument("file", nargs="?", metavar="TIMELINES.jsonl", help="timelines file ('-' for stdin)")
     p.add_argument("--store", metavar="PATH", help="read the collector's per-request store instead of a file")
+    p.add_argument("--traces", metavar="FILE",
+                   help="derive from a traces file (OTLP JSON lines, as OTEL_LLM_TRACES_FILE writes them)")
     p.add_argument("--boundary", choices=BOUNDARIES, default="client",
-                   help="with --store: which boundary's records to analyse (default: client)")
+                   help="with --store or --traces: which boundary's records to analyse (default: client)")
     add_analysis_options(p)
     p.set_defaults(func=_cmd_analyze)
 

@@ -236,6 +236,22 @@ def test_assembly_grace_duplicates_late_out_of_order():
     assert a.counters.spans_late == 1 and len(a) == 0 and a.expire(100.0) == []
 
 
+def test_engine_span_with_a_caller_waits_for_the_client_span():
+    a = TraceAssembler(AssemblyConfig(grace_s=1.0, peer_wait_s=8.0, timeout_s=30.0))
+    t, u = "c" * 32, "d" * 32
+    # the engine's request span arrives first; its parent is the client span, exported later
+    a.add([span(t, "0e" * 8, sc.SPAN_REQUEST, parent="0c" * 8)], now=0.0)
+    assert a.expire(5.0) == []
+    a.add([span(t, "0c" * 8, sc.SPAN_CLIENT_REQUEST)], now=6.0)  # the client's batch arrives 6 s later
+    assert a.expire(6.9) == []
+    (rel,) = a.expire(7.0)
+    assert {s.name for s in rel.spans} == {sc.SPAN_REQUEST, sc.SPAN_CLIENT_REQUEST}
+    # a caller that never sends its span: released after peer_wait, the engine boundary alone
+    a.add([span(u, "0e" * 8, sc.SPAN_REQUEST, parent="0a" * 8)], now=10.0)
+    assert a.expire(17.9) == []
+    assert [r.trace_id for r in a.expire(18.0)] == [u]
+
+
 def test_assembly_timeout_and_ring_buffer_bound():
     a = TraceAssembler(AssemblyConfig(grace_s=1.0, timeout_s=3.0, max_traces=3))
     evicted = []

@@ -1,0 +1,38 @@
+"""Derivation from a traces file (OTLP JSON lines, as ``OTEL_LLM_TRACES_FILE`` writes them),
+without running the collector: the same decoding, assembly and derivation, all at once.
+
+Entry point ``otel_llm.timeline_sources: traces`` (``otel-llm analyze --traces FILE``).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from otel_llm.otlp_json import from_dict
+
+from .assembly import AssemblyConfig, TraceAssembler
+from .derive import derive
+from .receivers.decode import walk
+from .records import RequestRecord, records_to_batch
+
+
+def records_from_trace_file(path: str) -> list[RequestRecord]:
+    from otel_llm.timeline_file import TimelineFormatError
+
+    if not os.path.exists(path):
+        raise TimelineFormatError(path, None, "no such traces file")
+    asm = TraceAssembler(AssemblyConfig(max_traces=10 ** 9))
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                asm.add(walk(from_dict(json.loads(line))).spans, 0.0)
+            except (ValueError, json.JSONDecodeError) as exc:
+                raise TimelineFormatError(path, lineno, f"not an OTLP JSON trace export: {exc}") from None
+    records, _ = derive(asm.flush())
+    return records
+
+
+def load_timelines(path: str, boundary: str):
+    return records_to_batch([r for r in records_from_trace_file(path) if r.boundary == boundary])
