@@ -225,31 +225,36 @@ class TracedClient:
         return res
 
     def _close(self, span, res: ClientResult, rec: _StreamRecorder, body: dict) -> None:
-        res.end_ns = self._now()
-        res.events_ns, res.event_tokens = rec.events_ns, rec.tokens
-        res.estimated, res.output_tokens, inp = rec.finish()
-        res.input_tokens = inp if inp is not None else res.input_tokens
-        res.text = "".join(rec.text_parts)
-        if not res.request_id:
-            res.request_id = rec.response_id or format(span.get_span_context().span_id, "016x")
-        a = {sc.REQUEST_ID: res.request_id, sc.STATUS: res.status, sc.OUTPUT_TOKENS: res.output_tokens,
-             sc.TOKEN_EVENT_OFFSETS: [t - res.submit_ns for t in res.events_ns],
-             sc.TOKEN_EVENT_TOKENS: list(res.event_tokens), sc.TOKEN_EVENT_ESTIMATED: res.estimated}
-        if rec.response_id:
-            a[sc.RESPONSE_ID] = rec.response_id
-        if res.input_tokens is not None:
-            a[sc.INPUT_TOKENS] = res.input_tokens
-        if res.http_status is not None:
-            a["http.response.status_code"] = res.http_status
-        if self.capture_content:
-            a["llm.prompt.text"] = json.dumps(body.get("prompt") or body.get("messages"))
-            a["llm.completion.text"] = res.text
-        span.set_attributes(a)
-        if res.status != "ok":
-            span.set_attribute(sc.ERROR_TYPE, res.status if res.http_status is None or res.http_status < 400
-                               else str(res.http_status))
-            span.set_status(Status(StatusCode.ERROR, res.error or res.status))
-        span.end(end_time=res.end_ns)
+        finish_span(span, res, rec, body, self._now(), self.capture_content)
+
+
+def finish_span(span, res: ClientResult, rec: _StreamRecorder, body: dict, end_ns: int, capture_content: bool) -> None:
+    """Fill ``res`` from the stream and end the ``llm.client.request`` span at ``end_ns``."""
+    res.end_ns = end_ns
+    res.events_ns, res.event_tokens = rec.events_ns, rec.tokens
+    res.estimated, res.output_tokens, inp = rec.finish()
+    res.input_tokens = inp if inp is not None else res.input_tokens
+    res.text = "".join(rec.text_parts)
+    if not res.request_id:
+        res.request_id = rec.response_id or format(span.get_span_context().span_id, "016x")
+    a = {sc.REQUEST_ID: res.request_id, sc.STATUS: res.status, sc.OUTPUT_TOKENS: res.output_tokens,
+         sc.TOKEN_EVENT_OFFSETS: [t - res.submit_ns for t in res.events_ns],
+         sc.TOKEN_EVENT_TOKENS: list(res.event_tokens), sc.TOKEN_EVENT_ESTIMATED: res.estimated}
+    if rec.response_id:
+        a[sc.RESPONSE_ID] = rec.response_id
+    if res.input_tokens is not None:
+        a[sc.INPUT_TOKENS] = res.input_tokens
+    if res.http_status is not None:
+        a["http.response.status_code"] = res.http_status
+    if capture_content:
+        a["llm.prompt.text"] = json.dumps(body.get("prompt") or body.get("messages"))
+        a["llm.completion.text"] = res.text
+    span.set_attributes(a)
+    if res.status != "ok":
+        span.set_attribute(sc.ERROR_TYPE, res.status if res.http_status is None or res.http_status < 400
+                           else str(res.http_status))
+        span.set_status(Status(StatusCode.ERROR, res.error or res.status))
+    span.end(end_time=res.end_ns)
 
 
 def instrument_openai(client: Any, *, tracer_provider=None, capture_content: bool | None = None) -> Any:
@@ -277,8 +282,8 @@ def instrument_openai(client: Any, *, tracer_provider=None, capture_content: boo
         kwargs["stream_options"] = so
         return span, ClientResult(request_id="", status="ok", submit_ns=submit, end_ns=submit), _StreamRecorder()
 
-    closer = TracedClient.__new__(TracedClient)
-    closer.capture_content, closer._anchor = capture, anchor
+    def close(span, res, rec, kwargs) -> None:
+        finish_span(span, res, rec, kwargs, now(), capture)
 
     def chunk_dict(chunk) -> dict:
         return chunk.model_dump() if hasattr(chunk, "model_dump") else dict(chunk)
@@ -293,7 +298,7 @@ def instrument_openai(client: Any, *, tracer_provider=None, capture_content: boo
                     stream = await create(*args, **kwargs)
                 except Exception as exc:
                     _fail(res, exc)
-                    closer._close(span, res, rec, kwargs)
+                    close(span, res, rec, kwargs)
                     raise
 
                 async def gen():
@@ -308,7 +313,7 @@ def instrument_openai(client: Any, *, tracer_provider=None, capture_content: boo
                         _fail(res, exc)
                         raise
                     finally:
-                        closer._close(span, res, rec, kwargs)
+                        close(span, res, rec, kwargs)
                 return gen()
             return traced
 
@@ -320,7 +325,7 @@ def instrument_openai(client: Any, *, tracer_provider=None, capture_content: boo
                 stream = create(*args, **kwargs)
             except Exception as exc:
                 _fail(res, exc)
-                closer._close(span, res, rec, kwargs)
+                close(span, res, rec, kwargs)
                 raise
 
             def gen():
@@ -335,7 +340,7 @@ def instrument_openai(client: Any, *, tracer_provider=None, capture_content: boo
                     _fail(res, exc)
                     raise
                 finally:
-                    closer._close(span, res, rec, kwargs)
+                    close(span, res, rec, kwargs)
             return gen()
         return traced_sync
 
