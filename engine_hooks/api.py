@@ -144,7 +144,7 @@ class EngineHooks:
             def before(a, k):
                 start = self._iter_start.pop(key(None, *a, **k) if key else None, None)
                 if start is not None and start[1] is not None:
-                    self.gpu_timer.stop(start[1])
+                    self.gpu_timer.stop(start[1])  # recorded when the step's output is back
                 return start
 
             def after(res, a, k, start):

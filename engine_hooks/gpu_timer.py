@@ -17,14 +17,19 @@ class CudaEventTimer:
         self._cuda = cuda
         self._pool: list = []
         self.max_pool = max_pool
+        self._ready = False
 
     @classmethod
     def if_available(cls) -> "CudaEventTimer | None":
-        """A timer when CUDA is usable in this process, else None."""
+        """A timer when this process can use CUDA, else None (the CPU: no GPU time attribute).
+
+        Built when the plugin loads, before the model is on the GPU: events are only recorded
+        once this process has a CUDA context (the model runs here: vLLM's single-GPU executor);
+        until then, and in a process that never gets one, ``start`` returns None."""
         try:
             import torch
 
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
+            if torch.cuda.is_available():
                 return cls(torch.cuda)
         except Exception:  # noqa: BLE001
             pass
@@ -36,7 +41,12 @@ class CudaEventTimer:
         except IndexError:
             return self._cuda.Event(enable_timing=True)
 
-    def start(self) -> list:
+    def start(self) -> list | None:
+        if not self._ready:
+            init = getattr(self._cuda, "is_initialized", None)
+            if init is not None and not init():
+                return None
+            self._ready = True
         ev = self._event()
         ev.record()
         return [ev, None]

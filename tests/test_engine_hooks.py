@@ -220,6 +220,11 @@ class FakeEvent:
 
 class FakeCuda:
     Event = FakeEvent
+    initialized = True
+
+    @classmethod
+    def is_initialized(cls):
+        return cls.initialized
 
 
 def test_gpu_time_read_back_later_without_synchronising():
@@ -238,6 +243,13 @@ def test_gpu_time_read_back_later_without_synchronising():
             return plan
 
     e = E()
+    FakeCuda.initialized = False  # no CUDA context yet (the model is not loaded): no GPU time, no error
+    e.run(e.schedule())
+    pipeline.process()
+    (first,) = [s for s in mem.get_finished_spans() if s.name == sc.SPAN_STEP]
+    assert sc.STEP_GPU_TIME_NS not in first.attributes
+    mem.clear()
+    FakeCuda.initialized = True
     for _ in range(4):
         e.run(e.schedule())
     pipeline.process()  # first query: not complete yet, nothing exported, nothing waited for
