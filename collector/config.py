@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 from otel_llm.slo import SLO
 
@@ -62,4 +62,4 @@ def parse_slos(values: list[str], tpot_undefined: str = "pass") -> dict[str, SLO
     return out
 
 
-__all__ = ["CollectorConfig", "env_default", "host_port", "parse_slos", "fields"]
+__all__ = ["CollectorConfig", "env_default", "host_port", "parse_slos"]

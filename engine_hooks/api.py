@@ -36,7 +36,7 @@ Times: monotonic ns, taken when the decorated method returns (``schedule``: when
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from otel_llm.clock import monotonic_ns
 from .recorder import ARRIVAL, FINISH, PREEMPTED, RAW, SCHEDULED, STEP, TOKEN_OUT
@@ -211,7 +211,3 @@ class EngineHooks:
 def hooked(fn: Callable) -> bool:
     """Whether ``fn`` already carries an otel-llm hook (hooks are never applied twice)."""
     return bool(getattr(fn, "__otel_llm_hooked__", False))
-
-
-def ids(values: Iterable[str]) -> list[str]:
-    return list(values)
