@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
-def promql(port, q):
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": q})
+def promql(port, q, at=None):
+    params = {"query": q, **({"time": repr(at)} if at is not None else {})}
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(params)
     with urllib.request.urlopen(url, timeout=10) as r:
         d = json.load(r)
     assert d["status"] == "success", d
@@ -91,15 +92,27 @@ def test_promql_goodput(make_collector, prometheus):
     # a running service: the series exist (one good request) before the measured load arrives,
     # as Prometheus takes a new series' first sample as its baseline
     send_and_wait([Req("warm-up")], 1)
-    time.sleep(2.5)
+    time.sleep(2.5)  # scraped at 1 good / 1 completed
+    w0 = time.time()
     send_and_wait(reqs, 9)
-    attainment = promql(prom, f'{good_q} / sum(llm_requests_total{{{sel},status="ok"}})')
+    time.sleep(1.5)
+    w1 = time.time()
+    completed_q = f'sum(llm_requests_total{{{sel},status="ok"}})'
+    attainment = promql(prom, f'{good_q} / {completed_q}')
     assert float(attainment[0]["value"][1]) == pytest.approx(9 / 11)  # 9 good of 11 completed, all time
-    time.sleep(2.5)
-    # goodput over a window = rate of the good counter; over the window holding figure 5's batch,
-    # it is 80% of the request throughput (8 good of 10 completed)
-    goodput = float(promql(prom, f'sum(rate(llm_slo_good_requests_total{{{sel},slo="default"}}[4s]))')[0]["value"][1])
-    throughput = float(promql(prom, f'sum(rate(llm_requests_total{{{sel},status="ok"}}[4s]))')[0]["value"][1])
-    assert goodput > 0 and goodput == pytest.approx(0.8 * throughput, rel=1e-9)
+
+    def at(q, t):
+        return float(promql(prom, q, at=t)[0]["value"][1])
+
+    # goodput over the window [w0, w1] holding figure 5's batch: the good counter's increase / T
+    good = at(good_q, w1) - at(good_q, w0)
+    completed = at(completed_q, w1) - at(completed_q, w0)
+    assert (good, completed) == (8, 10)
+    goodput, throughput = good / (w1 - w0), completed / (w1 - w0)
+    assert goodput == pytest.approx(0.8 * throughput)
+    # and PromQL's own rate over the last minute is positive and no more than the request rate
+    rate_good = float(promql(prom, f'sum(rate(llm_slo_good_requests_total{{{sel},slo="default"}}[1m]))')[0]["value"][1])
+    rate_ok = float(promql(prom, f'sum(rate(llm_requests_total{{{sel},status="ok"}}[1m]))')[0]["value"][1])
+    assert 0 < rate_good <= rate_ok
     ttft_p = promql(prom, f'histogram_quantile(0.5, sum by (le) (rate(gen_ai_server_time_to_first_token_seconds_bucket{{{sel}}}[1m])))')
     assert 0.25 <= float(ttft_p[0]["value"][1]) <= 0.5  # 9 of 10 TTFTs are 500 ms: within the (0.25, 0.5] bucket
