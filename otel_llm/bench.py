@@ -361,9 +361,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
                                   progress=Progress(spec.num_requests, spec.duration_s), stop=stop)
 
     run = asyncio.run(main())
-    provider.shutdown()  # flush the client spans
     ms = measured(run)
     cond = conditions(spec, run, args.model, inp, out, args.engine, args.hardware)
+    record_run_span(provider, run, cond)
+    provider.shutdown()  # flush the client spans and the run span
     if args.output:
         with open(args.output, "w") as fh:
             for s in ms:
@@ -385,6 +386,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if errors:
         print(f"otel-llm bench: {len(errors)} requests failed; first: {errors[0]}", file=sys.stderr)
     return 130 if run.interrupted else 0
+
+
+def record_run_span(provider, run: BenchRun, cond: dict) -> None:
+    """One ``llm.bench.run`` span over the measured run, carrying every condition, including what
+    is only known at the end (achieved arrival rate, schedule delay, statuses)."""
+    attrs = {}
+    for k, v in cond.items():
+        if isinstance(v, dict):
+            attrs.update({f"llm.bench.{k}.{a}": b for a, b in v.items() if b is not None})
+        elif v is not None:
+            attrs[f"llm.bench.{k}"] = v
+    span = provider.get_tracer("otel_llm.bench", "0.1.0").start_span("llm.bench.run", start_time=run.start_ns,
+                                                                       attributes=attrs)
+    span.end(end_time=max(run.end_ns, run.start_ns))
 
 
 def format_conditions(c: dict) -> str:

@@ -66,7 +66,12 @@ def test_open_loop_run(server, tmp_path):
     # prompts were token ids of the drawn lengths, ignore_eos set
     bodies = [r["body"] for r in server.requests]
     assert len(bodies) == 23 and all(5 <= len(b["prompt"]) <= 9 and b["ignore_eos"] for b in bodies)
-    spans = [s for s in read_trace_file(traces) if s.name == "llm.client.request"]
+    all_spans = read_trace_file(traces)
+    (run_span,) = [s for s in all_spans if s.name == "llm.bench.run"]
+    assert run_span.attributes["llm.bench.requests_sent"] == 20
+    assert run_span.attributes["llm.bench.achieved_arrival_rate_per_s"] == pytest.approx(c["achieved_arrival_rate_per_s"])
+    assert "llm.bench.schedule_delay_s.p99" in run_span.attributes
+    spans = [s for s in all_spans if s.name == "llm.client.request"]
     assert len(spans) == 23
     assert spans[0].resource["llm.bench.load_mode"] == "open" and spans[0].resource["llm.bench.model"] == "m"
     assert sum(1 for s in spans if s.attributes.get("llm.bench.warmup")) == 3
