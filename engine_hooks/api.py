@@ -134,12 +134,15 @@ class EngineHooks:
 
     def step(self, batch_size: Extractor | None = None, prefill_tokens: Extractor | None = None,
              decode_tokens: Extractor | None = None, preempted: Extractor | None = None,
-             kv_usage: Extractor | None = None, key: Extractor | None = None):
+             kv_usage: Extractor | None = None, key: Extractor | None = None, tokens: Extractor | None = None):
         """Ends the iteration begun by the matching :meth:`schedule` call and records an
-        ``llm.engine.step`` span (GPU time too, when a GPU timer is set)."""
+        ``llm.engine.step`` span (GPU time too, when a GPU timer is set). ``tokens`` may replace
+        ``prefill_tokens`` and ``decode_tokens`` when one pass gives both: it returns the pair."""
         def deco(fn):
             zero = _const(0)
-            bs, pf, dc, pr = (batch_size or zero), (prefill_tokens or zero), (decode_tokens or zero), (preempted or zero)
+            bs, pr = (batch_size or zero), (preempted or zero)
+            pf, dc = (prefill_tokens or zero), (decode_tokens or zero)
+            split = tokens or (lambda res, *a, **k: (pf(res, *a, **k), dc(res, *a, **k)))
 
             def before(a, k):
                 start = self._iter_start.pop(key(None, *a, **k) if key else None, None)
@@ -152,8 +155,9 @@ class EngineHooks:
                 t0, handle = start if start is not None else (t1, None)
                 idx = self._step_index
                 self._step_index = idx + 1
-                self._rec((STEP, t0, t1, idx, bs(res, *a, **k), pf(res, *a, **k), dc(res, *a, **k), pr(res, *a, **k),
-                     kv_usage(res, *a, **k) if kv_usage else None, handle))
+                prefill, decode = split(res, *a, **k)
+                self._rec((STEP, t0, t1, idx, bs(res, *a, **k), prefill, decode, pr(res, *a, **k),
+                           kv_usage(res, *a, **k) if kv_usage else None, handle))
             return self._wrap(fn, after, before)
         return deco
 

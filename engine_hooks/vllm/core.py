@@ -19,12 +19,10 @@ from ..gpu_timer import CudaEventTimer
 log = logging.getLogger("engine_hooks")
 
 
-def _decode_tokens(res, self, so, *a, **k) -> int:
-    return list(so.num_scheduled_tokens.values()).count(1)
-
-
-def _prefill_tokens(res, self, so, *a, **k) -> int:
-    return so.total_num_scheduled_tokens - list(so.num_scheduled_tokens.values()).count(1)
+def _tokens(res, self, so, *a, **k) -> tuple[int, int]:
+    """(prefill, decode) tokens of the step: requests given exactly one token are decoding."""
+    decode = list(so.num_scheduled_tokens.values()).count(1)
+    return so.total_num_scheduled_tokens - decode, decode
 
 
 def _kv_usage(res, self, *a, **k):
@@ -42,7 +40,7 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
     scheduler_cls.update_from_output = hooks.step(
         key=lambda res, self, so, *a, **k: id(so),
         batch_size=lambda res, self, so, *a, **k: len(so.num_scheduled_tokens),
-        prefill_tokens=_prefill_tokens, decode_tokens=_decode_tokens,
+        tokens=_tokens,
         preempted=lambda res, self, so, *a, **k: len(getattr(so, "preempted_req_ids", None) or ()),
         kv_usage=_kv_usage,
     )(scheduler_cls.update_from_output)
