@@ -2,7 +2,7 @@
 
 Three engines on the tiny random-weight model (CPU): plain vLLM, vLLM wrapped by
 ``engine_hooks.instrument``, and vLLM with its own OpenTelemetry tracing
-(``otlp_traces_endpoint`` to a local OTLP/gRPC sink that discards). They run the same batch
+(``otlp_traces_endpoint``), both exporting over OTLP/gRPC to a local sink that discards. They run the same batch
 (128 requests x 256 output tokens by default) in alternating rounds, so drift hits all three
 alike. Prints output-token throughput per engine, the median instrumented/plain and
 vllm-tracing/plain ratios, and the hook cost per engine step in microseconds (hot path, timed
@@ -115,18 +115,20 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="otel-llm-bench-")
     model = a.model or build_tiny_model(os.path.join(tmp, "tiny"))
-    os.environ["OTEL_LLM_TRACES_FILE"] = os.path.join(tmp, "spans.jsonl")
     server, port, received = start_sink()
+    # both traced engines export over OTLP/gRPC to the same local sink, as in a deployment
+    os.environ.pop("OTEL_LLM_TRACES_FILE", None)
+    os.environ.update(OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+                      OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_TRACES_EXPORTER="otlp")
     common = dict(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512,
                   kv_cache_memory_bytes=a.kv_mib * MiB)
     print(f"starting 3 engines (tiny model, {a.kv_mib} MiB KV cache)...", flush=True)
     engines = {
         "plain": LLM(**common),
         "instrumented": engine_hooks.instrument(LLM)(**common),
-        "vllm-tracing": LLM(**common, otlp_traces_endpoint=f"127.0.0.1:{port}",
+        "vllm-tracing": LLM(**common, otlp_traces_endpoint=f"http://127.0.0.1:{port}",
                             disable_log_stats=False),
     }
-    os.environ.setdefault("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "true")
     prompts = [prompt(32, seed=i) for i in range(a.requests)]
     sp = SamplingParams(max_tokens=a.tokens, ignore_eos=True)
     for llm in engines.values():  # warm-up
@@ -167,7 +169,7 @@ def main() -> None:
     print(f"span building off the engine's thread: {build_us:.2f} us of CPU per step span")
     print(f"front-end pipeline: {fe.counters.requests_traced} requests traced, {fe.counters.spans_exported} spans "
           f"exported, {fe.counters.spans_dropped} dropped, {fe.counters.hook_errors} hook errors; "
-          f"vLLM's own tracing sent {received[0]} spans")
+          f"the sink received {received[0]} spans from both traced engines")
     # the sink stays up until the process exits: vLLM's exporter flushes at exit
 
 

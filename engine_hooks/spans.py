@@ -74,10 +74,13 @@ class SpanFactory:
         s0, s1 = r.start_ns, r.end_ns
         clamp = lambda t: min(max(t, s0), s1)  # noqa: E731
         b = {sc.BOUNDARY: self.boundary}
+        offsets = [t - s0 for t in r.out_times_ns]
+        if offsets and (offsets[0] < 0 or offsets[-1] > s1 - s0):  # rare: keep them inside the span
+            offsets = [min(max(o, 0), s1 - s0) for o in offsets]
         attrs = {
             **b, sc.REQUEST_ID: r.request_id, sc.STATUS: r.status,
             sc.OUTPUT_TOKENS: r.output_tokens, sc.PREEMPTIONS: len(r.preemptions),
-            sc.TOKEN_EVENT_OFFSETS: [clamp(t) - s0 for t in r.out_times_ns],
+            sc.TOKEN_EVENT_OFFSETS: offsets,
             sc.TOKEN_EVENT_TOKENS: list(r.out_tokens),
         }
         if r.input_tokens is not None:

@@ -18,11 +18,10 @@ import os
 import threading
 from typing import Sequence
 
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from .otlp_json import to_json
+from . import otlp_encode
 
 log = logging.getLogger("otel_llm")
 
@@ -47,7 +46,7 @@ class FileSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
-        line = (to_json(encode_spans(spans)) + "\n").encode()
+        line = (otlp_encode.spans_to_json(spans) + "\n").encode()
         with self._lock:
             fd = self._open()
             view = memoryview(line)
@@ -129,11 +128,56 @@ def exporter_from_env() -> SpanExporter | None:
         raise ValueError(f"OTEL_TRACES_EXPORTER={kind!r} is not supported (otlp, console or none)")
     proto = otlp_protocol()
     if proto == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()
+        return grpc_exporter()
     if proto in ("http/protobuf", "http"):
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HTTPExporter
-
-        return HTTPExporter()
+        return http_exporter()
     raise ValueError(f"OTLP protocol {proto!r} is not supported (grpc or http/protobuf)")
+
+
+def grpc_exporter(**kwargs) -> SpanExporter:
+    """The SDK's OTLP/gRPC span exporter (configured by the standard variables) with the fast
+    encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    class FastOTLPSpanExporter(OTLPSpanExporter):
+        def _translate_data(self, data):
+            return otlp_encode.encode_spans(data)
+
+    return FastOTLPSpanExporter(**kwargs)
+
+
+class _Encoded(list):
+    """Spans that carry their request already encoded (see :func:`http_exporter`)."""
+
+    request = None
+
+
+def _install_http_shim(module) -> None:
+    """Let the SDK's HTTP exporter take a pre-encoded batch: its module-level ``encode_spans`` is
+    wrapped once so that an :class:`_Encoded` batch passes through; any other caller gets the
+    SDK's own encoding, unchanged."""
+    original = module.encode_spans
+    if getattr(original, "__otel_llm_shim__", False):
+        return
+
+    def encode_spans(spans):
+        return spans.request if isinstance(spans, _Encoded) else original(spans)
+
+    encode_spans.__otel_llm_shim__ = True
+    module.encode_spans = encode_spans
+
+
+def http_exporter(**kwargs) -> SpanExporter:
+    """The SDK's OTLP/HTTP (protobuf) span exporter (standard variables, retries, compression)
+    with the fast encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
+    import opentelemetry.exporter.otlp.proto.http.trace_exporter as sdk_http
+
+    _install_http_shim(sdk_http)
+
+    class FastHTTPSpanExporter(sdk_http.OTLPSpanExporter):
+        def export(self, spans):
+            batch = _Encoded(spans)
+            batch.request = otlp_encode.encode_spans(spans)
+            return super().export(batch)
+
+    return FastHTTPSpanExporter(**kwargs)
