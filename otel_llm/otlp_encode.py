@@ -84,8 +84,8 @@ def _set_value(av: AnyValue, value, pending: list) -> bool:
         av.string_value = value
     elif isinstance(value, (list, tuple)):
         ints = np.asarray(value) if value else None
-        if ints is not None and ints.dtype.kind in "iu" and ints.ndim == 1:
-            pending.append((av, ints))  # int64-range integers (bools and floats give other dtypes)
+        if ints is not None and ints.dtype.kind == "i" and ints.ndim == 1:
+            pending.append((av, ints))  # int64 integers (bools, floats, out-of-range ints: other dtypes)
         else:
             arr = av.array_value
             arr.SetInParent()
