@@ -68,7 +68,7 @@ def decode_int_arrays(blobs: list[bytes]) -> list[np.ndarray | None]:
     first = v[0::2]
     values = v[1::2]
     seps = np.flatnonzero(first == 0)
-    if len(seps) != len(blobs) or not np.isin(first, (0, _INT_TAG)).all():
+    if len(seps) != len(blobs) or not ((first == 0) | (first == _INT_TAG)).all():
         # some array holds non-integers (or hostile bytes): decode the batch one array at a time
         return [_slow(b) for b in blobs]
     starts = np.concatenate(([0], seps[:-1] + 1))
