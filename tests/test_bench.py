@@ -89,7 +89,10 @@ def test_ctrl_c_cancels_in_flight_and_still_summarises(server, tmp_path):
                           "--concurrency", "4", "--num-requests", "50", "--output-tokens", "200"],
                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env={**__import__("os").environ, "OTEL_TRACES_EXPORTER": "none"})
-    time.sleep(3)
+    t0 = time.monotonic()
+    while len(server.requests) < 4 and time.monotonic() - t0 < 60:  # the load is running
+        time.sleep(0.05)
+    time.sleep(0.5)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
