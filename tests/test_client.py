@@ -98,7 +98,9 @@ def test_cancelled_mid_stream(server, spans):
     async def go():
         async with TracedClient(server.base_url, tracer_provider=tp) as c:
             task = asyncio.create_task(c.completion("x", 100, extra={"fake_gap_ms": 20}))
-            await asyncio.sleep(0.2)
+            while not server.requests:  # sent
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.4)  # about 20 of the 100 chunks are in
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
