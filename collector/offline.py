@@ -5,10 +5,9 @@ Entry point ``otel_llm.timeline_sources: traces`` (``otel-llm analyze --traces F
 """
 from __future__ import annotations
 
-import json
 import os
 
-from otel_llm.otlp_json import from_dict
+from otel_llm.otlp_spans import TraceFileError, read_trace_requests
 
 from .assembly import AssemblyConfig, TraceAssembler
 from .derive import derive
@@ -22,14 +21,11 @@ def records_from_trace_file(path: str) -> list[RequestRecord]:
     if not os.path.exists(path):
         raise TimelineFormatError(path, None, "no such traces file")
     asm = TraceAssembler(AssemblyConfig(max_traces=10 ** 9))
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                asm.add(walk(from_dict(json.loads(line))).spans, 0.0)
-            except (ValueError, json.JSONDecodeError) as exc:
-                raise TimelineFormatError(path, lineno, f"not an OTLP JSON trace export: {exc}") from None
+    try:
+        for _, req in read_trace_requests(path):
+            asm.add(walk(req).spans, 0.0)
+    except TraceFileError as exc:
+        raise TimelineFormatError(exc.path, exc.line, exc.problem) from None
     records, _ = derive(asm.flush())
     return records
 

@@ -62,17 +62,13 @@ class Collector:
         self.prometheus = self.forwarder = self.pusher = None
 
     # -- intake (receiver threads) ---------------------------------------------------------------
-    def accept(self, body: bytes, *, json_body: bool = False, gzipped: bool = False,
-               walked: tuple | None = None) -> AcceptResult:
+    def accept(self, body: bytes, *, json_body: bool = False, gzipped: bool = False) -> AcceptResult:
         """Decode, walk and assemble one export request. Raises DecodeError (malformed),
         PayloadTooLarge, or Overloaded."""
         if len(self._backlog) > self.config.max_backlog:
             self.receiver_counters.payloads_refused_overload += 1
             raise Overloaded(f"derivation is {len(self._backlog)} traces behind")
-        if walked is None:
-            req, w = decode_payload(body, json_body=json_body, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
-        else:
-            req, w = walked
+        req, w = decode_payload(body, json_body=json_body, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
         return self._accept_walked(req, w)
 
     def _accept_walked(self, req, w: WalkResult) -> AcceptResult:

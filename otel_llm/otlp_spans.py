@@ -61,14 +61,28 @@ def spans_from_request(req: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
                     status_code=int(s.status.code), resource=res)
 
 
-def read_trace_file(path: str | os.PathLike) -> list[SpanRecord]:
-    """All spans of an OTLP JSON-lines file (one ExportTraceServiceRequest per line)."""
-    out: list[SpanRecord] = []
+class TraceFileError(ValueError):
+    """A bad line in a traces file."""
+
+    def __init__(self, path, line: int, problem: str):
+        self.path, self.line, self.problem = str(path), line, problem
+        super().__init__(f"{path}:{line}: {problem}")
+
+
+def read_trace_requests(path: str | os.PathLike) -> Iterator[tuple[int, ExportTraceServiceRequest]]:
+    """``(line number, request)`` for each line of an OTLP JSON-lines file (one
+    ExportTraceServiceRequest per line; blank lines skipped). A bad line raises
+    :class:`TraceFileError` naming the file and the line."""
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip():
                 try:
-                    out.extend(spans_from_request(from_dict(json.loads(line))))
+                    req = from_dict(json.loads(line))
                 except (ValueError, json.JSONDecodeError) as exc:
-                    raise ValueError(f"{path}:{lineno}: {exc}") from None
-    return out
+                    raise TraceFileError(path, lineno, f"not an OTLP JSON trace export: {exc}") from None
+                yield lineno, req
+
+
+def read_trace_file(path: str | os.PathLike) -> list[SpanRecord]:
+    """All spans of an OTLP JSON-lines file."""
+    return [s for _, req in read_trace_requests(path) for s in spans_from_request(req)]

@@ -89,14 +89,12 @@ def make_collector(tmp_path):
 def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2 ** 20, timeout: float = 180.0):
     """Start vLLM's OpenAI-compatible server on a free loopback port (the CPU build); returns
     (process, base_url). The caller stops it."""
-    import socket
     import time
     import urllib.request
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
+    from otlp_helpers import free_port
+
+    port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "bfloat16",
            "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(kv_bytes),
            "--host", "127.0.0.1", "--port", str(port)]

@@ -155,14 +155,11 @@ def test_unwritable_trace_file_is_counted(tmp_path, caplog):
 
 
 def test_otlp_endpoint_down_is_counted(monkeypatch):
-    import socket
-
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there
+    from otlp_helpers import free_port
+
+    port = free_port()  # nothing listens there
     exporter = OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", timeout=1)
     pipeline = TracingPipeline(exporter)
     t0 = time.monotonic()
