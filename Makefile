@@ -4,14 +4,21 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# the collector's optional C accelerator (pip builds it on install; this rebuilds it when its source changes)
+EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: demo test test-quick bench venv prometheus model clean
 
-venv: $(STAMP)
+venv: $(STAMP) $(EXT)
 
-$(STAMP): pyproject.toml
+$(EXT): $(STAMP) collector/receivers/_otlp_walk.c setup.py
+	@$(PY) setup.py -q build_ext --inplace >/dev/null 2>&1 || \
+	  echo "warning: the collector's C accelerator did not build (no C compiler?); the collector runs without it, slower"
+	@touch $(EXT)
+
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[vllm,dev]'

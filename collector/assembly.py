@@ -1,6 +1,6 @@
 """Trace assembly, after the OpenTelemetry Collector's groupbytrace processor.
 
-Spans are grouped by trace id in a :class:`TraceStorage` (in memory by default). A trace is
+Spans (walked span tuples, :mod:`collector.spans`) are grouped by trace id in a :class:`TraceStorage` (in memory by default). A trace is
 released to derivation when
 * ``grace_s`` has passed since its last request span (``llm.request`` / ``llm.client.request``)
   arrived: request spans are exported when they end, so their phases and the other boundary have
@@ -14,20 +14,20 @@ released to derivation when
 A span seen twice in a trace is ignored (counted); a span for a trace released recently is late:
 counted and dropped, never derived twice. Everything is guarded by one lock; the caller's clock
 (seconds, monotonic) drives deadlines.
+
+Deadlines need no priority queue: each kind is the clock plus a constant (timeout, grace, peer
+wait), so each kind's deadlines come due in the order they were set. Three FIFO queues hold
+them (the arrival ring doubles as the timeout queue); a deadline superseded by a later request
+span is skipped when it comes up.
 """
 from __future__ import annotations
 
-import heapq
 import threading
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from otel_llm.otlp_spans import SpanRecord
-
-from otel_llm.semconv import SPAN_CLIENT_REQUEST
-
-from .receivers.decode import ROOT_SPANS
+from . import spans as sp
 
 
 @dataclass
@@ -53,38 +53,39 @@ class AssemblyCounters:
 class TraceStorage(Protocol):
     """Where spans wait for their trace to be complete."""
 
-    def add(self, trace_id: str, span: SpanRecord) -> bool: ...  # False: duplicate span
-    def pop(self, trace_id: str) -> list[SpanRecord] | None: ...
-    def __contains__(self, trace_id: str) -> bool: ...
+    def add(self, trace_id: bytes, span: tuple) -> bool: ...  # False: duplicate span
+    def pop(self, trace_id: bytes) -> list[tuple] | None: ...
+    def __contains__(self, trace_id: bytes) -> bool: ...
     def __len__(self) -> int: ...
 
 
 class InMemoryTraceStorage:
     def __init__(self) -> None:
-        self._spans: dict[str, dict[str, SpanRecord]] = {}
+        self._spans: dict[bytes, dict[bytes, tuple]] = {}
 
-    def add(self, trace_id: str, span: SpanRecord) -> bool:
+    def add(self, trace_id: bytes, span: tuple) -> bool:
         t = self._spans.get(trace_id)
+        sid = span[sp.SPAN_ID]
         if t is None:
-            self._spans[trace_id] = {span.span_id: span}
+            self._spans[trace_id] = {sid: span}
             return True
-        if span.span_id in t:
+        if sid in t:
             return False
-        t[span.span_id] = span
+        t[sid] = span
         return True
 
-    def pop(self, trace_id: str) -> list[SpanRecord] | None:
+    def pop(self, trace_id: bytes) -> list[tuple] | None:
         t = self._spans.pop(trace_id, None)
         return None if t is None else list(t.values())
 
-    def __contains__(self, trace_id: str) -> bool:
+    def __contains__(self, trace_id: bytes) -> bool:
         return trace_id in self._spans
 
     def __len__(self) -> int:
         return len(self._spans)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry:
     first_seen: float
     ready_at: float | None = None  # set when a request span arrives
@@ -93,8 +94,8 @@ class _Entry:
 
 @dataclass
 class ReleasedTrace:
-    trace_id: str
-    spans: list[SpanRecord]
+    trace_id: bytes
+    spans: list[tuple]
     reason: str  # grace | timeout | evicted | flush
 
 
@@ -103,46 +104,52 @@ class TraceAssembler:
         self.config = config or AssemblyConfig()
         self.storage = storage if storage is not None else InMemoryTraceStorage()
         self.counters = AssemblyCounters()
-        self._entries: dict[str, _Entry] = {}
-        self._ring: deque[str] = deque()  # arrival order of traces, for eviction
-        self._heap: list[tuple[float, str]] = []  # (deadline, trace id), lazily invalidated
-        self._released: OrderedDict[str, None] = OrderedDict()
+        self._entries: dict[bytes, _Entry] = {}
+        self._ring: deque[bytes] = deque()  # arrival order of traces: eviction and timeouts
+        self._grace: deque[tuple[float, bytes]] = deque()  # (ready at, trace id), FIFO = deadline order
+        self._peer: deque[tuple[float, bytes]] = deque()  # the same for traces waiting for their client span
+        self._released: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, spans: list[SpanRecord], now: float) -> list[ReleasedTrace]:
-        """Add spans; returns traces evicted to make room (to derive now)."""
+    def add(self, spans: list[tuple], now: float) -> list[ReleasedTrace]:
+        """Add walked spans; returns traces evicted to make room (to derive now)."""
         cfg = self.config
         evicted: list[ReleasedTrace] = []
+        entries, released, store = self._entries, self._released, self.storage
+        grace, peer_wait = cfg.grace_s, max(cfg.grace_s, cfg.peer_wait_s)
         with self._lock:
             c = self.counters
             c.spans_received += len(spans)
             for s in spans:
-                tid = s.trace_id
-                if tid in self._released:
-                    c.spans_late += 1
-                    continue
-                e = self._entries.get(tid)
+                tid = s[sp.TRACE_ID]
+                e = entries.get(tid)
                 if e is None:
-                    while len(self._entries) >= cfg.max_traces:
+                    if tid in released:
+                        c.spans_late += 1
+                        continue
+                    while len(entries) >= cfg.max_traces:
                         ev = self._release_oldest("evicted")
                         if ev is None:
                             break
                         evicted.append(ev)
-                    e = self._entries[tid] = _Entry(now)
+                    e = entries[tid] = _Entry(now)
                     self._ring.append(tid)
-                    heapq.heappush(self._heap, (now + cfg.timeout_s, tid))
-                if not self.storage.add(tid, s):
+                if not store.add(tid, s):
                     c.spans_duplicate += 1
                     continue
-                if s.name in ROOT_SPANS:
-                    if s.name == SPAN_CLIENT_REQUEST:
+                code = s[sp.CODE]
+                if code <= sp.ENGINE:  # a request span: its trace is ready after the grace period
+                    if code == sp.CLIENT:
                         e.has_client = True
-                    waits_for_client = not e.has_client and s.parent_span_id
-                    e.ready_at = now + (max(cfg.grace_s, cfg.peer_wait_s) if waits_for_client else cfg.grace_s)
-                    heapq.heappush(self._heap, (e.ready_at, tid))
+                    if not e.has_client and s[sp.PARENT_ID]:  # the caller's span is on its way
+                        e.ready_at = now + peer_wait
+                        self._peer.append((e.ready_at, tid))
+                    else:
+                        e.ready_at = now + grace
+                        self._grace.append((e.ready_at, tid))
         return evicted
 
     def _release(self, tid: str, reason: str) -> ReleasedTrace | None:
@@ -173,19 +180,24 @@ class TraceAssembler:
     def expire(self, now: float) -> list[ReleasedTrace]:
         """Release every trace whose grace period or timeout has passed."""
         out: list[ReleasedTrace] = []
+        entries = self._entries
         with self._lock:
-            heap = self._heap
-            while heap and heap[0][0] <= now:
-                _, tid = heapq.heappop(heap)
-                e = self._entries.get(tid)
-                if e is None:
-                    continue
-                if e.ready_at is not None and e.ready_at <= now:
-                    out.append(self._release(tid, "grace"))
-                elif e.first_seen + self.config.timeout_s <= now:
+            for q in (self._grace, self._peer):
+                while q and q[0][0] <= now:
+                    at, tid = q.popleft()
+                    e = entries.get(tid)
+                    if e is not None and e.ready_at == at:  # not superseded, not released
+                        out.append(self._release(tid, "grace"))
+            ring, timeout = self._ring, self.config.timeout_s
+            while ring:
+                e = entries.get(ring[0])
+                if e is not None and e.first_seen + timeout > now:
+                    break
+                tid = ring.popleft()
+                if e is not None:
                     out.append(self._release(tid, "timeout"))
-            if len(self._ring) > 2 * max(len(self._entries), 1024):  # drop ids already released
-                self._ring = deque(t for t in self._ring if t in self._entries)
+            if len(ring) > 2 * max(len(entries), 1024):  # ids released by grace behind a waiting head
+                self._ring = deque(t for t in ring if t in entries)
         return out
 
     def flush(self) -> list[ReleasedTrace]:

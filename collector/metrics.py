@@ -22,7 +22,7 @@ from otel_llm.metrics import RequestMetrics
 from otel_llm.slo import SLO
 from otel_llm.summary import bound_checks
 
-from .records import RequestRecord
+from .records import RecordBatch
 
 # GenAI semantic conventions, advisory explicit bucket boundaries (seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -105,17 +105,19 @@ class MetricsRegistry:
         return [self.ttft, self.tpot, self.duration, self.itl, self.itl_max, self.queue, self.prefill,
                 self.requests, self.good, self.output_tokens, self.preemptions]
 
-    def record(self, records: list[RequestRecord], rm: RequestMetrics) -> None:
+    def record(self, batch: RecordBatch, rm: RequestMetrics) -> None:
         """Add a batch of derived records; ``rm`` is their per-request metrics, same order."""
-        if not records:
+        if not len(batch):
             return
         groups: dict[tuple, list[int]] = {}
-        for i, r in enumerate(records):
-            groups.setdefault((r.boundary, r.model), []).append(i)
-        status = np.array([r.status for r in records])
+        for i, labels in enumerate(zip(batch.boundary, batch.model)):
+            g = groups.get(labels)
+            if g is None:
+                groups[labels] = [i]
+            else:
+                g.append(i)
+        status = np.array(batch.status)
         ok = status == "ok"
-        queue = np.array([np.nan if r.queue is None else r.queue for r in records])
-        prefill = np.array([np.nan if r.prefill is None else r.prefill for r in records])
         checks = {name: bound_checks(rm, slo) for name, slo in self.slos.items()}
         with self._lock:
             for labels, idx_list in groups.items():
@@ -125,13 +127,16 @@ class MetricsRegistry:
                 self.tpot.observe(labels, rm.tpot[sel])
                 self.duration.observe(labels, rm.e2e[sel])
                 self.itl_max.observe(labels, rm.itl_max[sel])
-                mask = np.zeros(len(records), bool)
-                mask[sel] = True
-                self.itl.observe(labels, rm.itl[mask[rm.itl_request]])
+                if len(sel) == len(batch):  # one group, every request ok: all the samples
+                    self.itl.observe(labels, rm.itl)
+                else:
+                    mask = np.zeros(len(batch), bool)
+                    mask[sel] = True
+                    self.itl.observe(labels, rm.itl[mask[rm.itl_request]])
                 if labels[0] == "engine":
-                    self.queue.observe(labels, queue[sel])
-                    self.prefill.observe(labels, prefill[sel])
-                    self.preemptions.add(labels, sum(records[i].preemptions for i in idx_list))
+                    self.queue.observe(labels, batch.queue[sel])
+                    self.prefill.observe(labels, batch.prefill[sel])
+                    self.preemptions.add(labels, int(batch.preemptions[idx].sum()))
                 for st, n in zip(*np.unique(status[idx], return_counts=True)):
                     self.requests.add(labels + (str(st),), int(n))
                 self.output_tokens.add(labels, int(rm.output_tokens[idx].sum()))

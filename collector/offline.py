@@ -11,7 +11,7 @@ from otel_llm.otlp_spans import TraceFileError, read_trace_requests
 
 from .assembly import AssemblyConfig, TraceAssembler
 from .derive import derive
-from .receivers.decode import walk
+from .receivers.decode import walk_message
 from .records import RequestRecord, records_to_batch
 
 
@@ -23,11 +23,11 @@ def records_from_trace_file(path: str) -> list[RequestRecord]:
     asm = TraceAssembler(AssemblyConfig(max_traces=10 ** 9))
     try:
         for _, req in read_trace_requests(path):
-            asm.add(walk(req).spans, 0.0)
+            asm.add(walk_message(req).spans, 0.0)
     except TraceFileError as exc:
         raise TimelineFormatError(exc.path, exc.line, exc.problem) from None
-    records, _ = derive(asm.flush())
-    return records
+    batch, _ = derive(asm.flush())
+    return batch.records()
 
 
 def load_timelines(path: str, boundary: str):

@@ -78,3 +78,114 @@ def records_to_batch(records: list[RequestRecord], epoch_ns: int = 0) -> Timelin
         [STATUS_CODE[r.status] for r in records], np.repeat(np.arange(len(records)), n_ev),
         (np.repeat(submit, n_ev) + offs) / 1e9, cat([r.event_tokens for r in records]),
         [-1 if r.input_tokens is None else r.input_tokens for r in records])
+
+
+NO_NS = np.iinfo(np.int64).min  # an unknown point in time in an int64 ns column
+
+
+def _opt(values: np.ndarray) -> list:
+    """A float column as Python values, None for NaN."""
+    return [None if v != v else v for v in values.tolist()]
+
+
+def _opt_ns(values: np.ndarray) -> list:
+    return [None if v == NO_NS else v for v in values.tolist()]
+
+
+@dataclass
+class RecordBatch:
+    """Many :class:`RequestRecord` s, columnar: what derivation produces and the store and the
+    metrics registry consume. Record ``i``'s token events are ``event_offsets_ns[event_start[i]:
+    event_start[i + 1]]`` (ns after submit, ascending) and ``event_tokens`` likewise; unknown
+    values are NaN (float seconds), :data:`NO_NS` (int64 ns) or -1 (input tokens)."""
+
+    trace_id: list[str]
+    boundary: list[str]
+    request_id: list[str]
+    model: list[str]
+    status: list[str]
+    submit_ns: np.ndarray  # int64, Unix ns
+    end_ns: np.ndarray  # int64, Unix ns
+    event_start: np.ndarray  # int64[n + 1]
+    event_offsets_ns: np.ndarray  # int64
+    event_tokens: np.ndarray  # int64
+    event_blobs: list[tuple[bytes, bytes]] | None  # per record: (offsets, tokens) as int64 bytes, if at hand
+    input_tokens: np.ndarray  # int64, -1 unknown
+    output_tokens: np.ndarray  # int64
+    estimated_tokens: np.ndarray  # bool
+    ttft: np.ndarray  # float seconds
+    tpot: np.ndarray
+    e2e: np.ndarray
+    itl_max: np.ndarray
+    queue: np.ndarray
+    prefill: np.ndarray
+    decode: np.ndarray
+    preemptions: np.ndarray  # int64
+    preemption_time: np.ndarray  # float seconds
+    first_scheduled_ns: np.ndarray  # int64, NO_NS unknown
+    first_generated_ns: np.ndarray
+    engine_delivery: np.ndarray
+    network_in: np.ndarray
+    delivery: np.ndarray
+    paired: np.ndarray  # bool
+
+    def __len__(self) -> int:
+        return len(self.trace_id)
+
+    def event_bytes(self) -> list[tuple[bytes, bytes]]:
+        """Per record: its token-event offsets and tokens as bytes of int64 (what the store keeps)."""
+        if self.event_blobs is not None:
+            return self.event_blobs
+        st = self.event_start.tolist()
+        o, k = self.event_offsets_ns, self.event_tokens
+        return [(o[a:b].tobytes(), k[a:b].tobytes()) for a, b in zip(st[:-1], st[1:])]
+
+    def scalar_columns(self) -> dict[str, list]:
+        """Every scalar field of :class:`RequestRecord`, as Python values (None where unknown)."""
+        return {
+            "trace_id": self.trace_id, "boundary": self.boundary, "request_id": self.request_id,
+            "model": self.model, "status": self.status, "submit_ns": self.submit_ns.tolist(),
+            "end_ns": self.end_ns.tolist(),
+            "input_tokens": [None if v < 0 else v for v in self.input_tokens.tolist()],
+            "output_tokens": self.output_tokens.tolist(), "estimated_tokens": self.estimated_tokens.tolist(),
+            "ttft": _opt(self.ttft), "tpot": _opt(self.tpot), "e2e": _opt(self.e2e), "itl_max": _opt(self.itl_max),
+            "queue": _opt(self.queue), "prefill": _opt(self.prefill), "decode": _opt(self.decode),
+            "preemptions": self.preemptions.tolist(), "preemption_time": self.preemption_time.tolist(),
+            "first_scheduled_ns": _opt_ns(self.first_scheduled_ns),
+            "first_generated_ns": _opt_ns(self.first_generated_ns),
+            "engine_delivery": _opt(self.engine_delivery), "network_in": _opt(self.network_in),
+            "delivery": _opt(self.delivery), "paired": self.paired.tolist(),
+        }
+
+    @classmethod
+    def from_records(cls, records: Sequence[RequestRecord]) -> "RecordBatch":
+        """The inverse of :meth:`records`."""
+        f = lambda name, none, dtype: np.array([none if getattr(r, name) is None else getattr(r, name)  # noqa: E731
+                                                for r in records], dtype)
+        counts = [len(r.event_offsets_ns) for r in records]
+        start = np.zeros(len(records) + 1, np.int64)
+        np.cumsum(counts, out=start[1:])
+        cat = lambda xs: np.concatenate([np.asarray(x, np.int64) for x in xs]) if xs else np.zeros(0, np.int64)  # noqa: E731
+        return cls(
+            trace_id=[r.trace_id for r in records], boundary=[r.boundary for r in records],
+            request_id=[r.request_id for r in records], model=[r.model for r in records],
+            status=[r.status for r in records], submit_ns=f("submit_ns", 0, np.int64), end_ns=f("end_ns", 0, np.int64),
+            event_start=start, event_offsets_ns=cat([r.event_offsets_ns for r in records]),
+            event_tokens=cat([r.event_tokens for r in records]), event_blobs=None,
+            input_tokens=f("input_tokens", -1, np.int64), output_tokens=f("output_tokens", 0, np.int64),
+            estimated_tokens=f("estimated_tokens", False, bool),
+            **{k: f(k, np.nan, np.float64) for k in ("ttft", "tpot", "e2e", "itl_max", "queue", "prefill", "decode",
+                                                      "preemption_time", "engine_delivery", "network_in", "delivery")},
+            preemptions=f("preemptions", 0, np.int64), first_scheduled_ns=f("first_scheduled_ns", NO_NS, np.int64),
+            first_generated_ns=f("first_generated_ns", NO_NS, np.int64), paired=f("paired", False, bool))
+
+    def records(self) -> list[RequestRecord]:
+        cols = self.scalar_columns()
+        names = list(cols)
+        out = []
+        st = self.event_start.tolist()
+        for i, values in enumerate(zip(*cols.values())):
+            a, b = st[i], st[i + 1]
+            out.append(RequestRecord(**dict(zip(names, values)), event_offsets_ns=self.event_offsets_ns[a:b],
+                                     event_tokens=self.event_tokens[a:b]))
+        return out

@@ -18,6 +18,7 @@ from .derive import derive
 from .metrics import MetricsRegistry
 from .receivers.decode import WalkResult, decode_payload
 from .store import RequestStore
+from .store_writer import StoreWriter
 
 log = logging.getLogger("collector")
 
@@ -50,6 +51,7 @@ class Collector:
         self.assembler = TraceAssembler(cfg.assembly)
         self.registry = MetricsRegistry(cfg.slos)
         self.store = RequestStore(cfg.store) if cfg.store else None
+        self.store_writer = StoreWriter(cfg.store) if self.store is not None else None
         self.receiver_counters = ReceiverCounters()
         self.records_derived = 0
         self._backlog: list[ReleasedTrace] = []
@@ -68,10 +70,10 @@ class Collector:
         if len(self._backlog) > self.config.max_backlog:
             self.receiver_counters.payloads_refused_overload += 1
             raise Overloaded(f"derivation is {len(self._backlog)} traces behind")
-        req, w = decode_payload(body, json_body=json_body, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
-        return self._accept_walked(req, w)
+        w = decode_payload(body, json_body=json_body, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
+        return self._accept_walked(w)
 
-    def _accept_walked(self, req, w: WalkResult) -> AcceptResult:
+    def _accept_walked(self, w: WalkResult) -> AcceptResult:
         c = self.receiver_counters
         c.requests += 1
         c.spans += w.total
@@ -81,7 +83,7 @@ class Collector:
             with self._backlog_lock:
                 self._backlog.extend(evicted)
         if self.forwarder is not None:
-            self.forwarder.submit(req.SerializeToString())
+            self.forwarder.submit(w.body)
         return AcceptResult(w.rejected, w.first_error)
 
     # -- derivation (worker thread) --------------------------------------------------------------
@@ -92,12 +94,12 @@ class Collector:
         if not released:
             return 0
         with self._process_lock:
-            records, rm = derive(released)
-            if self.store is not None:
-                self.store.add(records)
-            self.registry.record(records, rm)
-            self.records_derived += len(records)
-        return len(records)
+            batch, rm = derive(released)
+            if self.store_writer is not None:
+                self.store_writer.put(batch)
+            self.registry.record(batch, rm)
+            self.records_derived += len(batch)
+        return len(batch)
 
     def tick(self, now: float | None = None) -> int:
         return self.process(self.assembler.expire(time.monotonic() if now is None else now))
@@ -126,8 +128,9 @@ class Collector:
         out["derivation_backlog_traces"] = len(self._backlog)
         out["records_derived"] = self.records_derived
         if self.store is not None:
-            out["store_records"] = self.store.stored
-            out["store_duplicates_ignored"] = self.store.duplicates
+            out["store_records"] = self.store_writer.stored
+            out["store_duplicates_ignored"] = self.store_writer.duplicates
+            out["store_failed_batches"] = self.store_writer.failed_batches
         if self.forwarder is not None:
             out.update(forward_traces_sent=self.forwarder.sent, forward_traces_failed=self.forwarder.failed,
                        forward_traces_dropped=self.forwarder.dropped)
@@ -174,4 +177,5 @@ class Collector:
         if self.prometheus is not None:
             self.prometheus.stop()
         if self.store is not None:
+            self.store_writer.close()
             self.store.close()

@@ -94,3 +94,18 @@ def http_exporter(port: int, **kw):
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     return OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", **kw)
+
+
+def sample_request(reqs=None) -> ExportTraceServiceRequest:
+    """A real export request, as the SDK's encoder builds it."""
+    import time
+
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    mem = InMemorySpanExporter()
+    tp = provider(mem)
+    for r in reqs or [Req("s1")]:
+        emit(tp.get_tracer("t"), r, time.time_ns())
+    tp.shutdown()
+    return encode_spans(mem.get_finished_spans())

@@ -15,30 +15,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest, ExportTraceServiceResponse)
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from collector.assembly import AssemblyConfig, TraceAssembler
 from collector.receivers.decode import DecodeError, decode_payload
 from otel_llm import semconv as sc
 from otel_llm.otlp_json import to_json
-from otel_llm.otlp_spans import SpanRecord
+from collector import spans as sp
+from collector.spans import make_span
 
 from conftest import ROOT
-from otlp_helpers import Req, emit, free_port, provider
+from otlp_helpers import Req, free_port, sample_request
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
-
-
-def sample_request(reqs=None) -> ExportTraceServiceRequest:
-    """A real export request, as the SDK's encoder builds it."""
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
-
-    mem = InMemorySpanExporter()
-    tp = provider(mem)
-    for r in reqs or [Req("s1")]:
-        emit(tp.get_tracer("t"), r, time.time_ns())
-    tp.shutdown()
-    return encode_spans(mem.get_finished_spans())
 
 
 def post(port, body, ctype="application/x-protobuf", headers=None):
@@ -192,15 +180,16 @@ def test_fuzz_mutated_payloads(mutations, cut):
         data[pos] = val
     data = bytes(data[:cut] if cut % 3 == 0 else data)
     try:
-        req, walked = decode_payload(data)
+        walked = decode_payload(data)
     except DecodeError:
         return
     # whatever decodes, the rest of the pipeline takes without crashing
     from collector.assembly import ReleasedTrace
     from collector.derive import derive
 
-    recs, _ = derive([ReleasedTrace(s.trace_id, [s], "flush") for s in walked.spans])
-    assert len(recs) <= len(walked.spans)
+    batch, _ = derive([ReleasedTrace(s[sp.TRACE_ID], [s], "flush") for s in walked.spans])
+    assert len(batch) <= len(walked.spans)
+    batch.records()
 
 
 @settings(max_examples=200, deadline=None)
@@ -219,7 +208,11 @@ def test_fuzz_json_structures(obj):
 # -- assembly rules ------------------------------------------------------------------------------
 
 def span(trace, sid, name=sc.SPAN_REQUEST, parent=""):
-    return SpanRecord(trace, sid, parent, name, 2, 1, 2, {sc.REQUEST_ID: trace})
+    return make_span(trace, sid, name, parent=parent, start=1, end=2, kind=2, request_id=trace)
+
+
+def sids(rel):
+    return {s[sp.SPAN_ID].hex() for s in rel.spans}
 
 
 def test_assembly_grace_duplicates_late_out_of_order():
@@ -231,7 +224,7 @@ def test_assembly_grace_duplicates_late_out_of_order():
     assert a.counters.spans_duplicate == 1
     assert a.expire(5.9) == []
     (rel,) = a.expire(6.0)
-    assert rel.reason == "grace" and {s.span_id for s in rel.spans} == {"01" * 8, "02" * 8}
+    assert rel.reason == "grace" and sids(rel) == {"01" * 8, "02" * 8}
     a.add([span(t, "03" * 8, sc.SPAN_DECODE, "01" * 8)], now=7.0)  # late: counted, not re-derived
     assert a.counters.spans_late == 1 and len(a) == 0 and a.expire(100.0) == []
 
@@ -245,11 +238,11 @@ def test_engine_span_with_a_caller_waits_for_the_client_span():
     a.add([span(t, "0c" * 8, sc.SPAN_CLIENT_REQUEST)], now=6.0)  # the client's batch arrives 6 s later
     assert a.expire(6.9) == []
     (rel,) = a.expire(7.0)
-    assert {s.name for s in rel.spans} == {sc.SPAN_REQUEST, sc.SPAN_CLIENT_REQUEST}
+    assert {sp.NAMES[s[sp.CODE]] for s in rel.spans} == {sc.SPAN_REQUEST, sc.SPAN_CLIENT_REQUEST}
     # a caller that never sends its span: released after peer_wait, the engine boundary alone
     a.add([span(u, "0e" * 8, sc.SPAN_REQUEST, parent="0a" * 8)], now=10.0)
     assert a.expire(17.9) == []
-    assert [r.trace_id for r in a.expire(18.0)] == [u]
+    assert [r.trace_id.hex() for r in a.expire(18.0)] == [u]
 
 
 def test_assembly_timeout_and_ring_buffer_bound():
@@ -257,11 +250,11 @@ def test_assembly_timeout_and_ring_buffer_bound():
     evicted = []
     for i in range(5):
         evicted += a.add([span(f"{i:032x}", "01" * 8, sc.SPAN_QUEUE, "02" * 8)], now=float(i))
-    assert len(a) == 3 and [e.trace_id for e in evicted] == [f"{0:032x}", f"{1:032x}"]
+    assert len(a) == 3 and [e.trace_id.hex() for e in evicted] == [f"{0:032x}", f"{1:032x}"]
     assert a.counters.traces_evicted == 2
     timed = a.expire(5.5)  # trace 2 arrived at t=2: its 3 s timeout passed
-    assert [r.reason for r in timed] == ["timeout"] and timed[0].trace_id == f"{2:032x}"
-    assert {r.trace_id for r in a.flush()} == {f"{3:032x}", f"{4:032x}"}
+    assert [r.reason for r in timed] == ["timeout"] and timed[0].trace_id.hex() == f"{2:032x}"
+    assert {r.trace_id.hex() for r in a.flush()} == {f"{3:032x}", f"{4:032x}"}
 
 
 def test_sigterm_flushes_accepted_spans_to_the_store(tmp_path):

@@ -1,32 +1,42 @@
 """Decoding OTLP trace payloads (protobuf or JSON, optionally gzip) and walking their spans.
 
-Only the spans the collector derives from are turned into :class:`SpanRecord` (request spans
-with the attributes derivation reads; phase spans with names, ids and times); every span is
-counted. Spans with
-invalid ids or an end before their start are rejected and counted (``partial_success``).
+Only the spans the collector derives from are returned, as flat tuples (:mod:`collector.spans`):
+request spans and their phases, with the few attributes derivation reads; every span is counted.
+Spans with invalid ids, an end before their start or past int64 ns (2262) are rejected and counted
+(``partial_success``).
+
+Protobuf payloads are walked by the C accelerator (:mod:`._otlp_walk`) straight from the wire
+bytes; anything it does not handle exactly as protobuf would, JSON payloads, and installs without
+the accelerator (or ``OTEL_LLM_PURE_PYTHON=1``) take protobuf's parser and :func:`walk_message`,
+which gives the same tuples.
 """
 from __future__ import annotations
 
+import os
 import zlib
 from dataclasses import dataclass
 
+import numpy as np
 from google.protobuf.message import DecodeError as _PBDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_llm import semconv as sc
 from otel_llm.otlp_json import from_json
-from otel_llm.otlp_spans import SpanRecord, any_value, attributes_dict
 
-from ..int_arrays import RawIntArray
+from .. import spans as sp
 
-ROOT_SPANS = frozenset(sc.REQUEST_SPANS)
-PHASE_SPANS = frozenset((sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_PREEMPTION, sc.SPAN_STREAM))
-_ARRAY_KEYS = frozenset((sc.TOKEN_EVENT_OFFSETS, sc.TOKEN_EVENT_TOKENS))
-#: the request-span attributes derivation reads (the rest travel on to --forward-traces untouched)
-_ROOT_KEYS = frozenset((sc.REQUEST_ID, sc.REQUEST_MODEL, sc.STATUS, sc.INPUT_TOKENS, sc.TOKEN_EVENT_ESTIMATED,
-                        sc.BOUNDARY))
+try:
+    from . import _otlp_walk
+except ImportError:  # built without a C compiler
+    _otlp_walk = None
+
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
+_MAX_NS = 2 ** 63 - 1  # times are int64 ns from here on
+
+
+def accelerated() -> bool:
+    """Whether protobuf payloads are walked by the C accelerator."""
+    return _otlp_walk is not None and os.environ.get("OTEL_LLM_PURE_PYTHON", "") in ("", "0")
 
 
 class DecodeError(ValueError):
@@ -65,64 +75,88 @@ def parse_request(body: bytes, json_body: bool = False) -> ExportTraceServiceReq
 
 @dataclass
 class WalkResult:
-    spans: list[SpanRecord]  # the ones the collector derives from
+    spans: list[tuple]  # the walked spans the collector derives from (collector.spans layout)
     total: int  # every span in the request
     rejected: int
     first_error: str | None = None
+    body: bytes | None = None  # the request as protobuf bytes (what --forward-traces sends on)
 
 
-def walk(req: ExportTraceServiceRequest) -> WalkResult:
-    out: list[SpanRecord] = []
+def _value(v):
+    """An attribute value as the C walker returns it."""
+    which = v.WhichOneof("value")
+    if which is None:
+        return None
+    if which == "array_value":
+        vals = v.array_value.values
+        if all(x.WhichOneof("value") == "int_value" for x in vals):
+            return np.array([x.int_value for x in vals], dtype=np.int64).tobytes()
+        return sp.INVALID
+    if which in ("kvlist_value", "bytes_value"):
+        return sp.INVALID
+    return getattr(v, which)
+
+
+def walk_message(req: ExportTraceServiceRequest) -> WalkResult:
+    """The spans of a parsed request, as the C walker returns them from its bytes."""
+    out: list[tuple] = []
     total = rejected = 0
     first_error = None
+    codes, slots, width = sp.CODES, sp.ATTRIBUTE_SLOTS, len(sp.ATTRIBUTE_SLOTS)
     for rs in req.resource_spans:
-        res = None
+        service = None
+        for kv in rs.resource.attributes:
+            if kv.key == sp.RESOURCE_KEY:
+                service = _value(kv.value)
         for ss in rs.scope_spans:
             for s in ss.spans:
                 total += 1
-                name = s.name
-                is_root = name in ROOT_SPANS
-                if not is_root and name not in PHASE_SPANS:
+                code = codes.get(s.name)
+                if code is None:
                     continue
                 tid, sid = s.trace_id, s.span_id
                 start, end = s.start_time_unix_nano, s.end_time_unix_nano
+                why = None
                 if len(tid) != 16 or len(sid) != 8 or tid == _ZERO_TRACE or sid == _ZERO_SPAN:
+                    why = "has an invalid trace or span id"
+                elif end < start:
+                    why = "ends before it starts"
+                elif end > _MAX_NS:
+                    why = "ends past the year 2262"
+                if why:
                     rejected += 1
-                    first_error = first_error or f"span {name!r} has an invalid trace or span id"
+                    first_error = first_error or f"span {s.name!r} {why}"
                     continue
-                if end < start:
-                    rejected += 1
-                    first_error = first_error or f"span {name!r} ends before it starts"
-                    continue
-                if is_root:
-                    if res is None:
-                        res = attributes_dict(rs.resource.attributes)
-                    attrs = {}
-                    for kv in s.attributes:
-                        k = kv.key
-                        if k in _ARRAY_KEYS:
-                            v = kv.value
-                            attrs[k] = (RawIntArray(v.array_value.SerializeToString())  # decoded in bulk
-                                        if v.HasField("array_value") else any_value(v))
-                        elif k in _ROOT_KEYS:
-                            attrs[k] = any_value(kv.value)
-                elif name == sc.SPAN_PREEMPTION:
-                    attrs = attributes_dict(s.attributes)
-                else:
-                    attrs = {}
-                out.append(SpanRecord(tid.hex(), sid.hex(), s.parent_span_id.hex(), name, s.kind, start, end,
-                                      attrs, s.status.code, res if is_root else {}))
+                attrs: list = [None] * width
+                for kv in s.attributes:
+                    i = slots.get(kv.key)
+                    if i is not None:
+                        attrs[i] = _value(kv.value)
+                out.append((tid, sid, s.parent_span_id, code, s.kind, start, end, s.status.code, service, *attrs))
     return WalkResult(out, total, rejected, first_error)
 
 
+def walk_bytes(body: bytes) -> WalkResult | None:
+    """The C walk of a protobuf body; None where protobuf's own parser has to decide."""
+    r = _otlp_walk.walk(body, sp.CODES, sp.ATTRIBUTE_SLOTS, sp.RESOURCE_KEY, sp.INVALID)
+    return None if r is None else WalkResult(r[3], r[0], r[1], r[2], body)
+
+
 def decode_payload(body: bytes, *, json_body: bool = False, gzipped: bool = False,
-                   max_bytes: int = 4 * 2 ** 20) -> tuple[ExportTraceServiceRequest, WalkResult]:
+                   max_bytes: int = 4 * 2 ** 20) -> WalkResult:
     if len(body) > max_bytes:
         raise PayloadTooLarge(f"body of {len(body)} bytes is over the {max_bytes}-byte limit")
     if gzipped:
         body = gunzip(body, max_bytes)
+    if not json_body and accelerated():
+        w = walk_bytes(body)
+        if w is not None:
+            return w
     req = parse_request(body, json_body)
-    return req, walk(req)
+    w = walk_message(req)
+    w.body = req.SerializeToString() if json_body else body
+    return w
 
 
-__all__ = ["DecodeError", "PayloadTooLarge", "decode_payload", "parse_request", "walk", "WalkResult"]
+__all__ = ["DecodeError", "PayloadTooLarge", "WalkResult", "accelerated", "decode_payload", "parse_request",
+           "walk_bytes", "walk_message"]

@@ -1,0 +1,71 @@
+"""The walked span: what the receivers hand to assembly and derivation, one flat tuple per span.
+
+A tuple rather than an object because the collector handles hundreds of thousands of spans a
+second: the C walker (:mod:`collector.receivers._otlp_walk`) builds them directly, and
+:func:`collector.receivers.decode.walk_message` builds the same tuples from a parsed message.
+Only spans the collector derives from are walked (the request spans and their phases); the
+attribute slots hold the few attributes derivation reads, ``None`` where absent.
+
+Layout (index constants below): ids are raw bytes (trace 16, span 8, parent 0 or 8); times are
+Unix ns; ``code`` says which span it is; token-event arrays are bytes of native int64
+(``np.frombuffer``); :data:`INVALID` marks an attribute of a type derivation does not read.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from otel_llm import semconv as sc
+
+# span codes
+CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM = range(7)
+CODES = {sc.SPAN_CLIENT_REQUEST: CLIENT, sc.SPAN_REQUEST: ENGINE, sc.SPAN_QUEUE: QUEUE, sc.SPAN_PREFILL: PREFILL,
+         sc.SPAN_DECODE: DECODE, sc.SPAN_PREEMPTION: PREEMPTION, sc.SPAN_STREAM: STREAM}
+NAMES = {v: k for k, v in CODES.items()}
+BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine"}
+
+QUEUE_INCOMPLETE = "llm.queue.incomplete"  # the engine never saw the request scheduled
+
+# attribute slots
+ATTRIBUTE_SLOTS = {sc.REQUEST_ID: 0, sc.REQUEST_MODEL: 1, sc.STATUS: 2, sc.INPUT_TOKENS: 3,
+                   sc.TOKEN_EVENT_ESTIMATED: 4, sc.TOKEN_EVENT_OFFSETS: 5, sc.TOKEN_EVENT_TOKENS: 6,
+                   QUEUE_INCOMPLETE: 7}
+RESOURCE_KEY = "service.name"
+
+# tuple layout
+TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = range(9)
+REQUEST_ID, MODEL, STATUS, INPUT_TOKENS, ESTIMATED, OFFSETS, TOKENS, INCOMPLETE = range(9, 9 + len(ATTRIBUTE_SLOTS))
+WIDTH = 9 + len(ATTRIBUTE_SLOTS)
+
+
+class _Invalid:
+    """An attribute present with a type derivation does not read (a map, bytes, a mixed array)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "INVALID"
+
+    def __reduce__(self):
+        return "INVALID"
+
+
+INVALID = _Invalid()
+
+WalkedSpan = tuple
+
+
+def make_span(trace_id: bytes | str, span_id: bytes | str, name: str, *, parent: bytes | str = b"",
+              start: int = 0, end: int = 0, kind: int = 1, status_code: int = 0, service: Any = None,
+              **attrs: Any) -> WalkedSpan:
+    """A walked span built by hand (tests, tools): ids as bytes or hex; ``attrs`` by slot name
+    (``request_id=``, ``offsets=[...]``: int lists become packed int64 bytes)."""
+    b = lambda x: bytes.fromhex(x) if isinstance(x, str) else x  # noqa: E731
+    slots: list[Any] = [None] * len(ATTRIBUTE_SLOTS)
+    names = ("request_id", "model", "status", "input_tokens", "estimated", "offsets", "tokens", "incomplete")
+    for k, v in attrs.items():
+        if isinstance(v, list):
+            v = np.asarray(v, dtype=np.int64).tobytes()
+        slots[names.index(k)] = v
+    return (b(trace_id), b(span_id), b(parent), CODES[name], kind, start, end, status_code, service, *slots)

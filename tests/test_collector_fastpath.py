@@ -1,0 +1,250 @@
+"""The collector's fast paths give the same answers as the plain ones: the C walk of protobuf
+bytes against protobuf's parser + the Python walk (generated and mutated payloads), derivation's
+general pairing path, and the store writer process (including its death)."""
+from __future__ import annotations
+
+import os
+import signal
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
+from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+
+from collector import spans as sp
+from collector.assembly import ReleasedTrace
+from collector.derive import derive
+from collector.receivers import decode
+from collector.receivers.decode import DecodeError, parse_request, walk_message
+from collector.spans import make_span
+from otel_llm import semconv as sc
+from otlp_helpers import Req, sample_request
+
+needs_ext = pytest.mark.skipif(decode._otlp_walk is None, reason="C accelerator not built (no compiler)")
+
+# -- generated requests ---------------------------------------------------------------------------
+
+KEYS = [*sp.ATTRIBUTE_SLOTS, "other.key", "", "service.name"]
+NAMES = [*sp.CODES, "llm.engine.step", "http.get", ""]
+
+int64 = st.integers(-(2 ** 63), 2 ** 63 - 1)
+scalar_value = st.one_of(
+    st.builds(lambda x: AnyValue(string_value=x), st.text(max_size=6)),
+    st.builds(lambda x: AnyValue(bool_value=x), st.booleans()),
+    st.builds(lambda x: AnyValue(int_value=x), int64),
+    st.builds(lambda x: AnyValue(double_value=x), st.floats(allow_nan=False)),
+    st.builds(lambda x: AnyValue(bytes_value=x), st.binary(max_size=4)),
+    st.just(AnyValue()),
+)
+int_array = st.builds(lambda xs: AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=x) for x in xs])),
+                      st.lists(int64, max_size=6))
+mixed_array = st.builds(lambda xs: AnyValue(array_value=ArrayValue(values=xs)), st.lists(scalar_value, max_size=3))
+kvlist = st.builds(lambda k: AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key=k, value=AnyValue(int_value=1))])),
+                   st.text(max_size=3))
+any_value = st.one_of(scalar_value, int_array, mixed_array, kvlist)
+attributes = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), st.sampled_from(KEYS), any_value), max_size=6)
+ids = st.one_of(st.binary(min_size=8, max_size=8), st.just(b""), st.just(bytes(8)), st.binary(max_size=17))
+
+
+@st.composite
+def spans(draw):
+    tid = draw(st.one_of(st.binary(min_size=16, max_size=16), st.just(bytes(16)), st.binary(max_size=17)))
+    start = draw(st.integers(0, 2 ** 64 - 1))
+    end = draw(st.one_of(st.integers(0, 2 ** 64 - 1), st.just(start), st.just(start + 5)))
+    return Span(trace_id=tid, span_id=draw(ids), parent_span_id=draw(ids), name=draw(st.sampled_from(NAMES)),
+                kind=draw(st.integers(0, 5)), start_time_unix_nano=start, end_time_unix_nano=min(end, 2 ** 64 - 1),
+                attributes=draw(attributes), status=Status(code=draw(st.integers(0, 2))))
+
+
+@st.composite
+def requests(draw):
+    req = ExportTraceServiceRequest()
+    for _ in range(draw(st.integers(0, 3))):
+        rs = req.resource_spans.add()
+        rs.resource.attributes.extend(draw(attributes))
+        for _ in range(draw(st.integers(0, 2))):
+            rs.scope_spans.add().spans.extend(draw(st.lists(spans(), max_size=4)))
+    return req
+
+
+def same(a, b) -> bool:
+    """Walk results equal, floats compared bit for bit (NaN and -0.0 included)."""
+    norm = lambda v: ("f", struct.pack("<d", v)) if isinstance(v, float) else (type(v).__name__, v)  # noqa: E731
+    return (a.total, a.rejected, a.first_error) == (b.total, b.rejected, b.first_error) and \
+        [tuple(map(norm, s)) for s in a.spans] == [tuple(map(norm, s)) for s in b.spans]
+
+
+@needs_ext
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests())
+def test_c_walk_equals_protobuf_walk(req):
+    body = req.SerializeToString()
+    fast = decode.walk_bytes(body)
+    assert fast is not None  # a well-formed payload is always walked in C
+    assert same(fast, walk_message(parse_request(body)))
+    derive([ReleasedTrace(s[sp.TRACE_ID], [s], "flush") for s in fast.spans])[0].records()  # and derivation takes it
+
+
+_VALID = sample_request([Req("m1", preemptions=[(120, 130)]), Req("m2", engine=False)]).SerializeToString()
+
+
+def _valid_body() -> bytes:
+    return _VALID
+
+
+@needs_ext
+@settings(max_examples=600, deadline=None)
+@given(st.data())
+def test_c_walk_on_mutated_payloads(data):
+    """Never a crash; where protobuf takes the payload, the C walk gives the same or defers."""
+    body = bytearray(_valid_body())
+    for _ in range(data.draw(st.integers(1, 8))):
+        body[data.draw(st.integers(0, len(body) - 1))] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(0, len(body)))
+    body = bytes(body[:cut] if data.draw(st.booleans()) else body)
+    fast = decode.walk_bytes(body)
+    try:
+        slow = walk_message(parse_request(body))
+    except DecodeError:
+        return  # the C walk may defer (None) or be lenient about fields it does not read
+    assert fast is None or same(fast, slow)
+
+
+@needs_ext
+def test_c_walk_defers_what_protobuf_must_decide():
+    """Cases where protobuf's own semantics matter go to protobuf: a group, a value given twice
+    (merged by protobuf), invalid UTF-8 in a value the walk returns."""
+    base = ExportTraceServiceRequest()
+    s = base.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\1" * 16, span_id=b"\2" * 8,
+                                                               name=sc.SPAN_REQUEST, start_time_unix_nano=1,
+                                                               end_time_unix_nano=2)
+    s.attributes.add(key=sc.REQUEST_ID).value.string_value = "ok"
+    good = base.SerializeToString()
+    assert decode.walk_bytes(good) is not None
+    assert decode.walk_bytes(good + b"\x0b\x0c") is None  # a group at the top level
+    bad_utf8 = good.replace(b"ok", b"\xff\xfe")
+    assert decode.walk_bytes(bad_utf8) is None
+    with pytest.raises(DecodeError):
+        decode.decode_payload(bad_utf8)
+
+
+def test_pure_python_switch(monkeypatch):
+    monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    assert not decode.accelerated()
+    w = decode.decode_payload(_valid_body())
+    req = parse_request(_valid_body())
+    n = sum(len(ss.spans) for rs in req.resource_spans for ss in rs.scope_spans)
+    assert w.body == _valid_body() and w.total == n == len(w.spans) == 7  # every one a request or phase span
+
+
+@needs_ext
+def test_accelerated_by_default(monkeypatch):
+    monkeypatch.delenv("OTEL_LLM_PURE_PYTHON", raising=False)
+    assert decode.accelerated()
+    fast, slow = decode.decode_payload(_valid_body()), walk_message(parse_request(_valid_body()))
+    assert same(fast, slow)
+
+
+# -- derivation: the general pairing path ---------------------------------------------------------
+
+def test_derive_pairs_by_request_id_and_ancestry():
+    t = "cd" * 16
+    ms = 1_000_000
+    spans = [
+        make_span(t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="r1",
+                  offsets=[50 * ms], tokens=[1]),
+        make_span(t, "c2" * 8, sc.SPAN_CLIENT_REQUEST, start=200 * ms, end=300 * ms, request_id="r2",
+                  offsets=[60 * ms, 70 * ms], tokens=[1, 2]),
+        make_span(t, "e2" * 8, sc.SPAN_REQUEST, parent="77" * 8, start=205 * ms, end=290 * ms, request_id="r2",
+                  offsets=[50 * ms, 62 * ms], tokens=[1, 2]),
+        make_span(t, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=10 * ms, end=95 * ms, request_id="zz",
+                  offsets=[30 * ms], tokens=[1]),
+        make_span(t, "01" * 8, sc.SPAN_QUEUE, parent="e1" * 8, start=10 * ms, end=15 * ms),
+        make_span(t, "02" * 8, sc.SPAN_PREFILL, parent="e1" * 8, start=15 * ms, end=35 * ms),
+        make_span(t, "03" * 8, sc.SPAN_PREEMPTION, parent="e1" * 8, start=36 * ms, end=38 * ms),
+    ]
+    batch, _ = derive([ReleasedTrace(bytes.fromhex(t), spans, "grace")])
+    recs = {(r.boundary, r.request_id): r for r in batch.records()}
+    c1, c2 = recs[("client", "r1")], recs[("client", "r2")]
+    # r1: by ancestry (its engine span has another request id)
+    assert c1.network_in == pytest.approx(0.010) and c1.queue == pytest.approx(0.005)
+    assert c1.prefill == pytest.approx(0.020) and c1.preemptions == 1 and c1.preemption_time == pytest.approx(0.002)
+    assert c1.delivery == pytest.approx(0.050 - 0.035)  # client first token - engine first generated
+    assert c1.network_in + c1.queue + c1.prefill + c1.delivery == pytest.approx(c1.ttft)
+    # r2: by request id (no ancestry); no engine phases, so delivery runs from the engine's first output
+    assert c2.network_in == pytest.approx(0.005) and c2.queue is None
+    assert c2.delivery == pytest.approx(0.060 - (0.005 + 0.050))
+    assert recs[("engine", "r2")].output_tokens == 3 and c2.tpot == pytest.approx(0.010 / 2)
+
+
+def test_derive_cleans_token_events():
+    """Out-of-order events are sorted, zero-token chunks dropped, mismatched arrays unusable."""
+    ms = 1_000_000
+    spans = [
+        make_span("01" * 16, "0a" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=50 * ms,
+                  offsets=[30 * ms, 10 * ms, 20 * ms], tokens=[1, 2, 0]),
+        make_span("02" * 16, "0b" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=50 * ms, offsets=[1, 2], tokens=[1]),
+        make_span("03" * 16, "0c" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=50 * ms, offsets=sp.INVALID,
+                  tokens=[1]),
+    ]
+    batch, _ = derive([ReleasedTrace(s[0], [s], "grace") for s in spans])
+    a, b, c = batch.records()
+    assert list(a.event_offsets_ns) == [10 * ms, 30 * ms] and list(a.event_tokens) == [2, 1]
+    assert a.ttft == pytest.approx(0.010) and a.output_tokens == 3
+    assert len(b.event_offsets_ns) == 0 and b.ttft is None and len(c.event_offsets_ns) == 0
+    assert [len(o) for o, _ in batch.event_bytes()] == [16, 0, 0]
+
+
+# -- the store writer process ---------------------------------------------------------------------
+
+def _batch(n: int, seed: int):
+    rnd = np.random.default_rng(seed)
+    ms = 1_000_000
+    spans = [make_span(rnd.bytes(16), rnd.bytes(8), sc.SPAN_CLIENT_REQUEST, start=i * ms, end=(i + 50) * ms,
+                       request_id=f"q{seed}-{i}", offsets=[5 * ms, 9 * ms], tokens=[1, 1]) for i in range(n)]
+    return derive([ReleasedTrace(s[0], [s], "grace") for s in spans])[0]
+
+
+def test_store_writer_process_stores_and_counts(tmp_path):
+    from collector.store import RequestStore
+    from collector.store_writer import StoreWriter
+
+    path = str(tmp_path / "w.db")
+    w = StoreWriter(path, max_pending=2)
+    assert not w.in_process
+    b = _batch(50, 1)
+    for _ in range(3):
+        w.put(b)  # the same records again: stored once
+    w.put(_batch(7, 2))
+    w.drain()
+    assert (w.stored, w.duplicates, w.failed_batches) == (57, 100, 0)
+    w.close()
+    s = RequestStore(path)
+    got = {r.request_id: r for r in s.records()}
+    assert len(got) == 57 and list(got["q1-3"].event_offsets_ns) == [5_000_000, 9_000_000]
+    assert got["q1-3"].ttft == pytest.approx(0.005) and got["q1-3"].tpot == pytest.approx(0.004)
+    s.close()
+
+
+def test_store_writer_survives_its_process_dying(tmp_path):
+    from collector.store import RequestStore
+    from collector.store_writer import StoreWriter
+
+    path = str(tmp_path / "d.db")
+    w = StoreWriter(path)
+    w.put(_batch(5, 3))
+    w.drain()
+    os.kill(w._proc.pid, signal.SIGKILL)
+    w._proc.wait()
+    for seed in (4, 5):  # the first put may still find the pipe open; either way nothing is lost after
+        w.put(_batch(5, seed))
+    w.drain()
+    assert w.in_process and w.stored == 15 and w.failed_batches == 0
+    w.close()
+    s = RequestStore(path)
+    assert s.count() == 15
+    s.close()
