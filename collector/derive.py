@@ -13,11 +13,14 @@ engine's first token *generated*) + ``delivery`` (client first token - engine fi
 generated) = client TTFT. Without the engine's phases (vLLM stats off), ``delivery`` runs from
 the engine's first output handed out, and ``queue``/``prefill`` are unknown.
 
-The only Python per span is one pass that sorts each trace's spans into requests and phases;
-everything per record after that is numpy over the batch.
+Python touches each span once, to pick out the request spans and find each phase's request;
+the rest is numpy over the whole batch.
 """
 from __future__ import annotations
 
+import operator
+from dataclasses import dataclass
+from itertools import repeat
 from typing import Iterable
 
 import numpy as np
@@ -30,30 +33,9 @@ from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch
 
 _NS = 1e9
-_NO_PHASES = (None, None, None, 0, 0, None, None)
+_CODE, _START, _END, _SID, _PARENT = (operator.itemgetter(i) for i in (sp.CODE, sp.START, sp.END, sp.SPAN_ID,
+                                                                         sp.PARENT_ID))
 _STATUS_OK = frozenset(STATUS_CODE)
-
-
-def _phases(sid: bytes, kids: list[tuple]) -> tuple:
-    """(queue, prefill, decode ns, preemptions, preempted ns, first scheduled, first generated
-    Unix ns) of the engine request span ``sid``, from its child spans."""
-    q = p = d = fs = fg = None
-    n = pt = 0
-    for k in kids:
-        if k[sp.PARENT_ID] != sid:
-            continue
-        c = k[sp.CODE]
-        if c == sp.QUEUE:
-            if not k[sp.INCOMPLETE]:
-                q, fs = k[sp.END] - k[sp.START], k[sp.END]
-        elif c == sp.PREFILL:
-            p, fs, fg = k[sp.END] - k[sp.START], k[sp.START], k[sp.END]
-        elif c == sp.DECODE:
-            d = k[sp.END] - k[sp.START]
-        elif c == sp.PREEMPTION:
-            n += 1
-            pt += k[sp.END] - k[sp.START]
-    return (q, p, d, n, pt, fs, fg)
 
 
 def _request_id(s: tuple) -> str:
@@ -61,80 +43,143 @@ def _request_id(s: tuple) -> str:
     return str(r) if r and r is not sp.INVALID else s[sp.SPAN_ID].hex()
 
 
-def _pair(clients: list[tuple], engines: list[tuple], spans: list[tuple], base: int) -> list[tuple[int, int]]:
-    """Match the client and engine request spans of one trace (records ``base`` ... in that
-    order): by ancestry (the engine span descends from the client span through the injected
-    traceparent), then by request id, then one to one."""
-    if len(clients) == 1 and len(engines) == 1 and engines[0][sp.PARENT_ID] == clients[0][sp.SPAN_ID]:
-        return [(base, base + 1)]
+def _pair(clients: list[int], engines: list[int], recs: list[tuple], spans: list[tuple]) -> list[tuple[int, int]]:
+    """Match the client and engine records (indices into ``recs``) of one trace: by ancestry (the
+    engine span descends from the client span through the injected traceparent, maybe through
+    spans in between; among several, the one with the client's request id), then by request id,
+    then one to one."""
     parent_of = {s[sp.SPAN_ID]: s[sp.PARENT_ID] for s in spans}
-    nc = len(clients)
-    free = list(range(len(engines)))
+    free = list(engines)
     pairs = []
-    for ci, c in enumerate(clients):
-        match = None
-        for j, ei in enumerate(free):
-            p, hops = engines[ei][sp.PARENT_ID], 0
+    for c in clients:
+        csid, rid = recs[c][sp.SPAN_ID], _request_id(recs[c])
+        below = []  # engine spans descending from this client span
+        for j, e in enumerate(free):
+            p, hops = recs[e][sp.PARENT_ID], 0
             while p and hops < 64:
-                if p == c[sp.SPAN_ID]:
-                    match = j
+                if p == csid:
+                    below.append(j)
                     break
                 p, hops = parent_of.get(p, b""), hops + 1
-            if match is not None:
-                break
-        if match is None:
-            rid = _request_id(c)
-            match = next((j for j, ei in enumerate(free) if _request_id(engines[ei]) == rid), None)
-        if match is None and nc == 1 and len(free) == 1:
+        same_id = [j for j in (below or range(len(free))) if _request_id(recs[free[j]]) == rid]
+        match = same_id[0] if same_id else (below[0] if below else None)
+        if match is None and len(clients) == 1 and len(free) == 1:
             match = 0
         if match is not None:
-            pairs.append((base + ci, base + nc + free.pop(match)))
+            pairs.append((c, free.pop(match)))
     return pairs
 
 
-def _requests(traces: Iterable[ReleasedTrace]) -> tuple[list[tuple], list[tuple], list[tuple[int, int]]]:
-    """The request spans of every trace (clients, then engines, trace by trace), their phases,
-    and the (client, engine) record pairs."""
-    recs: list[tuple] = []
-    phases: list[tuple] = []
-    pairs: list[tuple[int, int]] = []
-    CLIENT, ENGINE, CODE, SID = sp.CLIENT, sp.ENGINE, sp.CODE, sp.SPAN_ID
-    for t in traces:
-        cl, en, kids = [], [], []
-        for s in t.spans:
-            c = s[CODE]
-            if c == CLIENT:
-                cl.append(s)
-            elif c == ENGINE:
-                en.append(s)
-            else:
-                kids.append(s)
-        if not cl and not en:
-            continue
-        base = len(recs)
-        recs += cl
-        phases += [_NO_PHASES] * len(cl)
-        for s in en:
-            recs.append(s)
-            phases.append(_phases(s[SID], kids) if kids else _NO_PHASES)
-        if cl and en:
-            pairs += _pair(cl, en, t.spans, base)
-    return recs, phases, pairs
+@dataclass
+class _Requests:
+    """The request spans of a batch of traces (in span order) with their engine phases."""
+
+    recs: list[tuple]
+    code: np.ndarray  # CLIENT / ENGINE per record
+    queue_ns: np.ndarray  # int64, NO_NS unknown
+    prefill_ns: np.ndarray
+    decode_ns: np.ndarray
+    preemptions: np.ndarray  # int64
+    preempted_ns: np.ndarray  # float64 (a sum)
+    first_scheduled_ns: np.ndarray
+    first_generated_ns: np.ndarray
+    pairs: list[tuple[int, int]]  # (client record, engine record)
 
 
-def _events(offsets: tuple, tokens: tuple) -> tuple:
+def _owners(key: dict, ids: list[bytes], tix: np.ndarray, rec_tix: np.ndarray, spans_tix) -> np.ndarray:
+    """For each span id in ``ids`` (the parents of spans of traces ``tix``), the record whose span
+    has that id in the same trace, else -1. Looked up by span id alone, in C (``map``), then
+    checked against the trace; a span id shared across traces in the batch is resolved per trace."""
+    own = np.fromiter(map(key.get, ids, repeat(-1)), np.int64, len(ids))
+    found = own >= 0
+    wrong = np.flatnonzero(found)[rec_tix[own[found]] != tix[found]]
+    for j in wrong.tolist():  # another trace's span has that id: find this trace's own
+        own[j] = spans_tix.get((int(tix[j]), ids[j]), -1)
+    return own
+
+
+def _requests(traces: list[ReleasedTrace]) -> _Requests:
+    """Request spans, their phases and pairs, for the whole batch at once: Python touches each
+    span once (to pick it out); phase values are numpy scatters. First scheduled is the start of
+    the prefill span (else the end of a complete queue span); a phase given twice: the later wins."""
+    flat = [s for t in traces for s in t.spans]
+    codes = np.fromiter(map(_CODE, flat), np.int64, len(flat))
+    tix = np.repeat(np.arange(len(traces)), [len(t.spans) for t in traces])
+    is_root = codes <= sp.ENGINE
+    at = np.flatnonzero(is_root)
+    recs = [flat[i] for i in at.tolist()]
+    n = len(recs)
+    code, rec_tix = codes[at], tix[at]
+    sids = list(map(_SID, recs))
+    key = dict(zip(sids, range(n)))
+    if len(key) < n:  # a span id used twice (across traces, or within one): a key per trace too
+        per_trace = {(t, s): r for r, (t, s) in enumerate(zip(rec_tix.tolist(), sids))}
+    else:
+        per_trace = {}
+    # phases: child spans of engine request spans
+    kids = [flat[i] for i in np.flatnonzero(~is_root).tolist()]
+    own = _owners(key, list(map(_PARENT, kids)), tix[~is_root], rec_tix, per_trace)
+    kc = codes[~is_root]
+    ok = own >= 0
+    ok[ok] = code[own[ok]] == sp.ENGINE
+    kstart = np.fromiter(map(_START, kids), np.int64, len(kids))
+    kend = np.fromiter(map(_END, kids), np.int64, len(kids))
+    dur = kend - kstart
+    queue, prefill, decode = (np.full(n, NO_NS, np.int64) for _ in range(3))
+    first_sched, first_gen = np.full(n, NO_NS, np.int64), np.full(n, NO_NS, np.int64)
+    m = ok & (kc == sp.QUEUE)
+    if m.any():
+        qi = np.flatnonzero(m)
+        m[qi] = [not kids[j][sp.INCOMPLETE] for j in qi.tolist()]  # the engine never scheduled it
+        queue[own[m]] = dur[m]
+        first_sched[own[m]] = kend[m]
+    m = ok & (kc == sp.PREFILL)
+    prefill[own[m]] = dur[m]
+    first_sched[own[m]] = kstart[m]
+    first_gen[own[m]] = kend[m]
+    m = ok & (kc == sp.DECODE)
+    decode[own[m]] = dur[m]
+    m = ok & (kc == sp.PREEMPTION)
+    preemptions = np.bincount(own[m], minlength=n).astype(np.int64)
+    preempted = np.bincount(own[m], weights=dur[m].astype(np.float64), minlength=n)
+    # pairs: an engine request span whose parent is a client request span of its trace; traces
+    # where that does not pair everything it could go through the general matching
+    eng = np.flatnonzero(code == sp.ENGINE)
+    cl = _owners(key, [recs[e][sp.PARENT_ID] for e in eng.tolist()], rec_tix[eng], rec_tix, per_trace)
+    good = cl >= 0
+    good[good] = code[cl[good]] == sp.CLIENT
+    ci, ei = cl[good], eng[good]
+    if len(np.unique(ci)) < len(ci):  # a client span claimed twice: the general matching decides
+        ci, ei = ci[:0], ei[:0]
+    nt = len(traces)
+    clients = np.bincount(rec_tix[code == sp.CLIENT], minlength=nt)
+    engines = np.bincount(rec_tix[code == sp.ENGINE], minlength=nt)
+    paired = np.bincount(rec_tix[ci], minlength=nt)
+    redo = np.flatnonzero(paired < np.minimum(clients, engines))
+    pairs = list(zip(ci.tolist(), ei.tolist()))
+    if len(redo):
+        redo_set = set(redo.tolist())
+        rt = rec_tix.tolist()
+        pairs = [(c, e) for c, e in pairs if rt[c] not in redo_set]
+        for t in redo.tolist():
+            mine = [r for r in range(n) if rt[r] == t]
+            pairs += _pair([r for r in mine if code[r] == sp.CLIENT], [r for r in mine if code[r] == sp.ENGINE],
+                           recs, traces[t].spans)
+    return _Requests(recs, code, queue, prefill, decode, preemptions, preempted, first_sched, first_gen, pairs)
+
+
+def _events(offsets: tuple, tokens: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token events of every record from its int64 byte arrays, cleaned in one vectorised pass:
     events with no token dropped, each record's events in time order. A record whose arrays
     are unusable (another type, mismatched lengths) keeps none.
-    Returns (event_start, offsets, tokens, blobs per record, unusable count)."""
+    Returns (event_start[n + 1], offsets, tokens)."""
     n = len(offsets)
     ob = [o if type(o) is bytes else b"" for o in offsets]
     tb = [k if type(k) is bytes else b"" for k in tokens]
     no = np.fromiter(map(len, ob), np.int64, n)
     nt = np.fromiter(map(len, tb), np.int64, n)
     bad = (no != nt) | (no % 8 != 0)
-    unusable = int(bad.sum())
-    if unusable:
+    if bad.any():
         for i in np.flatnonzero(bad).tolist():
             ob[i] = tb[i] = b""
         no[bad] = 0
@@ -149,24 +194,14 @@ def _events(offsets: tuple, tokens: tuple) -> tuple:
         keep = toks > 0  # chunks with no token are not token events
         offs, toks, seg = offs[keep], toks[keep], seg[keep]
         counts = np.bincount(seg, minlength=n)
-        start = np.zeros(n + 1, np.int64)
-        np.cumsum(counts, out=start[1:])
-        st = start.tolist()
-        blobs = [(offs[a:b].tobytes(), toks[a:b].tobytes()) for a, b in zip(st[:-1], st[1:])]
-    else:
-        start = np.zeros(n + 1, np.int64)
-        np.cumsum(counts, out=start[1:])
-        blobs = list(zip(ob, tb))
-    return start, offs, toks, blobs, unusable
+    start = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=start[1:])
+    return start, offs, toks
 
 
-def _float_ns(values: Iterable) -> np.ndarray:
-    """ns durations (None: unknown) -> float seconds (NaN)."""
-    return np.array([np.nan if v is None else v for v in values], np.float64) / _NS
-
-
-def _int_ns(values: Iterable) -> np.ndarray:
-    return np.array([NO_NS if v is None else v for v in values], np.int64)
+def _seconds(ns: np.ndarray) -> np.ndarray:
+    """int64 ns durations (NO_NS: unknown) -> float seconds (NaN)."""
+    return np.where(ns != NO_NS, ns / _NS, np.nan)
 
 
 def _model(m, service) -> str:
@@ -184,29 +219,28 @@ def _status(s, code: int) -> str:
 def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics]:
     """Records of every request span in ``traces``, with their per-request metrics (the pooled
     ITL samples too, for the exporters)."""
-    recs, phases, pairs = _requests(traces)
+    rq = _requests(traces if isinstance(traces, list) else list(traces))
+    recs = rq.recs
     n = len(recs)
     cols = list(zip(*recs)) if n else [()] * sp.WIDTH
     submit = np.array(cols[sp.START], np.int64)
     end = np.array(cols[sp.END], np.int64)
-    start, offs, toks, blobs, _ = _events(cols[sp.OFFSETS], cols[sp.TOKENS])
+    start, offs, toks = _events(cols[sp.OFFSETS], cols[sp.TOKENS])
     counts = np.diff(start)
     has = counts > 0
     first_event = np.full(n, NO_NS, np.int64)  # Unix ns of each record's first token event
     first_event[has] = submit[has] + offs[start[:-1][has]]
-    pc = list(zip(*phases)) if n else [()] * 7
-    queue, prefill, decode = _float_ns(pc[0]), _float_ns(pc[1]), _float_ns(pc[2])
-    preemptions = np.array(pc[3], np.int64)
-    preemption_time = np.array(pc[4], np.float64) / _NS
-    first_sched, first_gen = _int_ns(pc[5]), _int_ns(pc[6])
+    queue, prefill, decode = _seconds(rq.queue_ns), _seconds(rq.prefill_ns), _seconds(rq.decode_ns)
+    preemptions, preemption_time = rq.preemptions, rq.preempted_ns / _NS
+    first_sched, first_gen = rq.first_scheduled_ns, rq.first_generated_ns
     engine_delivery = np.full(n, np.nan)
     m = has & (first_gen != NO_NS)
     engine_delivery[m] = (first_event[m] - first_gen[m]) / _NS
     network_in = np.full(n, np.nan)
     delivery = np.full(n, np.nan)
     paired = np.zeros(n, bool)
-    if pairs:
-        ci, ei = np.array(pairs, np.int64).T
+    if rq.pairs:
+        ci, ei = np.array(rq.pairs, np.int64).T
         paired[ci] = paired[ei] = True
         network_in[ci] = (submit[ei] - submit[ci]) / _NS
         for col in (queue, prefill, decode, preemption_time, engine_delivery, preemptions, first_sched, first_gen):
@@ -214,23 +248,24 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         engine_first = np.where(first_gen[ei] != NO_NS, first_gen[ei], first_event[ei])
         ok = has[ci] & (engine_first != NO_NS)
         delivery[ci[ok]] = (first_event[ci[ok]] - engine_first[ok]) / _NS
-    inp = cols[sp.INPUT_TOKENS]
     # one object per distinct value (each span brings its own copy): less to hold, pickle, compare
-    same = {}
-    status = [same.setdefault(x, x) for x in map(_status, cols[sp.STATUS], cols[sp.STATUS_CODE])]
+    same: dict = {}
+    status = [same.setdefault(x, x) if x in _STATUS_OK else _status(x, c)
+              for x, c in zip(cols[sp.STATUS], cols[sp.STATUS_CODE])]
     epoch = int(submit.min()) if n else 0
     rel = submit - epoch
     timelines = TimelineBatch([], rel / _NS, (end - epoch) / _NS, np.array([STATUS_CODE[s] for s in status], np.int8),
                               start, (np.repeat(rel, counts) + offs) / _NS, toks,
-                              np.array([v if type(v) is int else -1 for v in inp], np.int64))
+                              np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64))
     rm = request_metrics(timelines)
     batch = RecordBatch(
         trace_id=[same.setdefault(t, t.hex()) for t in cols[sp.TRACE_ID]],
         boundary=[sp.BOUNDARY_OF[c] for c in cols[sp.CODE]],
-        request_id=[_request_id(s) for s in recs],
-        model=[same.setdefault(x, x) for x in map(_model, cols[sp.MODEL], cols[sp.SERVICE])],
+        request_id=[r if type(r) is str and r else _request_id(s) for r, s in zip(cols[sp.REQUEST_ID], recs)],
+        model=[same.setdefault(m, m) if type(m) is str and m else _model(m, svc)
+               for m, svc in zip(cols[sp.MODEL], cols[sp.SERVICE])],
         status=status, submit_ns=submit, end_ns=end, event_start=start, event_offsets_ns=offs,
-        event_tokens=toks, event_blobs=blobs, input_tokens=timelines.input_tokens,
+        event_tokens=toks, input_tokens=timelines.input_tokens,
         output_tokens=rm.output_tokens,
         estimated_tokens=np.array([bool(e) and e is not sp.INVALID for e in cols[sp.ESTIMATED]], bool),
         ttft=rm.ttft, tpot=rm.tpot, e2e=rm.e2e, itl_max=rm.itl_max, queue=queue, prefill=prefill, decode=decode,

@@ -109,7 +109,6 @@ class RecordBatch:
     event_start: np.ndarray  # int64[n + 1]
     event_offsets_ns: np.ndarray  # int64
     event_tokens: np.ndarray  # int64
-    event_blobs: list[tuple[bytes, bytes]] | None  # per record: (offsets, tokens) as int64 bytes, if at hand
     input_tokens: np.ndarray  # int64, -1 unknown
     output_tokens: np.ndarray  # int64
     estimated_tokens: np.ndarray  # bool
@@ -132,29 +131,23 @@ class RecordBatch:
     def __len__(self) -> int:
         return len(self.trace_id)
 
-    def event_bytes(self) -> list[tuple[bytes, bytes]]:
-        """Per record: its token-event offsets and tokens as bytes of int64 (what the store keeps)."""
-        if self.event_blobs is not None:
-            return self.event_blobs
-        st = self.event_start.tolist()
-        o, k = self.event_offsets_ns, self.event_tokens
-        return [(o[a:b].tobytes(), k[a:b].tobytes()) for a, b in zip(st[:-1], st[1:])]
-
-    def scalar_columns(self) -> dict[str, list]:
-        """Every scalar field of :class:`RequestRecord`, as Python values (None where unknown)."""
+    def scalar_columns(self, nan_as_none: bool = True) -> dict[str, list]:
+        """Every scalar field of :class:`RequestRecord`, as Python values (None where unknown).
+        ``nan_as_none=False`` leaves unknown float seconds as NaN (SQLite stores a NaN as NULL)."""
+        f = _opt if nan_as_none else (lambda a: a.tolist())  # noqa: E731
         return {
             "trace_id": self.trace_id, "boundary": self.boundary, "request_id": self.request_id,
             "model": self.model, "status": self.status, "submit_ns": self.submit_ns.tolist(),
             "end_ns": self.end_ns.tolist(),
             "input_tokens": [None if v < 0 else v for v in self.input_tokens.tolist()],
             "output_tokens": self.output_tokens.tolist(), "estimated_tokens": self.estimated_tokens.tolist(),
-            "ttft": _opt(self.ttft), "tpot": _opt(self.tpot), "e2e": _opt(self.e2e), "itl_max": _opt(self.itl_max),
-            "queue": _opt(self.queue), "prefill": _opt(self.prefill), "decode": _opt(self.decode),
+            "ttft": f(self.ttft), "tpot": f(self.tpot), "e2e": f(self.e2e), "itl_max": f(self.itl_max),
+            "queue": f(self.queue), "prefill": f(self.prefill), "decode": f(self.decode),
             "preemptions": self.preemptions.tolist(), "preemption_time": self.preemption_time.tolist(),
             "first_scheduled_ns": _opt_ns(self.first_scheduled_ns),
             "first_generated_ns": _opt_ns(self.first_generated_ns),
-            "engine_delivery": _opt(self.engine_delivery), "network_in": _opt(self.network_in),
-            "delivery": _opt(self.delivery), "paired": self.paired.tolist(),
+            "engine_delivery": f(self.engine_delivery), "network_in": f(self.network_in),
+            "delivery": f(self.delivery), "paired": self.paired.tolist(),
         }
 
     @classmethod
@@ -171,7 +164,7 @@ class RecordBatch:
             request_id=[r.request_id for r in records], model=[r.model for r in records],
             status=[r.status for r in records], submit_ns=f("submit_ns", 0, np.int64), end_ns=f("end_ns", 0, np.int64),
             event_start=start, event_offsets_ns=cat([r.event_offsets_ns for r in records]),
-            event_tokens=cat([r.event_tokens for r in records]), event_blobs=None,
+            event_tokens=cat([r.event_tokens for r in records]),
             input_tokens=f("input_tokens", -1, np.int64), output_tokens=f("output_tokens", 0, np.int64),
             estimated_tokens=f("estimated_tokens", False, bool),
             **{k: f(k, np.nan, np.float64) for k in ("ttft", "tpot", "e2e", "itl_max", "queue", "prefill", "decode",

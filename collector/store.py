@@ -1,5 +1,7 @@
 """The per-request store: one row per request and boundary, in SQLite (WAL), appended to and
-kept across restarts. Times are integer Unix ns; token events are int64 offsets from submit. ``otel-llm analyze --store`` and ``otel-llm compare`` read it.
+kept across restarts. Times are integer Unix ns; token events are int64 offsets from submit
+(``event_offsets_ns``) and tokens per event (``event_tokens``, empty when each event carries one
+token). ``otel-llm analyze --store`` and ``otel-llm compare`` read it.
 
 No prompt or completion text is stored: only times, counts, ids, model and status.
 Rows are unique on (end, trace id, boundary, request id): a request derived again from the same
@@ -19,6 +21,9 @@ from itertools import chain
 
 from dataclasses import fields
 
+import numpy as np
+
+from otel_llm.metrics import segment_sum
 from otel_llm.timeline import TimelineBatch
 
 from .records import RecordBatch, RequestRecord, records_to_batch
@@ -49,8 +54,37 @@ def _coltype(name: str) -> str:
     return "REAL"
 
 
+def event_blobs(batch: RecordBatch) -> tuple[list, list]:
+    """Each record's token events as stored: offsets as int64 bytes (ns after submit); tokens as
+    int64 bytes, or empty when every event carries one token (the common case: half the bytes
+    to write). Slices of the batch's arrays, no copies."""
+    st = batch.event_start
+    ends = (st * 8).tolist()
+    offs = memoryview(np.ascontiguousarray(batch.event_offsets_ns, "<i8")).cast("B")
+    toks = memoryview(np.ascontiguousarray(batch.event_tokens, "<i8")).cast("B")
+    ones = segment_sum((batch.event_tokens != 1).astype(np.int64), st) == 0
+    pairs = list(zip(ends[:-1], ends[1:]))
+    return ([offs[a:b] for a, b in pairs],
+            [b"" if one else toks[a:b] for (a, b), one in zip(pairs, ones.tolist())])
+
+
+def decode_events(offsets: bytes, tokens: bytes) -> tuple[list[int], list[int]]:
+    """The inverse of :func:`event_blobs` for one row."""
+    ts = array("q")
+    ts.frombytes(offsets)
+    if not tokens:
+        return ts.tolist(), [1] * len(ts)
+    ks = array("q")
+    ks.frombytes(tokens)
+    return ts.tolist(), ks.tolist()
+
+
 class RequestStore:
-    def __init__(self, path: str):
+    """``background_checkpoints``: copy the write-ahead log into the database from a thread of its
+    own (a second connection, every ``checkpoint_interval_s``) instead of inside a commit now and
+    then, so the writer does not wait for the copy and its fsyncs (the store writer process)."""
+
+    def __init__(self, path: str, background_checkpoints: bool = False, checkpoint_interval_s: float = 0.5):
         self.path = path
         d = os.path.dirname(os.path.abspath(path))
         os.makedirs(d, exist_ok=True)
@@ -65,6 +99,24 @@ class RequestStore:
         self._insert_chunk = self._insert_rows(self._chunk)
         self.stored = 0
         self.duplicates = 0
+        self._checkpointer: threading.Thread | None = None
+        self._closing = threading.Event()
+        if background_checkpoints:
+            self._db.execute("PRAGMA wal_autocheckpoint=0")
+            self._checkpointer = threading.Thread(target=self._checkpoint_loop, args=(checkpoint_interval_s,),
+                                                  name="store-checkpoint", daemon=True)
+            self._checkpointer.start()
+
+    def _checkpoint_loop(self, interval: float) -> None:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            while not self._closing.wait(interval):
+                try:
+                    db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # busy or I/O: the next round tries again
+                    log.debug("store checkpoint: %s", exc)
+        finally:
+            db.close()
 
     @staticmethod
     def _insert_rows(n: int) -> str:
@@ -76,8 +128,8 @@ class RequestStore:
         """Append a batch of records (those already stored are ignored and counted)."""
         if not len(batch):
             return 0
-        cols = batch.scalar_columns()
-        offs, toks = zip(*batch.event_bytes())
+        cols = batch.scalar_columns(nan_as_none=False)  # SQLite stores NaN as NULL
+        offs, toks = event_blobs(batch)
         # one flat parameter list: rows go in by the statement of many rows (one sqlite3_step,
         # run without the GIL, per chunk), not one step per row
         params = list(chain.from_iterable(zip(*(cols[c] for c in _SCALARS), offs, toks)))
@@ -114,10 +166,8 @@ class RequestStore:
             kw = dict(zip(_SCALARS, row))
             for b in ("estimated_tokens", "paired"):
                 kw[b] = bool(kw[b])
-            ts, ks = array("q"), array("q")
-            ts.frombytes(row[-2])
-            ks.frombytes(row[-1])
-            out.append(RequestRecord(**kw, event_offsets_ns=ts.tolist(), event_tokens=ks.tolist()))
+            offs, toks = decode_events(row[-2], row[-1])
+            out.append(RequestRecord(**kw, event_offsets_ns=offs, event_tokens=toks))
         return out
 
     def count(self, boundary: str | None = None) -> int:
@@ -131,8 +181,11 @@ class RequestStore:
             self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
 
     def close(self) -> None:
+        self._closing.set()
+        if self._checkpointer is not None:
+            self._checkpointer.join()
         with self._lock:
-            self._db.close()
+            self._db.close()  # the last connection to close checkpoints what is left
 
 
 def load_timelines(path: str, boundary: str) -> TimelineBatch:

@@ -14,8 +14,8 @@ or dies, the writer logs it, counts the batches lost with it, and writes in-proc
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
+import os
 import pickle
 import signal
 import subprocess
@@ -41,15 +41,21 @@ class StoreWriter:
         self._proc: subprocess.Popen | None = None
         self._pending = 0
         self._idle = threading.Condition()
+        self._ready = threading.Event()  # the child has its store open
         if not in_process:
             try:
+                # one BLAS thread: the writer does no linear algebra, and numpy's OpenBLAS pool
+                # busy-waits for a while after start-up, taking a core from the collector
+                env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
                 self._proc = subprocess.Popen([sys.executable, "-m", "collector.store_writer", path],
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
                 self._acks = threading.Thread(target=self._read_acks, name="collector-store-acks", daemon=True)
                 self._acks.start()
             except OSError as exc:
                 log.warning("collector: could not start the store writer (%s); writing in-process", exc)
                 self._proc = None
+        if self._proc is None:
+            self._ready.set()
 
     @property
     def in_process(self) -> bool:
@@ -77,6 +83,10 @@ class StoreWriter:
                 self._slots.release()
                 self._writer_died()
         self._write_local(batch)
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait until the writer process has started and opened the store."""
+        return self._ready.wait(timeout)
 
     def drain(self) -> None:
         """Wait until every batch put so far is stored."""
@@ -129,6 +139,9 @@ class StoreWriter:
                 ack = pickle.load(out)
             except (EOFError, OSError, pickle.UnpicklingError):
                 break
+            if ack == "ready":
+                self._ready.set()
+                continue
             stored, duplicates, failed = ack
             self.stored += stored
             self.duplicates += duplicates
@@ -137,6 +150,7 @@ class StoreWriter:
                 self._pending -= 1
                 self._idle.notify_all()
             self._slots.release()
+        self._ready.set()
         if self._proc is not None and self._pending:
             self._writer_died()
 
@@ -145,7 +159,7 @@ def _frame(batch: RecordBatch) -> list:
     """A batch as the parts of one message: a header of lengths, the pickle, then the numpy
     columns' memory as it is (pickle protocol 5 out-of-band buffers: no copy into the pickle)."""
     buffers: list = []
-    data = pickle.dumps(dataclasses.replace(batch, event_blobs=None), protocol=5, buffer_callback=buffers.append)
+    data = pickle.dumps(batch, protocol=5, buffer_callback=buffers.append)
     views = [b.raw() for b in buffers]
     lengths = [len(data)] + [v.nbytes for v in views]
     head = len(lengths).to_bytes(8, "little") + b"".join(n.to_bytes(8, "little") for n in lengths)
@@ -174,8 +188,10 @@ def _child(path: str) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(format="otel-llm store writer: %(message)s")
-    store = RequestStore(path)
+    store = RequestStore(path, background_checkpoints=True)
     inp, out = sys.stdin.buffer, sys.stdout.buffer
+    pickle.dump("ready", out)
+    out.flush()
     while True:
         batch = _read_frame(inp)
         if batch is None:

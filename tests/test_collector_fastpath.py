@@ -196,7 +196,11 @@ def test_derive_cleans_token_events():
     assert list(a.event_offsets_ns) == [10 * ms, 30 * ms] and list(a.event_tokens) == [2, 1]
     assert a.ttft == pytest.approx(0.010) and a.output_tokens == 3
     assert len(b.event_offsets_ns) == 0 and b.ttft is None and len(c.event_offsets_ns) == 0
-    assert [len(o) for o, _ in batch.event_bytes()] == [16, 0, 0]
+    from collector.store import decode_events, event_blobs
+
+    offs, toks = event_blobs(batch)
+    assert [len(o) for o in offs] == [16, 0, 0] and [len(k) for k in toks] == [16, 0, 0]
+    assert decode_events(bytes(offs[0]), bytes(toks[0])) == ([10 * ms, 30 * ms], [2, 1])
 
 
 # -- the store writer process ---------------------------------------------------------------------
@@ -205,7 +209,7 @@ def _batch(n: int, seed: int):
     rnd = np.random.default_rng(seed)
     ms = 1_000_000
     spans = [make_span(rnd.bytes(16), rnd.bytes(8), sc.SPAN_CLIENT_REQUEST, start=i * ms, end=(i + 50) * ms,
-                       request_id=f"q{seed}-{i}", offsets=[5 * ms, 9 * ms], tokens=[1, 1]) for i in range(n)]
+                       request_id=f"q{seed}-{i}", offsets=[5 * ms, 9 * ms], tokens=[1, 1 + i % 2]) for i in range(n)]
     return derive([ReleasedTrace(s[0], [s], "grace") for s in spans])[0]
 
 
@@ -226,7 +230,9 @@ def test_store_writer_process_stores_and_counts(tmp_path):
     s = RequestStore(path)
     got = {r.request_id: r for r in s.records()}
     assert len(got) == 57 and list(got["q1-3"].event_offsets_ns) == [5_000_000, 9_000_000]
-    assert got["q1-3"].ttft == pytest.approx(0.005) and got["q1-3"].tpot == pytest.approx(0.004)
+    assert got["q1-3"].event_tokens == [1, 2] and got["q1-4"].event_tokens == [1, 1]  # stored as "all ones"
+    assert got["q1-3"].ttft == pytest.approx(0.005) and got["q1-3"].tpot == pytest.approx(0.002)
+    assert got["q1-4"].tpot == pytest.approx(0.004) and got["q1-3"].output_tokens == 3
     s.close()
 
 
@@ -248,3 +254,58 @@ def test_store_writer_survives_its_process_dying(tmp_path):
     s = RequestStore(path)
     assert s.count() == 15
     s.close()
+
+
+def test_histogram_buckets_agree_for_few_and_many_samples():
+    """The two bucketing paths (binary search for a few values, one compare per bound for many)
+    put every value in the same bucket: le = the first bound >= the value."""
+    from collector.metrics import ITL_BUCKETS, Histogram
+
+    rnd = np.random.default_rng(7)
+    values = np.concatenate([rnd.uniform(0, 0.2, 20_000), np.array(ITL_BUCKETS), [0.0, 11.0, np.nan]])
+    many, few = (Histogram("h", "s", "", ITL_BUCKETS, ("b",)) for _ in range(2))
+    many.observe(("x",), values)
+    for chunk in np.array_split(values, 400):  # 50 values at a time: the binary-search path
+        few.observe(("x",), chunk)
+    a, b = many.series[("x",)], few.series[("x",)]
+    assert a.counts.tolist() == b.counts.tolist() and a.count == b.count == len(values) - 1
+    expect = np.bincount(np.searchsorted(ITL_BUCKETS, values[:-1], side="left"), minlength=len(ITL_BUCKETS) + 1)
+    assert a.counts.tolist() == expect.tolist()
+    assert a.counts[ITL_BUCKETS.index(0.01)] >= 1  # a value equal to a bound is counted in that bucket
+
+
+def test_derive_span_ids_shared_across_traces():
+    """Span ids are unique within a trace only: two traces in one batch reusing the same ids
+    each get their own phases and pairs; a client span claimed by two engine spans is
+    resolved by the general matching (one to one)."""
+    ms = 1_000_000
+
+    def trace(t, queue_ms, rid):
+        return [make_span(t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id=rid,
+                          offsets=[60 * ms], tokens=[1]),
+                make_span(t, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=2 * ms, end=90 * ms, request_id=rid,
+                          offsets=[50 * ms], tokens=[1]),
+                make_span(t, "01" * 8, sc.SPAN_QUEUE, parent="e1" * 8, start=2 * ms, end=(2 + queue_ms) * ms)]
+
+    a, b = trace("aa" * 16, 5, "ra"), trace("bb" * 16, 9, "rb")
+    batch, _ = derive([ReleasedTrace(bytes.fromhex("aa" * 16), a, "grace"),
+                       ReleasedTrace(bytes.fromhex("bb" * 16), b, "grace")])
+    recs = {(r.boundary, r.request_id): r for r in batch.records()}
+    assert recs[("engine", "ra")].queue == pytest.approx(0.005) and recs[("engine", "rb")].queue == pytest.approx(0.009)
+    assert recs[("client", "ra")].queue == pytest.approx(0.005) and recs[("client", "rb")].queue == pytest.approx(0.009)
+    assert all(r.paired for r in recs.values())
+
+    # two engine spans under one client span (a retry inside the server): one pair, the one with
+    # the client's request id
+    t = "cc" * 16
+    spans = [make_span(t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="r2", offsets=[60 * ms],
+                       tokens=[1]),
+             make_span(t, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=2 * ms, end=20 * ms, request_id="r1",
+                       status="error"),
+             make_span(t, "e2" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=25 * ms, end=90 * ms, request_id="r2",
+                       offsets=[30 * ms], tokens=[1])]
+    batch, _ = derive([ReleasedTrace(bytes.fromhex(t), spans, "grace")])
+    recs = {(r.boundary, r.request_id): r for r in batch.records()}
+    assert recs[("client", "r2")].paired and recs[("engine", "r1")].paired != recs[("engine", "r2")].paired
+    assert recs[("engine", "r2")].paired and not recs[("engine", "r1")].paired
+    assert recs[("client", "r2")].network_in == pytest.approx(0.025)

@@ -308,6 +308,7 @@ typedef struct {
     const table *names, *keys;
     PyObject *invalid, *resource_value, *spans, *first_error;
     Py_ssize_t total, rejected, nkeys;
+    PyObject *last_trace_id; /* spans of a trace often come together: they share one bytes object */
 } walk_state;
 
 #define NFIXED 9
@@ -395,8 +396,19 @@ static int span(walk_state *st, const uint8_t *data, Py_ssize_t len) {
             return rc;
         }
     }
+    PyObject *tid_obj;
+    if (st->last_trace_id && memcmp(PyBytes_AS_STRING(st->last_trace_id), tid, 16) == 0) {
+        tid_obj = st->last_trace_id;
+        Py_INCREF(tid_obj);
+    } else {
+        tid_obj = PyBytes_FromStringAndSize((const char *)tid, 16);
+        if (tid_obj) {
+            Py_INCREF(tid_obj);
+            Py_XSETREF(st->last_trace_id, tid_obj);
+        }
+    }
     PyObject *items[NFIXED] = {
-        PyBytes_FromStringAndSize((const char *)tid, 16),
+        tid_obj,
         PyBytes_FromStringAndSize((const char *)sid, 8),
         PyBytes_FromStringAndSize((const char *)(pid ? pid : (const uint8_t *)""), plen),
         PyLong_FromLong(code),
@@ -481,7 +493,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     table names = {0}, keys = {0}, rkey = {0};
     entry rk;
     PyObject *result = NULL;
-    walk_state st = {&names, &keys, invalid, NULL, NULL, Py_None, 0, 0, PyDict_Size(keys_d)};
+    walk_state st = {&names, &keys, invalid, NULL, NULL, Py_None, 0, 0, PyDict_Size(keys_d), NULL};
     Py_INCREF(Py_None);
     if (make_table(names_d, &names, 0x7fffffff) || make_table(keys_d, &keys, st.nkeys - 1)) goto done;
     rk.s = PyUnicode_AsUTF8AndSize(rkey_s, &rk.n);
@@ -512,6 +524,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
 done:
     Py_XDECREF(st.spans);
     Py_XDECREF(st.first_error);
+    Py_XDECREF(st.last_trace_id);
     PyMem_Free(names.e);
     PyMem_Free(keys.e);
     PyBuffer_Release(&body);
