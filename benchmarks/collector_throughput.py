@@ -158,6 +158,9 @@ def end_to_end_rate(bodies: list[bytes], total: int, n_traces: int, tmp: str) ->
     assert stored == 2 * n_traces, stored
     c.store_writer.close()
     c.store.close()
+    for f in (path, path + "-wal", path + "-shm"):  # deleted, its dirty pages are never written back
+        if os.path.exists(f):                     # (the kernel's write-back would slow the next round)
+            os.remove(f)
     return total / dt, stored
 
 
@@ -178,7 +181,9 @@ def memory_in_flight(n_traces: int, max_traces: int) -> None:
         c.accept(body)
         c.process([])  # traces evicted past the bound are derived and stored, so they leave memory
         peak = max(peak, rss_bytes() - before)
-    print(f"{len(c.assembler)} {c.assembler.counters.traces_evicted} {peak}")
+    with open(f"/proc/{c.store_writer._proc.pid}/status") as fh:  # the store writer process, for the record
+        writer = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
+    print(f"{len(c.assembler)} {c.assembler.counters.traces_evicted} {peak} {writer}")
 
 
 def memory_run(n_traces: int, max_traces: int) -> tuple[int, int, int]:
@@ -186,8 +191,8 @@ def memory_run(n_traces: int, max_traces: int) -> tuple[int, int, int]:
 
     out = subprocess.run([sys.executable, __file__, "--memory-child", str(n_traces), str(max_traces)],
                          capture_output=True, text=True, check=True).stdout.split()
-    held, evicted, peak = map(int, out[-3:])
-    return held, evicted, peak
+    held, evicted, peak, writer = map(int, out[-4:])
+    return held, evicted, peak, writer
 
 
 def main() -> None:
@@ -216,17 +221,18 @@ def main() -> None:
         if full:
             print(f"         full decode-and-walk (every attribute value, protobuf Python API) {full:,.0f} spans/s; "
                   f"end to end / full: {e2e / full:.2f}", flush=True)
-    ratio, raw, e2e = sorted(rounds)[len(rounds) // 2]
-    print(f"median round: end to end {e2e:,.0f} spans/s (target >= 100,000); end-to-end / raw: {ratio:.2f} "
-          f"(target >= 0.5; rounds {', '.join(f'{x[0]:.2f}' for x in rounds)})", flush=True)
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    print(f"median of {len(rounds)} rounds: end to end {med([x[2] for x in rounds]):,.0f} spans/s (target >= 100,000); "
+          f"raw {med([x[1] for x in rounds]):,.0f} spans/s; end-to-end / raw {med([x[0] for x in rounds]):.2f} "
+          f"(target >= 0.5; per round {', '.join(f'{x[0]:.2f}' for x in rounds)})", flush=True)
     del bodies
-    held, _, peak = memory_run(a.in_flight, a.in_flight)
+    held, _, peak, writer = memory_run(a.in_flight, a.in_flight)
     print(f"memory: {held:,} traces in flight -> peak RSS +{peak / 2 ** 20:,.0f} MiB "
-          f"({peak / max(held, 1):,.0f} bytes/trace)", flush=True)
+          f"({peak / max(held, 1):,.0f} bytes/trace); store writer process peak {writer / 2 ** 20:,.0f} MiB", flush=True)
     bound = max(a.in_flight // 10, 1)
-    held_b, ev, peak_b = memory_run(a.in_flight, bound)
+    held_b, ev, peak_b, writer_b = memory_run(a.in_flight, bound)
     print(f"memory with --max-traces {bound}: {held_b:,} in flight, {ev:,} derived early -> "
-          f"peak RSS +{peak_b / 2 ** 20:,.0f} MiB")
+          f"peak RSS +{peak_b / 2 ** 20:,.0f} MiB; store writer process peak {writer_b / 2 ** 20:,.0f} MiB")
 
 
 if __name__ == "__main__":
