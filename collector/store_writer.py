@@ -47,6 +47,9 @@ class StoreWriter:
                 # one BLAS thread: the writer does no linear algebra, and numpy's OpenBLAS pool
                 # busy-waits for a while after start-up, taking a core from the collector
                 env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+                # the child imports this very package, wherever it was imported from
+                root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
                 self._proc = subprocess.Popen([sys.executable, "-m", "collector.store_writer", path],
                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
                 self._acks = threading.Thread(target=self._read_acks, name="collector-store-acks", daemon=True)

@@ -432,55 +432,54 @@ static int span(walk_state *st, const uint8_t *data, Py_ssize_t len) {
     return rc ? PYERR : 0;
 }
 
-static int resource_spans(walk_state *st, const uint8_t *data, Py_ssize_t len, const table *rkey) {
+typedef int (*visit_fn)(void *ctx, const uint8_t *data, Py_ssize_t len);
+
+/* visit(ctx, bytes) for each length-delimited field `inner` of each length-delimited field
+ * `outer` of the buffer, in order; stops at the first non-zero return. */
+static int each_nested(const uint8_t *data, Py_ssize_t len, uint32_t outer, uint32_t inner, visit_fn visit,
+                       void *ctx) {
     reader r = {data, data + len};
     field f;
     int rc;
-    PyObject *rv = Py_None; /* the resource attribute: last occurrence wins */
-    Py_INCREF(rv);
-    /* pass 1: the resource (messages given twice merge: their attributes concatenate) */
     while ((rc = next_field(&r, &f)) == 1) {
-        if (f.num != 1) continue;
-        if (f.wt != 2) {
-            rc = FALLBACK;
-            break;
-        }
+        if (f.num != outer) continue;
+        if (f.wt != 2) return FALLBACK;
         reader rr = {f.data, f.data + f.len};
         field g;
-        while ((rc = next_field(&rr, &g)) == 1)
-            if (g.num == 1) {
-                if (g.wt != 2 || (rc = key_value(g.data, g.len, rkey, st->invalid, &rv))) {
-                    rc = rc ? rc : FALLBACK;
-                    break;
-                }
-            }
-        if (rc) break;
-    }
-    if (rc) {
-        Py_DECREF(rv);
-        return rc;
-    }
-    st->resource_value = rv;
-    /* pass 2: scope spans -> spans */
-    r.p = data;
-    while ((rc = next_field(&r, &f)) == 1) {
-        if (f.num != 2) continue;
-        if (f.wt != 2) {
-            rc = FALLBACK;
-            break;
+        while ((rc = next_field(&rr, &g)) == 1) {
+            if (g.num != inner) continue;
+            if (g.wt != 2) return FALLBACK;
+            if ((rc = visit(ctx, g.data, g.len))) return rc;
         }
-        reader sr = {f.data, f.data + f.len};
-        field g;
-        while ((rc = next_field(&sr, &g)) == 1)
-            if (g.num == 2) {
-                if (g.wt != 2 || (rc = span(st, g.data, g.len))) {
-                    rc = rc ? rc : FALLBACK;
-                    break;
-                }
-            }
-        if (rc) break;
+        if (rc) return rc;
     }
-    st->resource_value = NULL;
+    return rc;
+}
+
+typedef struct {
+    const table *key;
+    PyObject *invalid, **value;
+} resource_attr;
+
+static int visit_resource_attr(void *ctx, const uint8_t *data, Py_ssize_t len) {
+    resource_attr *a = ctx;
+    return key_value(data, len, a->key, a->invalid, a->value);
+}
+
+static int visit_span(void *ctx, const uint8_t *data, Py_ssize_t len) { return span(ctx, data, len); }
+
+/* ResourceSpans: the resource attribute first (resource messages given twice merge: their
+ * attributes concatenate, the last occurrence wins), then the spans of every scope. */
+static int resource_spans(walk_state *st, const uint8_t *data, Py_ssize_t len, const table *rkey) {
+    PyObject *rv = Py_None;
+    Py_INCREF(rv);
+    resource_attr a = {rkey, st->invalid, &rv};
+    int rc = each_nested(data, len, 1, 1, visit_resource_attr, &a); /* Resource.attributes */
+    if (!rc) {
+        st->resource_value = rv;
+        rc = each_nested(data, len, 2, 2, visit_span, st); /* ScopeSpans.spans */
+        st->resource_value = NULL;
+    }
     Py_DECREF(rv);
     return rc;
 }
