@@ -46,8 +46,12 @@ def pairs_from_records(records: list[RequestRecord]) -> tuple[list[tuple[Request
         cl, en = t.get("client", []), t.get("engine", [])
         used = set()
         for c in cl:
-            match = next((i for i, e in enumerate(en) if i not in used and c.paired and e.paired and
-                          (e.request_id == c.request_id or (len(cl) == 1 and len(en) == 1))), None)
+            if c.peer_request_id is not None:  # the pair derivation made (stores since peer_request_id)
+                match = next((i for i, e in enumerate(en) if i not in used and e.request_id == c.peer_request_id
+                              and e.peer_request_id == c.request_id), None)
+            else:  # an older store: the same request id, or the only two records of the trace
+                match = next((i for i, e in enumerate(en) if i not in used and c.paired and e.paired and
+                              (e.request_id == c.request_id or (len(cl) == 1 and len(en) == 1))), None)
             if match is None and len(cl) == 1 and len(en) == 1 and c.paired:
                 match = 0
             if match is None:

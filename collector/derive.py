@@ -258,10 +258,14 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
                               start, (np.repeat(rel, counts) + offs) / _NS, toks,
                               np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64))
     rm = request_metrics(timelines)
+    request_id = [r if type(r) is str and r else _request_id(s) for r, s in zip(cols[sp.REQUEST_ID], recs)]
+    peer: list = [None] * n
+    for c, e in rq.pairs:
+        peer[c], peer[e] = request_id[e], request_id[c]
     batch = RecordBatch(
         trace_id=[same.setdefault(t, t.hex()) for t in cols[sp.TRACE_ID]],
         boundary=[sp.BOUNDARY_OF[c] for c in cols[sp.CODE]],
-        request_id=[r if type(r) is str and r else _request_id(s) for r, s in zip(cols[sp.REQUEST_ID], recs)],
+        request_id=request_id,
         model=[same.setdefault(m, m) if type(m) is str and m else _model(m, svc)
                for m, svc in zip(cols[sp.MODEL], cols[sp.SERVICE])],
         status=status, submit_ns=submit, end_ns=end, event_start=start, event_offsets_ns=offs,
@@ -271,5 +275,5 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         ttft=rm.ttft, tpot=rm.tpot, e2e=rm.e2e, itl_max=rm.itl_max, queue=queue, prefill=prefill, decode=decode,
         preemptions=preemptions, preemption_time=preemption_time, first_scheduled_ns=first_sched,
         first_generated_ns=first_gen, engine_delivery=engine_delivery, network_in=network_in, delivery=delivery,
-        paired=paired)
+        paired=paired, peer_request_id=peer)
     return batch, rm

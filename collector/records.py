@@ -46,6 +46,7 @@ class RequestRecord:
     network_in: float | None = None  # engine arrival - client send
     delivery: float | None = None  # client first token - engine first token generated
     paired: bool = False
+    peer_request_id: str | None = None  # the request id of the paired record at the other boundary
 
     @property
     def submit(self) -> float:
@@ -127,6 +128,7 @@ class RecordBatch:
     network_in: np.ndarray
     delivery: np.ndarray
     paired: np.ndarray  # bool
+    peer_request_id: list  # str, None where unpaired
 
     def __len__(self) -> int:
         return len(self.trace_id)
@@ -147,7 +149,7 @@ class RecordBatch:
             "first_scheduled_ns": _opt_ns(self.first_scheduled_ns),
             "first_generated_ns": _opt_ns(self.first_generated_ns),
             "engine_delivery": f(self.engine_delivery), "network_in": f(self.network_in),
-            "delivery": f(self.delivery), "paired": self.paired.tolist(),
+            "delivery": f(self.delivery), "paired": self.paired.tolist(), "peer_request_id": self.peer_request_id,
         }
 
     @classmethod
@@ -170,7 +172,8 @@ class RecordBatch:
             **{k: f(k, np.nan, np.float64) for k in ("ttft", "tpot", "e2e", "itl_max", "queue", "prefill", "decode",
                                                       "preemption_time", "engine_delivery", "network_in", "delivery")},
             preemptions=f("preemptions", 0, np.int64), first_scheduled_ns=f("first_scheduled_ns", NO_NS, np.int64),
-            first_generated_ns=f("first_generated_ns", NO_NS, np.int64), paired=f("paired", False, bool))
+            first_generated_ns=f("first_generated_ns", NO_NS, np.int64), paired=f("paired", False, bool),
+            peer_request_id=[r.peer_request_id for r in records])
 
     def records(self) -> list[RequestRecord]:
         cols = self.scalar_columns()

@@ -93,6 +93,11 @@ class RequestStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         cols = ",\n  ".join(f'"{c}" {_coltype(c)}' for c in _SCALARS)
         self._db.executescript(SCHEMA.format(cols=cols))
+        # a store written by an earlier version: add the columns it lacks (NULL in its rows)
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(requests)")}
+        for c in _SCALARS:
+            if c not in have:
+                self._db.execute(f'ALTER TABLE requests ADD COLUMN "{c}" {_coltype(c)}')
         self._lock = threading.Lock()
         max_vars = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._chunk = max(1, min(256, max_vars // _WIDTH))

@@ -309,3 +309,54 @@ def test_derive_span_ids_shared_across_traces():
     assert recs[("client", "r2")].paired and recs[("engine", "r1")].paired != recs[("engine", "r2")].paired
     assert recs[("engine", "r2")].paired and not recs[("engine", "r1")].paired
     assert recs[("client", "r2")].network_in == pytest.approx(0.025)
+
+
+def test_compare_uses_the_pairs_derivation_made(tmp_path):
+    """Pairs made by ancestry between records with different request ids survive the store:
+    compare pairs exactly what derivation paired (each record names its peer)."""
+    from collector.compare import pairs_from_records
+    from collector.store import RequestStore
+
+    ms = 1_000_000
+    t = "ef" * 16
+    spans = [
+        make_span(t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="client-a",
+                  offsets=[50 * ms], tokens=[1]),
+        make_span(t, "c2" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="client-b",
+                  offsets=[70 * ms], tokens=[1]),
+        make_span(t, "e2" * 8, sc.SPAN_REQUEST, parent="c2" * 8, start=3 * ms, end=90 * ms, request_id="engine-b",
+                  offsets=[60 * ms], tokens=[1]),
+        make_span(t, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=1 * ms, end=90 * ms, request_id="engine-a",
+                  offsets=[40 * ms], tokens=[1]),
+    ]
+    batch, _ = derive([ReleasedTrace(bytes.fromhex(t), spans, "grace")])
+    store = RequestStore(str(tmp_path / "p.db"))
+    store.add(batch)
+    pairs, alone = pairs_from_records(store.records())
+    store.close()
+    assert alone == [] and sorted((c.request_id, e.request_id) for c, e in pairs) == [
+        ("client-a", "engine-a"), ("client-b", "engine-b")]
+    assert {c.request_id: c.network_in for c, _ in pairs} == pytest.approx({"client-a": 0.001, "client-b": 0.003})
+
+
+def test_store_written_by_an_earlier_version_gains_new_columns(tmp_path):
+    import sqlite3
+
+    from collector import store as st
+
+    path = str(tmp_path / "old.db")
+    old_cols = [c for c in st._SCALARS if c != "peer_request_id"]
+    db = sqlite3.connect(path)
+    db.executescript(st.SCHEMA.format(cols=",\n  ".join(f'"{c}" {st._coltype(c)}' for c in old_cols)))
+    db.execute(f'INSERT INTO requests ({", ".join(old_cols)}, event_offsets_ns, event_tokens) VALUES '
+               f'({", ".join("?" * len(old_cols))}, ?, ?)',
+               ["00" * 16, "client", "old", "m", "ok", 0, 10, 1, 1, 0] + [None] * (len(old_cols) - 10)
+               + [np.array([5], np.int64).tobytes(), np.array([1], np.int64).tobytes()])
+    db.commit()
+    db.close()
+    s = st.RequestStore(path)
+    s.add(_batch(2, 9))
+    recs = {r.request_id: r for r in s.records()}
+    s.close()
+    assert set(recs) == {"old", "q9-0", "q9-1"} and recs["old"].peer_request_id is None
+    assert list(recs["old"].event_offsets_ns) == [5]
