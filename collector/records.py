@@ -67,17 +67,21 @@ class RequestRecord:
         return self.submit_ns + int(self.event_offsets_ns[0]) if len(self.event_offsets_ns) else None
 
 
+def _concat(arrays: list) -> np.ndarray:
+    """Many int sequences as one int64 array."""
+    return np.concatenate([np.asarray(x, np.int64) for x in arrays]) if arrays else np.zeros(0, np.int64)
+
+
 def records_to_batch(records: list[RequestRecord], epoch_ns: int = 0) -> TimelineBatch:
     """The records as a timeline batch for the metric core, in seconds after ``epoch_ns``
     (0: Unix seconds; a recent epoch keeps differences exact to well under a nanosecond)."""
     n_ev = [len(r.event_offsets_ns) for r in records]
     submit = np.array([r.submit_ns - epoch_ns for r in records], dtype=np.int64)
-    cat = lambda xs: np.concatenate([np.asarray(x, np.int64) for x in xs]) if xs else np.zeros(0, np.int64)  # noqa: E731
-    offs = cat([r.event_offsets_ns for r in records])
+    offs = _concat([r.event_offsets_ns for r in records])
     return TimelineBatch.from_columns(
         [r.request_id for r in records], submit / 1e9, [(r.end_ns - epoch_ns) / 1e9 for r in records],
         [STATUS_CODE[r.status] for r in records], np.repeat(np.arange(len(records)), n_ev),
-        (np.repeat(submit, n_ev) + offs) / 1e9, cat([r.event_tokens for r in records]),
+        (np.repeat(submit, n_ev) + offs) / 1e9, _concat([r.event_tokens for r in records]),
         [-1 if r.input_tokens is None else r.input_tokens for r in records])
 
 
@@ -160,13 +164,12 @@ class RecordBatch:
         counts = [len(r.event_offsets_ns) for r in records]
         start = np.zeros(len(records) + 1, np.int64)
         np.cumsum(counts, out=start[1:])
-        cat = lambda xs: np.concatenate([np.asarray(x, np.int64) for x in xs]) if xs else np.zeros(0, np.int64)  # noqa: E731
         return cls(
             trace_id=[r.trace_id for r in records], boundary=[r.boundary for r in records],
             request_id=[r.request_id for r in records], model=[r.model for r in records],
             status=[r.status for r in records], submit_ns=f("submit_ns", 0, np.int64), end_ns=f("end_ns", 0, np.int64),
-            event_start=start, event_offsets_ns=cat([r.event_offsets_ns for r in records]),
-            event_tokens=cat([r.event_tokens for r in records]),
+            event_start=start, event_offsets_ns=_concat([r.event_offsets_ns for r in records]),
+            event_tokens=_concat([r.event_tokens for r in records]),
             input_tokens=f("input_tokens", -1, np.int64), output_tokens=f("output_tokens", 0, np.int64),
             estimated_tokens=f("estimated_tokens", False, bool),
             **{k: f(k, np.nan, np.float64) for k in ("ttft", "tpot", "e2e", "itl_max", "queue", "prefill", "decode",

@@ -27,10 +27,11 @@ BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine"}
 
 QUEUE_INCOMPLETE = "llm.queue.incomplete"  # the engine never saw the request scheduled
 
-# attribute slots
-ATTRIBUTE_SLOTS = {sc.REQUEST_ID: 0, sc.REQUEST_MODEL: 1, sc.STATUS: 2, sc.INPUT_TOKENS: 3,
-                   sc.TOKEN_EVENT_ESTIMATED: 4, sc.TOKEN_EVENT_OFFSETS: 5, sc.TOKEN_EVENT_TOKENS: 6,
-                   QUEUE_INCOMPLETE: 7}
+# attribute slots, in tuple order: (name in make_span, attribute key)
+_ATTRIBUTES = (("request_id", sc.REQUEST_ID), ("model", sc.REQUEST_MODEL), ("status", sc.STATUS),
+               ("input_tokens", sc.INPUT_TOKENS), ("estimated", sc.TOKEN_EVENT_ESTIMATED),
+               ("offsets", sc.TOKEN_EVENT_OFFSETS), ("tokens", sc.TOKEN_EVENT_TOKENS), ("incomplete", QUEUE_INCOMPLETE))
+ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
 
 # tuple layout
@@ -63,7 +64,7 @@ def make_span(trace_id: bytes | str, span_id: bytes | str, name: str, *, parent:
     (``request_id=``, ``offsets=[...]``: int lists become packed int64 bytes)."""
     b = lambda x: bytes.fromhex(x) if isinstance(x, str) else x  # noqa: E731
     slots: list[Any] = [None] * len(ATTRIBUTE_SLOTS)
-    names = ("request_id", "model", "status", "input_tokens", "estimated", "offsets", "tokens", "incomplete")
+    names = [name for name, _ in _ATTRIBUTES]
     for k, v in attrs.items():
         if isinstance(v, list):
             v = np.asarray(v, dtype=np.int64).tobytes()
