@@ -181,7 +181,7 @@ def memory_in_flight(n_traces: int, max_traces: int) -> None:
         c.accept(body)
         c.process([])  # traces evicted past the bound are derived and stored, so they leave memory
         peak = max(peak, rss_bytes() - before)
-    with open(f"/proc/{c.store_writer._proc.pid}/status") as fh:  # the store writer process, for the record
+    with open(f"/proc/{c.store_writer.pid}/status") as fh:  # the store writer process, for the record
         writer = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
     print(f"{len(c.assembler)} {c.assembler.counters.traces_evicted} {peak} {writer}")
 

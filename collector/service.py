@@ -51,7 +51,7 @@ class Collector:
         self.assembler = TraceAssembler(cfg.assembly)
         self.registry = MetricsRegistry(cfg.slos)
         self.store = RequestStore(cfg.store) if cfg.store else None
-        self.store_writer = StoreWriter(cfg.store) if self.store is not None else None
+        self.store_writer = StoreWriter(self.store) if self.store is not None else None
         self.receiver_counters = ReceiverCounters()
         self.records_derived = 0
         self._backlog: list[ReleasedTrace] = []

@@ -29,15 +29,17 @@ log = logging.getLogger("collector")
 
 
 class StoreWriter:
-    def __init__(self, path: str, max_pending: int = 16, in_process: bool = False):
-        self.path = path
+    """Writes to ``store``'s file from the child process, or through ``store`` itself in-process
+    (``in_process=True``, or once the child is gone). The caller owns ``store`` and closes it."""
+
+    def __init__(self, store: RequestStore, max_pending: int = 16, in_process: bool = False):
+        self.store = store
         self.stored = 0
         self.duplicates = 0
         self.failed_batches = 0
         self._slots = threading.Semaphore(max_pending)
         self._max_pending = max_pending
         self._send_lock = threading.Lock()
-        self._local: RequestStore | None = None
         self._proc: subprocess.Popen | None = None
         self._pending = 0
         self._idle = threading.Condition()
@@ -50,7 +52,7 @@ class StoreWriter:
                 # the child imports this very package, wherever it was imported from
                 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-                self._proc = subprocess.Popen([sys.executable, "-m", "collector.store_writer", path],
+                self._proc = subprocess.Popen([sys.executable, "-m", "collector.store_writer", store.path],
                                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
                 self._acks = threading.Thread(target=self._read_acks, name="collector-store-acks", daemon=True)
                 self._acks.start()
@@ -63,6 +65,12 @@ class StoreWriter:
     @property
     def in_process(self) -> bool:
         return self._proc is None
+
+    @property
+    def pid(self) -> int | None:
+        """The writer process's id (None when writing in-process)."""
+        proc = self._proc
+        return None if proc is None else proc.pid
 
     def put(self, batch: RecordBatch) -> None:
         """Hand a batch over to be stored (returns once it is sent, or stored if in-process)."""
@@ -106,15 +114,11 @@ class StoreWriter:
                 pass
             self._acks.join()
             proc.wait()
-        if self._local is not None:
-            self._local.close()
 
     # -- internals ---------------------------------------------------------------------------
     def _write_local(self, batch: RecordBatch) -> None:
-        if self._local is None:
-            self._local = RequestStore(self.path)
         try:
-            n = self._local.add(batch)
+            n = self.store.add(batch)
         except Exception:  # noqa: BLE001
             self.failed_batches += 1
             log.exception("collector: writing %d records to the store failed", len(batch))

@@ -218,7 +218,8 @@ def test_store_writer_process_stores_and_counts(tmp_path):
     from collector.store_writer import StoreWriter
 
     path = str(tmp_path / "w.db")
-    w = StoreWriter(path, max_pending=2)
+    mine = RequestStore(path)
+    w = StoreWriter(mine, max_pending=2)
     assert not w.in_process
     b = _batch(50, 1)
     for _ in range(3):
@@ -227,6 +228,7 @@ def test_store_writer_process_stores_and_counts(tmp_path):
     w.drain()
     assert (w.stored, w.duplicates, w.failed_batches) == (57, 100, 0)
     w.close()
+    mine.close()
     s = RequestStore(path)
     got = {r.request_id: r for r in s.records()}
     assert len(got) == 57 and list(got["q1-3"].event_offsets_ns) == [5_000_000, 9_000_000]
@@ -241,16 +243,18 @@ def test_store_writer_survives_its_process_dying(tmp_path):
     from collector.store_writer import StoreWriter
 
     path = str(tmp_path / "d.db")
-    w = StoreWriter(path)
+    mine = RequestStore(path)
+    w = StoreWriter(mine)
     w.put(_batch(5, 3))
     w.drain()
-    os.kill(w._proc.pid, signal.SIGKILL)
+    os.kill(w.pid, signal.SIGKILL)
     w._proc.wait()
     for seed in (4, 5):  # the first put may still find the pipe open; either way nothing is lost after
         w.put(_batch(5, seed))
     w.drain()
     assert w.in_process and w.stored == 15 and w.failed_batches == 0
     w.close()
+    mine.close()
     s = RequestStore(path)
     assert s.count() == 15
     s.close()
