@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-quick bench venv prometheus model clean
+.PHONY: demo test test-quick lint bench venv prometheus model clean
 
 venv: $(STAMP) $(EXT)
 
@@ -34,10 +34,15 @@ prometheus:
 demo: venv
 	$(PY) examples/demo.py
 
-test: venv prometheus
+# ruff: lint and formatting (line length and rules in pyproject.toml); CI fails on either.
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: venv prometheus lint
 	$(PY) -m pytest -v
 
-test-quick: venv
+test-quick: venv lint
 	$(PY) -m pytest -m 'not slow'
 
 bench: venv

@@ -18,6 +18,7 @@ memory with 100,000 traces in flight. All in one run, one process.
 Run: ``.venv/bin/python benchmarks/collector_throughput.py [--traces 50000]``
 Targets: >= 100,000 spans/s end to end, >= 0.5 x the raw rate; memory bounded by --max-traces.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,11 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue  # noqa: E402
-from opentelemetry.proto.trace.v1.trace_pb2 import Span  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from otel_llm import semconv as sc  # noqa: E402
+from otel_llm import semconv as sc
 
 MS = 1_000_000
 
@@ -58,16 +59,44 @@ def request_spans(i: int, base: int, rnd: random.Random, events: int = 64) -> li
     cl_t = [t + 3 * MS for t in eng_t]
 
     def span(sid, parent, name, kind, t0, t1, attrs):
-        return Span(trace_id=tid, span_id=sid, parent_span_id=parent, name=name, kind=kind,
-                    start_time_unix_nano=t0, end_time_unix_nano=t1, attributes=[_kv(k, v) for k, v in attrs.items()])
+        return Span(
+            trace_id=tid,
+            span_id=sid,
+            parent_span_id=parent,
+            name=name,
+            kind=kind,
+            start_time_unix_nano=t0,
+            end_time_unix_nano=t1,
+            attributes=[_kv(k, v) for k, v in attrs.items()],
+        )
 
-    common = {sc.REQUEST_ID: f"req-{i}", sc.REQUEST_MODEL: "tiny", sc.STATUS: "ok", sc.INPUT_TOKENS: 128,
-              sc.OUTPUT_TOKENS: events, sc.TOKEN_EVENT_TOKENS: [1] * events}
+    common = {
+        sc.REQUEST_ID: f"req-{i}",
+        sc.REQUEST_MODEL: "tiny",
+        sc.STATUS: "ok",
+        sc.INPUT_TOKENS: 128,
+        sc.OUTPUT_TOKENS: events,
+        sc.TOKEN_EVENT_TOKENS: [1] * events,
+    }
     return [
-        span(ids[0], b"", sc.SPAN_CLIENT_REQUEST, 3, cs, end + 5 * MS,
-             {sc.BOUNDARY: "client", **common, sc.TOKEN_EVENT_OFFSETS: [t - cs for t in cl_t]}),
-        span(ids[1], ids[0], sc.SPAN_REQUEST, 2, arrival, end,
-             {sc.BOUNDARY: "engine", **common, sc.TOKEN_EVENT_OFFSETS: [t - arrival for t in eng_t]}),
+        span(
+            ids[0],
+            b"",
+            sc.SPAN_CLIENT_REQUEST,
+            3,
+            cs,
+            end + 5 * MS,
+            {sc.BOUNDARY: "client", **common, sc.TOKEN_EVENT_OFFSETS: [t - cs for t in cl_t]},
+        ),
+        span(
+            ids[1],
+            ids[0],
+            sc.SPAN_REQUEST,
+            2,
+            arrival,
+            end,
+            {sc.BOUNDARY: "engine", **common, sc.TOKEN_EVENT_OFFSETS: [t - arrival for t in eng_t]},
+        ),
         span(ids[2], ids[1], sc.SPAN_QUEUE, 1, arrival, sched, {sc.BOUNDARY: "engine"}),
         span(ids[3], ids[1], sc.SPAN_PREFILL, 1, sched, gen, {sc.BOUNDARY: "engine"}),
         span(ids[4], ids[1], sc.SPAN_DECODE, 1, gen, eng_t[-1], {sc.BOUNDARY: "engine"}),
@@ -118,9 +147,9 @@ def _minimal_walk(req) -> int:
     for rs in req.resource_spans:
         for ss in rs.scope_spans:
             for s in ss.spans:
-                s.trace_id, s.span_id, s.parent_span_id, s.name, s.start_time_unix_nano, s.end_time_unix_nano
+                _ = (s.trace_id, s.span_id, s.parent_span_id, s.name, s.start_time_unix_nano, s.end_time_unix_nano)
                 for kv in s.attributes:
-                    kv.key
+                    _ = kv.key
                 n += 1
     return n
 
@@ -136,9 +165,15 @@ def make_collector(store: str, max_traces: int, grace_s: float = 0.0):
     from collector.service import Collector
     from otel_llm.slo import SLO
 
-    cfg = CollectorConfig(otlp_grpc=None, otlp_http=None, prometheus=None, store=store,
-                          assembly=AssemblyConfig(grace_s=grace_s, timeout_s=3600, max_traces=max_traces),
-                          slos={"default": SLO(ttft=1, tpot=0.05)}, max_backlog=10 ** 9)
+    cfg = CollectorConfig(
+        otlp_grpc=None,
+        otlp_http=None,
+        prometheus=None,
+        store=store,
+        assembly=AssemblyConfig(grace_s=grace_s, timeout_s=3600, max_traces=max_traces),
+        slos={"default": SLO(ttft=1, tpot=0.05)},
+        max_backlog=10**9,
+    )
     return Collector(cfg)  # not started: the benchmark drives it
 
 
@@ -163,7 +198,7 @@ def end_to_end_rate(bodies: list[bytes], total: int, n_traces: int, tmp: str) ->
     c.store_writer.close()
     c.store.close()
     for f in (path, path + "-wal", path + "-shm"):  # deleted, its dirty pages are never written back
-        if os.path.exists(f):                     # (the kernel's write-back would slow the next round)
+        if os.path.exists(f):  # (the kernel's write-back would slow the next round)
             os.remove(f)
     return total / dt, stored
 
@@ -193,8 +228,12 @@ def memory_in_flight(n_traces: int, max_traces: int) -> None:
 def memory_run(n_traces: int, max_traces: int) -> tuple[int, int, int]:
     import subprocess
 
-    out = subprocess.run([sys.executable, __file__, "--memory-child", str(n_traces), str(max_traces)],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, __file__, "--memory-child", str(n_traces), str(max_traces)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     held, evicted, peak, writer = map(int, out[-4:])
     return held, evicted, peak, writer
 
@@ -211,32 +250,48 @@ def main() -> None:
         return
     tmp = tempfile.mkdtemp(prefix="otel-llm-collector-bench-")
     bodies, total = payloads(a.traces)
-    mib = sum(map(len, bodies)) / 2 ** 20
-    print(f"payloads: {a.traces:,} traces, {total:,} spans in {len(bodies)} requests ({mib:.1f} MiB protobuf)", flush=True)
+    mib = sum(map(len, bodies)) / 2**20
+    print(
+        f"payloads: {a.traces:,} traces, {total:,} spans in {len(bodies)} requests ({mib:.1f} MiB protobuf)", flush=True
+    )
     rounds = []
     for r in range(a.rounds):
         raw = raw_rate(bodies, total)
         full = full_walk_rate(bodies, total) if r == 0 else None
         e2e, stored = end_to_end_rate(bodies, total, a.traces, tmp)
         rounds.append((e2e / raw, raw, e2e))
-        print(f"round {r + 1}: raw decode-and-walk (ids, names, times, attribute keys) {raw:,.0f} spans/s; "
-              f"end to end (decode, assemble, derive, metrics, store) {e2e:,.0f} spans/s "
-              f"({stored:,} records stored); ratio {e2e / raw:.2f}", flush=True)
+        print(
+            f"round {r + 1}: raw decode-and-walk (ids, names, times, attribute keys) {raw:,.0f} spans/s; "
+            f"end to end (decode, assemble, derive, metrics, store) {e2e:,.0f} spans/s "
+            f"({stored:,} records stored); ratio {e2e / raw:.2f}",
+            flush=True,
+        )
         if full:
-            print(f"         full decode-and-walk (every attribute value, protobuf Python API) {full:,.0f} spans/s; "
-                  f"end to end / full: {e2e / full:.2f}", flush=True)
-    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-    print(f"median of {len(rounds)} rounds: end to end {med([x[2] for x in rounds]):,.0f} spans/s (target >= 100,000); "
-          f"raw {med([x[1] for x in rounds]):,.0f} spans/s; end-to-end / raw {med([x[0] for x in rounds]):.2f} "
-          f"(target >= 0.5; per round {', '.join(f'{x[0]:.2f}' for x in rounds)})", flush=True)
+            print(
+                f"         full decode-and-walk (every attribute value, protobuf Python API) {full:,.0f} spans/s; "
+                f"end to end / full: {e2e / full:.2f}",
+                flush=True,
+            )
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    print(
+        f"median of {len(rounds)} rounds: end to end {med([x[2] for x in rounds]):,.0f} spans/s (target >= 100,000); "
+        f"raw {med([x[1] for x in rounds]):,.0f} spans/s; end-to-end / raw {med([x[0] for x in rounds]):.2f} "
+        f"(target >= 0.5; per round {', '.join(f'{x[0]:.2f}' for x in rounds)})",
+        flush=True,
+    )
     del bodies
     held, _, peak, writer = memory_run(a.in_flight, a.in_flight)
-    print(f"memory: {held:,} traces in flight -> peak RSS +{peak / 2 ** 20:,.0f} MiB "
-          f"({peak / max(held, 1):,.0f} bytes/trace); store writer process peak {writer / 2 ** 20:,.0f} MiB", flush=True)
+    print(
+        f"memory: {held:,} traces in flight -> peak RSS +{peak / 2**20:,.0f} MiB "
+        f"({peak / max(held, 1):,.0f} bytes/trace); store writer process peak {writer / 2**20:,.0f} MiB",
+        flush=True,
+    )
     bound = max(a.in_flight // 10, 1)
     held_b, ev, peak_b, writer_b = memory_run(a.in_flight, bound)
-    print(f"memory with --max-traces {bound}: {held_b:,} in flight, {ev:,} derived early -> "
-          f"peak RSS +{peak_b / 2 ** 20:,.0f} MiB; store writer process peak {writer_b / 2 ** 20:,.0f} MiB")
+    print(
+        f"memory with --max-traces {bound}: {held_b:,} in flight, {ev:,} derived early -> "
+        f"peak RSS +{peak_b / 2**20:,.0f} MiB; store writer process peak {writer_b / 2**20:,.0f} MiB"
+    )
 
 
 if __name__ == "__main__":

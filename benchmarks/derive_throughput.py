@@ -7,6 +7,7 @@ Prints, from one run:
 
 Run: ``.venv/bin/python benchmarks/derive_throughput.py [--requests N] [--parse-requests N]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,8 +20,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from otel_llm import SLO, TimelineBatch, request_metrics, summarize  # noqa: E402
-from otel_llm.timeline_file import read_timelines  # noqa: E402
+from otel_llm import SLO, TimelineBatch, request_metrics, summarize
+from otel_llm.timeline_file import read_timelines
 
 
 def synthetic_batch(n: int, seed: int = 0) -> TimelineBatch:
@@ -34,15 +35,16 @@ def synthetic_batch(n: int, seed: int = 0) -> TimelineBatch:
     # time of event j of request i = submit + ttft + cumulative gaps within the request
     cs = np.cumsum(gaps)
     starts = np.repeat(np.cumsum(m) - m, m)
-    within = cs - cs[starts] 
+    within = cs - cs[starts]
     et = submit[req] + ttft[req] + within
     tokens = np.where(rng.random(len(req)) < 0.05, 2, 1)
     last = np.zeros(n)
     np.maximum.at(last, req, et)
     end = last + 0.001
     status = np.where(rng.random(n) < 0.98, 0, rng.integers(1, 4, n))
-    return TimelineBatch.from_columns([str(i) for i in range(n)], submit, end, status, req, et, tokens,
-                                      rng.integers(16, 512, n))
+    return TimelineBatch.from_columns(
+        [str(i) for i in range(n)], submit, end, status, req, et, tokens, rng.integers(16, 512, n)
+    )
 
 
 def bench_derive(n: int) -> float:
@@ -53,8 +55,10 @@ def bench_derive(n: int) -> float:
     s = summarize(batch, slo=slo, ps=["50", "90", "95", "99", "99.9"], rm=request_metrics(batch))
     dt = time.perf_counter() - t0
     rate = n / dt
-    print(f"derive:  {n:,} requests, {events:,} token events, {s.latency['itl'].n:,} ITL samples "
-          f"in {dt:.3f} s -> {rate:,.0f} requests/s (target >= 200,000)")
+    print(
+        f"derive:  {n:,} requests, {events:,} token events, {s.latency['itl'].n:,} ITL samples "
+        f"in {dt:.3f} s -> {rate:,.0f} requests/s (target >= 200,000)"
+    )
     return rate
 
 
@@ -63,11 +67,21 @@ def bench_parse(n: int) -> float:
     with tempfile.NamedTemporaryFile("w", suffix=".jsonl", delete=False) as fh:
         for i in range(n):
             a, b = batch.offsets[i], batch.offsets[i + 1]
-            fh.write(json.dumps({"id": batch.ids[i], "submit": float(batch.submit[i]), "end": float(batch.end[i]),
-                                 "status": ["ok", "error", "cancelled", "rejected"][batch.status[i]],
-                                 "events": [[t, k] for t, k in zip(batch.event_time[a:b].tolist(),
-                                                                    batch.event_tokens[a:b].tolist())],
-                                 "input_tokens": int(batch.input_tokens[i])}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "id": batch.ids[i],
+                        "submit": float(batch.submit[i]),
+                        "end": float(batch.end[i]),
+                        "status": ["ok", "error", "cancelled", "rejected"][batch.status[i]],
+                        "events": [
+                            [t, k] for t, k in zip(batch.event_time[a:b].tolist(), batch.event_tokens[a:b].tolist())
+                        ],
+                        "input_tokens": int(batch.input_tokens[i]),
+                    }
+                )
+                + "\n"
+            )
         path = fh.name
     size = os.path.getsize(path)
     try:
@@ -78,8 +92,10 @@ def bench_parse(n: int) -> float:
         os.unlink(path)
     assert len(parsed) == n
     rate = n / dt
-    print(f"parse:   {n:,} requests ({size / 2**20:.1f} MiB of JSON lines) in {dt:.3f} s -> "
-          f"{rate:,.0f} requests/s, {size / 2**20 / dt:.1f} MiB/s")
+    print(
+        f"parse:   {n:,} requests ({size / 2**20:.1f} MiB of JSON lines) in {dt:.3f} s -> "
+        f"{rate:,.0f} requests/s, {size / 2**20 / dt:.1f} MiB/s"
+    )
     return rate
 
 

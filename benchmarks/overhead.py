@@ -11,6 +11,7 @@ on the real wrapped scheduler methods; and the span-building thread's CPU time p
 Run: ``.venv/bin/python benchmarks/overhead.py [--rounds 5] [--requests 128] [--tokens 256]``
 Target (DESIGN.md): instrumented/plain >= 0.98 here.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,7 +29,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("KMP_BLOCKTIME", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-MiB = 2 ** 20
+MiB = 2**20
 
 
 def start_sink() -> tuple[object, int, list]:
@@ -39,7 +40,7 @@ def start_sink() -> tuple[object, int, list]:
     received = [0]
 
     class Sink(trace_service_pb2_grpc.TraceServiceServicer):
-        def Export(self, request, context):  # noqa: N802
+        def Export(self, request, context):
             received[0] += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
             return trace_service_pb2.ExportTraceServiceResponse()
 
@@ -77,6 +78,7 @@ def hot_path_cost_us(n: int = 20000, batch: int = 128) -> tuple[float, float]:
 
             def shutdown(self):
                 pass
+
         return Sched
 
     Plain, Sched = make_scheduler_class(), make_scheduler_class()
@@ -115,37 +117,41 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="otel-llm-bench-")
     model = a.model or build_tiny_model(os.path.join(tmp, "tiny"))
-    server, port, received = start_sink()
+    _server, port, received = start_sink()
     # both traced engines export over OTLP/gRPC to the same local sink, as in a deployment
     os.environ.pop("OTEL_LLM_TRACES_FILE", None)
-    os.environ.update(OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
-                      OTEL_EXPORTER_OTLP_INSECURE="true", OTEL_TRACES_EXPORTER="otlp")
-    common = dict(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512,
-                  kv_cache_memory_bytes=a.kv_mib * MiB)
+    os.environ.update(
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+        OTEL_EXPORTER_OTLP_INSECURE="true",
+        OTEL_TRACES_EXPORTER="otlp",
+    )
+    common = dict(
+        model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=a.kv_mib * MiB
+    )
     print(f"starting 3 engines (tiny model, {a.kv_mib} MiB KV cache)...", flush=True)
     engines = {
         "plain": LLM(**common),
         "instrumented": engine_hooks.instrument(LLM)(**common),
-        "vllm-tracing": LLM(**common, otlp_traces_endpoint=f"http://127.0.0.1:{port}",
-                            disable_log_stats=False),
+        "vllm-tracing": LLM(**common, otlp_traces_endpoint=f"http://127.0.0.1:{port}", disable_log_stats=False),
     }
     prompts = [prompt(32, seed=i) for i in range(a.requests)]
     sp = SamplingParams(max_tokens=a.tokens, ignore_eos=True)
     for llm in engines.values():  # warm-up
         llm.generate(prompts[:8], SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
     rates: dict[str, list[float]] = {k: [] for k in engines}
-    steps_per_round = None
     for r in range(a.rounds):
         order = list(engines.items())
-        order = order[r % 3:] + order[:r % 3]  # rotate who goes first
+        order = order[r % 3 :] + order[: r % 3]  # rotate who goes first
         for name, llm in order:
             t0 = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
             dt = time.perf_counter() - t0
             toks = sum(len(o.outputs[0].token_ids) for o in outs)
             rates[name].append(toks / dt)
-        print(f"round {r + 1}/{a.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f} tok/s" for k, v in rates.items()),
-              flush=True)
+        print(
+            f"round {r + 1}/{a.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f} tok/s" for k, v in rates.items()), flush=True
+        )
     engine_hooks.flush()
     from engine_hooks.pipeline import _live_pipelines
 
@@ -157,19 +163,33 @@ def main() -> None:
     print()
     print(f"requests x tokens: {a.requests} x {a.tokens}, rounds: {a.rounds}")
     for k, v in rates.items():
-        print(f"{k:>13}: median {statistics.median(v):,.0f} output tok/s  (rounds: {', '.join(f'{x:,.0f}' for x in v)})")
-    print(f"instrumented / plain: median {statistics.median(ratio):.3f}  (rounds: {', '.join(f'{x:.3f}' for x in ratio)})  target >= 0.98")
+        print(
+            f"{k:>13}: median {statistics.median(v):,.0f} output tok/s  (rounds: {', '.join(f'{x:,.0f}' for x in v)})"
+        )
+    print(
+        f"instrumented / plain: median {statistics.median(ratio):.3f}  "
+        f"(rounds: {', '.join(f'{x:.3f}' for x in ratio)})  target >= 0.98"
+    )
     # all rounds together: total tokens / total time of each engine (the harmonic mean of its rates)
     total = {k: len(v) / sum(1 / x for x in v) for k, v in rates.items()}
-    print(f"instrumented / plain, all rounds together: {total['instrumented'] / total['plain']:.3f}; "
-          f"vllm-tracing / plain: {total['vllm-tracing'] / total['plain']:.3f}")
-    print(f"vllm-tracing / plain: median {statistics.median(vratio):.3f}  (rounds: {', '.join(f'{x:.3f}' for x in vratio)})")
-    print(f"hook cost on the engine's thread: {hot_us:.2f} us per engine step "
-          f"(schedule + update_from_output wrappers, 128-request batch)")
+    print(
+        f"instrumented / plain, all rounds together: {total['instrumented'] / total['plain']:.3f}; "
+        f"vllm-tracing / plain: {total['vllm-tracing'] / total['plain']:.3f}"
+    )
+    print(
+        f"vllm-tracing / plain: median {statistics.median(vratio):.3f}  "
+        f"(rounds: {', '.join(f'{x:.3f}' for x in vratio)})"
+    )
+    print(
+        f"hook cost on the engine's thread: {hot_us:.2f} us per engine step "
+        f"(schedule + update_from_output wrappers, 128-request batch)"
+    )
     print(f"span building off the engine's thread: {build_us:.2f} us of CPU per step span")
-    print(f"front-end pipeline: {fe.counters.requests_traced} requests traced, {fe.counters.spans_exported} spans "
-          f"exported, {fe.counters.spans_dropped} dropped, {fe.counters.hook_errors} hook errors; "
-          f"the sink received {received[0]} spans from both traced engines")
+    print(
+        f"front-end pipeline: {fe.counters.requests_traced} requests traced, {fe.counters.spans_exported} spans "
+        f"exported, {fe.counters.spans_dropped} dropped, {fe.counters.hook_errors} hook errors; "
+        f"the sink received {received[0]} spans from both traced engines"
+    )
     # the sink stays up until the process exits: vLLM's exporter flushes at exit
 
 

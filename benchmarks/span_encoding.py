@@ -4,6 +4,7 @@ traceparent on half of them: 6 spans.
 
 Run: ``.venv/bin/python benchmarks/span_encoding.py [--requests 500] [--events 256]``
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,12 +14,12 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode  # noqa: E402
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
 
-from engine_hooks.spans import SpanFactory, make_resource  # noqa: E402
-from engine_hooks.tracker import FinishedRequest  # noqa: E402
-from otel_llm import otlp_encode  # noqa: E402
-from otel_llm.otlp_json import to_json  # noqa: E402
+from engine_hooks.spans import SpanFactory, make_resource
+from engine_hooks.tracker import FinishedRequest
+from otel_llm import otlp_encode
+from otel_llm.otlp_json import to_json
 
 
 def main() -> None:
@@ -30,9 +31,25 @@ def main() -> None:
     f = SpanFactory(make_resource("bench"), "engine", "vllm")
     now = time.time_ns()
     tp = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
-    recs = [FinishedRequest(str(i), now, now + 10 ** 9, "ok", "length", tp if i % 2 else None, 32, now + 10 ** 6,
-                            now + 2 * 10 ** 6, now + 9 * 10 ** 8, m, [(now + 5 * 10 ** 6, now + 6 * 10 ** 6, "recompute")],
-                            [now + 2 * 10 ** 6 + j * 3 * 10 ** 6 for j in range(m)], [1] * m) for i in range(n)]
+    recs = [
+        FinishedRequest(
+            str(i),
+            now,
+            now + 10**9,
+            "ok",
+            "length",
+            tp if i % 2 else None,
+            32,
+            now + 10**6,
+            now + 2 * 10**6,
+            now + 9 * 10**8,
+            m,
+            [(now + 5 * 10**6, now + 6 * 10**6, "recompute")],
+            [now + 2 * 10**6 + j * 3 * 10**6 for j in range(m)],
+            [1] * m,
+        )
+        for i in range(n)
+    ]
 
     def timed(fn):
         t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """Trace assembly, after the OpenTelemetry Collector's groupbytrace processor.
 
-Spans (walked span tuples, :mod:`collector.spans`) are grouped by trace id in a :class:`TraceStorage` (in memory by default). A trace is
-released to derivation when
+Spans (walked span tuples, :mod:`collector.spans`) are grouped by trace id in a
+:class:`TraceStorage` (in memory by default). A trace is released to derivation when
 * ``grace_s`` has passed since its last request span (``llm.request`` / ``llm.client.request``)
   arrived: request spans are exported when they end, so their phases and the other boundary have
   had time to arrive. An engine request span with a parent (the caller sent a ``traceparent``)
@@ -20,11 +20,12 @@ wait), so each kind's deadlines come due in the order they were set. Three FIFO 
 them (the arrival ring doubles as the timeout queue); a deadline superseded by a later request
 span is skipped when it comes up.
 """
+
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from . import spans as sp

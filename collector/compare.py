@@ -9,6 +9,7 @@ hands out each token and finishes before the client sees them (``theta >= e_i - 
 ``theta >= e.end - c.end``). Over many requests the bounds tighten; ``network_in`` and
 ``delivery`` are corrected by the estimate, the other parts are engine-internal and unaffected.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -36,7 +37,9 @@ class OffsetEstimate:
         return self.width is None or self.width >= 0
 
 
-def pairs_from_records(records: list[RequestRecord]) -> tuple[list[tuple[RequestRecord, RequestRecord]], list[RequestRecord]]:
+def pairs_from_records(
+    records: list[RequestRecord],
+) -> tuple[list[tuple[RequestRecord, RequestRecord]], list[RequestRecord]]:
     """(client, engine) pairs that the collector matched, and the records left unpaired."""
     by_trace: dict[str, dict[str, list[RequestRecord]]] = {}
     for r in records:
@@ -47,11 +50,26 @@ def pairs_from_records(records: list[RequestRecord]) -> tuple[list[tuple[Request
         used = set()
         for c in cl:
             if c.peer_request_id is not None:  # the pair derivation made (stores since peer_request_id)
-                match = next((i for i, e in enumerate(en) if i not in used and e.request_id == c.peer_request_id
-                              and e.peer_request_id == c.request_id), None)
+                match = next(
+                    (
+                        i
+                        for i, e in enumerate(en)
+                        if i not in used and e.request_id == c.peer_request_id and e.peer_request_id == c.request_id
+                    ),
+                    None,
+                )
             else:  # an older store: the same request id, or the only two records of the trace
-                match = next((i for i, e in enumerate(en) if i not in used and c.paired and e.paired and
-                              (e.request_id == c.request_id or (len(cl) == 1 and len(en) == 1))), None)
+                match = next(
+                    (
+                        i
+                        for i, e in enumerate(en)
+                        if i not in used
+                        and c.paired
+                        and e.paired
+                        and (e.request_id == c.request_id or (len(cl) == 1 and len(en) == 1))
+                    ),
+                    None,
+                )
             if match is None and len(cl) == 1 and len(en) == 1 and c.paired:
                 match = 0
             if match is None:
@@ -131,7 +149,7 @@ def classify_stall(c: RequestRecord, e: RequestRecord, threshold: float) -> tupl
     if len(ee) == len(ce):
         egap = (ee[i + 1] - ee[i]) / 1e9
     else:
-        egap = (e.itl_max or 0.0)
+        egap = e.itl_max or 0.0
     if egap >= 0.5 * gap:
         return ("engine:preemption" if e.preemptions else "engine:other"), gap
     return "delivery", gap
@@ -147,27 +165,59 @@ def compare(records: list[RequestRecord], clock_offset: float | None = None, sta
         parts = (net, c.queue, c.prefill, dly)
         miss = None if c.ttft is None or any(p is None for p in parts) else sum(parts) - c.ttft
         stall, gap = classify_stall(c, e, stall_threshold)
-        rows.append(RequestComparison(
-            id=c.request_id, trace_id=c.trace_id, status=c.status, client_ttft=c.ttft, engine_ttft=e.ttft,
-            network_in=net, queue=c.queue, prefill=c.prefill, delivery=dly, parts_sum_minus_ttft=miss,
-            client_itl_max=c.itl_max, engine_itl_max=e.itl_max, client_tokens=c.output_tokens,
-            engine_tokens=e.output_tokens, preemptions=e.preemptions, preemption_time=e.preemption_time,
-            stall=stall, stall_gap=gap))
+        rows.append(
+            RequestComparison(
+                id=c.request_id,
+                trace_id=c.trace_id,
+                status=c.status,
+                client_ttft=c.ttft,
+                engine_ttft=e.ttft,
+                network_in=net,
+                queue=c.queue,
+                prefill=c.prefill,
+                delivery=dly,
+                parts_sum_minus_ttft=miss,
+                client_itl_max=c.itl_max,
+                engine_itl_max=e.itl_max,
+                client_tokens=c.output_tokens,
+                engine_tokens=e.output_tokens,
+                preemptions=e.preemptions,
+                preemption_time=e.preemption_time,
+                stall=stall,
+                stall_gap=gap,
+            )
+        )
     return rows, off, pairs, alone
 
 
-def summarize_comparison(rows: list[RequestComparison], off: OffsetEstimate, pairs, alone,
-                         ps=("50", "90", "99"), method: str = "nearest-rank") -> dict:
+def summarize_comparison(
+    rows: list[RequestComparison],
+    off: OffsetEstimate,
+    pairs,
+    alone,
+    ps=("50", "90", "99"),
+    method: str = "nearest-rank",
+) -> dict:
     def dist(name: str, population: str, values) -> dict:
         arr = np.array([np.nan if v is None else v for v in values], dtype=float)
         return Distribution.of(population, arr, ps, method).to_json()
 
     ok = [r for r in rows if r.status == "ok"]
-    out = {"requests_paired": len(rows), "records_unpaired": len(alone),
-           "clock_offset": {"theta_s": off.theta, "low_s": off.low, "high_s": off.high, "width_s": off.width,
-                            "consistent": off.consistent, "source": off.source,
-                            "meaning": "engine clock minus client clock"},
-           "percentile_method": method, "distributions": {}}
+    out = {
+        "requests_paired": len(rows),
+        "records_unpaired": len(alone),
+        "clock_offset": {
+            "theta_s": off.theta,
+            "low_s": off.low,
+            "high_s": off.high,
+            "width_s": off.width,
+            "consistent": off.consistent,
+            "source": off.source,
+            "meaning": "engine clock minus client clock",
+        },
+        "percentile_method": method,
+        "distributions": {},
+    }
     d = out["distributions"]
     for key in ("client_ttft", "engine_ttft", "network_in", "queue", "prefill", "delivery"):
         d[key] = dist(key, f"per-request {key} of paired ok requests", [getattr(r, key) for r in ok])
@@ -180,8 +230,9 @@ def summarize_comparison(rows: list[RequestComparison], off: OffsetEstimate, pai
     known = [r for r in ok if r.parts_sum_minus_ttft is not None and r.client_ttft]
     if known:
         tot = sum(r.client_ttft for r in known)
-        out["ttft_share"] = {k: sum(getattr(r, k) for r in known) / tot
-                             for k in ("network_in", "queue", "prefill", "delivery")}
+        out["ttft_share"] = {
+            k: sum(getattr(r, k) for r in known) / tot for k in ("network_in", "queue", "prefill", "delivery")
+        }
         out["max_abs_parts_sum_error_s"] = max(abs(r.parts_sum_minus_ttft) for r in known)
     out["stalls"] = {k: sum(1 for r in rows if r.stall == k) for k in ("delivery", "engine:preemption", "engine:other")}
     return out

@@ -1,5 +1,6 @@
 """The collector's configuration: one dataclass, every option also settable by an
 ``OTEL_LLM_COLLECTOR_*`` environment variable (the command line wins)."""
+
 from __future__ import annotations
 
 import os
@@ -21,7 +22,7 @@ class CollectorConfig:
     store: str | None = "otel-llm.db"
     assembly: AssemblyConfig = field(default_factory=AssemblyConfig)
     slos: dict[str, SLO] = field(default_factory=dict)
-    max_message_bytes: int = 4 * 2 ** 20
+    max_message_bytes: int = 4 * 2**20
     max_backlog: int = 50_000  # released traces waiting for derivation before receivers answer UNAVAILABLE
     auth_token: str | None = None  # bearer token both receivers require, when set
     tls_cert: str | None = None

@@ -16,12 +16,13 @@ the engine's first output handed out, and ``queue``/``prefill`` are unknown.
 Python touches each span once, to pick out the request spans and find each phase's request;
 the rest is numpy over the whole batch.
 """
+
 from __future__ import annotations
 
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Iterable
 
 import numpy as np
 
@@ -33,8 +34,9 @@ from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch
 
 _NS = 1e9
-_CODE, _START, _END, _SID, _PARENT = (operator.itemgetter(i) for i in (sp.CODE, sp.START, sp.END, sp.SPAN_ID,
-                                                                         sp.PARENT_ID))
+_CODE, _START, _END, _SID, _PARENT = (
+    operator.itemgetter(i) for i in (sp.CODE, sp.START, sp.END, sp.SPAN_ID, sp.PARENT_ID)
+)
 _STATUS_OK = frozenset(STATUS_CODE)
 
 
@@ -163,8 +165,12 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
         pairs = [(c, e) for c, e in pairs if rt[c] not in redo_set]
         for t in redo.tolist():
             mine = [r for r in range(n) if rt[r] == t]
-            pairs += _pair([r for r in mine if code[r] == sp.CLIENT], [r for r in mine if code[r] == sp.ENGINE],
-                           recs, traces[t].spans)
+            pairs += _pair(
+                [r for r in mine if code[r] == sp.CLIENT],
+                [r for r in mine if code[r] == sp.ENGINE],
+                recs,
+                traces[t].spans,
+            )
     return _Requests(recs, code, queue, prefill, decode, preemptions, preempted, first_sched, first_gen, pairs)
 
 
@@ -250,13 +256,22 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         delivery[ci[ok]] = (first_event[ci[ok]] - engine_first[ok]) / _NS
     # one object per distinct value (each span brings its own copy): less to hold, pickle, compare
     same: dict = {}
-    status = [same.setdefault(x, x) if x in _STATUS_OK else _status(x, c)
-              for x, c in zip(cols[sp.STATUS], cols[sp.STATUS_CODE])]
+    status = [
+        same.setdefault(x, x) if x in _STATUS_OK else _status(x, c)
+        for x, c in zip(cols[sp.STATUS], cols[sp.STATUS_CODE])
+    ]
     epoch = int(submit.min()) if n else 0
     rel = submit - epoch
-    timelines = TimelineBatch([], rel / _NS, (end - epoch) / _NS, np.array([STATUS_CODE[s] for s in status], np.int8),
-                              start, (np.repeat(rel, counts) + offs) / _NS, toks,
-                              np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64))
+    timelines = TimelineBatch(
+        [],
+        rel / _NS,
+        (end - epoch) / _NS,
+        np.array([STATUS_CODE[s] for s in status], np.int8),
+        start,
+        (np.repeat(rel, counts) + offs) / _NS,
+        toks,
+        np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64),
+    )
     rm = request_metrics(timelines)
     request_id = [r if type(r) is str and r else _request_id(s) for r, s in zip(cols[sp.REQUEST_ID], recs)]
     peer: list = [None] * n
@@ -266,14 +281,34 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         trace_id=[same.setdefault(t, t.hex()) for t in cols[sp.TRACE_ID]],
         boundary=[sp.BOUNDARY_OF[c] for c in cols[sp.CODE]],
         request_id=request_id,
-        model=[same.setdefault(m, m) if type(m) is str and m else _model(m, svc)
-               for m, svc in zip(cols[sp.MODEL], cols[sp.SERVICE])],
-        status=status, submit_ns=submit, end_ns=end, event_start=start, event_offsets_ns=offs,
-        event_tokens=toks, input_tokens=timelines.input_tokens,
+        model=[
+            same.setdefault(m, m) if type(m) is str and m else _model(m, svc)
+            for m, svc in zip(cols[sp.MODEL], cols[sp.SERVICE])
+        ],
+        status=status,
+        submit_ns=submit,
+        end_ns=end,
+        event_start=start,
+        event_offsets_ns=offs,
+        event_tokens=toks,
+        input_tokens=timelines.input_tokens,
         output_tokens=rm.output_tokens,
         estimated_tokens=np.array([bool(e) and e is not sp.INVALID for e in cols[sp.ESTIMATED]], bool),
-        ttft=rm.ttft, tpot=rm.tpot, e2e=rm.e2e, itl_max=rm.itl_max, queue=queue, prefill=prefill, decode=decode,
-        preemptions=preemptions, preemption_time=preemption_time, first_scheduled_ns=first_sched,
-        first_generated_ns=first_gen, engine_delivery=engine_delivery, network_in=network_in, delivery=delivery,
-        paired=paired, peer_request_id=peer)
+        ttft=rm.ttft,
+        tpot=rm.tpot,
+        e2e=rm.e2e,
+        itl_max=rm.itl_max,
+        queue=queue,
+        prefill=prefill,
+        decode=decode,
+        preemptions=preemptions,
+        preemption_time=preemption_time,
+        first_scheduled_ns=first_sched,
+        first_generated_ns=first_gen,
+        engine_delivery=engine_delivery,
+        network_in=network_in,
+        delivery=delivery,
+        paired=paired,
+        peer_request_id=peer,
+    )
     return batch, rm

@@ -10,6 +10,7 @@ spec/metrics.md's distributions do; ``llm.requests`` counts every status. Goodpu
 is a PromQL rate of ``llm.slo.good_requests`` (one series per configured SLO), and attainment is
 its ratio to ``llm.requests{status="ok"}``.
 """
+
 from __future__ import annotations
 
 import threading
@@ -28,8 +29,27 @@ from .records import RecordBatch
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92)
-ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-               1.0, 2.5, 5.0, 10.0)
+ITL_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 @dataclass
@@ -92,23 +112,65 @@ class MetricsRegistry:
         self.slos = dict(slos or {})
         self.start_time_ns = time.time_ns()
         self._lock = threading.Lock()
-        h = lambda name, unit, desc, b: Histogram(name, unit, desc, b, BM)  # noqa: E731
-        self.ttft = h("gen_ai.server.time_to_first_token", "s", "Time to first token (spec: TTFT), completed requests", TTFT_BUCKETS)
-        self.tpot = h("gen_ai.server.time_per_output_token", "s", "Time per output token after the first (spec: TPOT; requests with N > 1)", TPOT_BUCKETS)
-        self.duration = h("gen_ai.server.request.duration", "s", "End-to-end request duration (spec: E2E), completed requests", DURATION_BUCKETS)
-        self.itl = h("llm.inter_token_latency", "s", "Inter-token latency, every gap between token events of completed requests", ITL_BUCKETS)
-        self.itl_max = h("llm.inter_token_latency.max", "s", "Largest inter-token gap per completed request", ITL_BUCKETS)
+        h = lambda name, unit, desc, b: Histogram(name, unit, desc, b, BM)
+        self.ttft = h(
+            "gen_ai.server.time_to_first_token",
+            "s",
+            "Time to first token (spec: TTFT), completed requests",
+            TTFT_BUCKETS,
+        )
+        self.tpot = h(
+            "gen_ai.server.time_per_output_token",
+            "s",
+            "Time per output token after the first (spec: TPOT; requests with N > 1)",
+            TPOT_BUCKETS,
+        )
+        self.duration = h(
+            "gen_ai.server.request.duration",
+            "s",
+            "End-to-end request duration (spec: E2E), completed requests",
+            DURATION_BUCKETS,
+        )
+        self.itl = h(
+            "llm.inter_token_latency",
+            "s",
+            "Inter-token latency, every gap between token events of completed requests",
+            ITL_BUCKETS,
+        )
+        self.itl_max = h(
+            "llm.inter_token_latency.max", "s", "Largest inter-token gap per completed request", ITL_BUCKETS
+        )
         self.queue = h("llm.queue.duration", "s", "Engine queue time: arrival to first scheduled", TTFT_BUCKETS)
-        self.prefill = h("llm.prefill.duration", "s", "Engine prefill time: first scheduled to first token generated", TTFT_BUCKETS)
+        self.prefill = h(
+            "llm.prefill.duration", "s", "Engine prefill time: first scheduled to first token generated", TTFT_BUCKETS
+        )
         self.requests = Counter("llm.requests", "{request}", "Requests derived, by status", BM + ("status",))
-        self.good = Counter("llm.slo.good_requests", "{request}", "Completed requests meeting every bound of the SLO (rate = goodput)", BM + ("slo",))
-        self.output_tokens = Counter("llm.usage.output_tokens", "{token}", "Output tokens of derived requests, every status", BM)
+        self.good = Counter(
+            "llm.slo.good_requests",
+            "{request}",
+            "Completed requests meeting every bound of the SLO (rate = goodput)",
+            BM + ("slo",),
+        )
+        self.output_tokens = Counter(
+            "llm.usage.output_tokens", "{token}", "Output tokens of derived requests, every status", BM
+        )
         self.preemptions = Counter("llm.preemptions", "{preemption}", "Preemptions of derived engine requests", BM)
 
     @property
     def families(self) -> list:
-        return [self.ttft, self.tpot, self.duration, self.itl, self.itl_max, self.queue, self.prefill,
-                self.requests, self.good, self.output_tokens, self.preemptions]
+        return [
+            self.ttft,
+            self.tpot,
+            self.duration,
+            self.itl,
+            self.itl_max,
+            self.queue,
+            self.prefill,
+            self.requests,
+            self.good,
+            self.output_tokens,
+            self.preemptions,
+        ]
 
     def record(self, batch: RecordBatch, rm: RequestMetrics) -> None:
         """Add a batch of derived records; ``rm`` is their per-request metrics, same order."""

@@ -3,6 +3,7 @@ without running the collector: the same decoding, assembly and derivation, all a
 
 Entry point ``otel_llm.timeline_sources: traces`` (``otel-llm analyze --traces FILE``).
 """
+
 from __future__ import annotations
 
 import os
@@ -20,7 +21,7 @@ def records_from_trace_file(path: str) -> list[RequestRecord]:
 
     if not os.path.exists(path):
         raise TimelineFormatError(path, None, "no such traces file")
-    asm = TraceAssembler(AssemblyConfig(max_traces=10 ** 9))
+    asm = TraceAssembler(AssemblyConfig(max_traces=10**9))
     try:
         for _, req in read_trace_requests(path):
             asm.add(walk_message(req).spans, 0.0)

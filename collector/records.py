@@ -4,10 +4,11 @@ Plain data, no I/O (vLLM ``v1/metrics`` style). Points in time are integer Unix 
 durations are float **seconds**; ``None`` where a value is unknown or undefined (TPOT for
 N <= 1, never 0).
 """
+
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -79,10 +80,15 @@ def records_to_batch(records: list[RequestRecord], epoch_ns: int = 0) -> Timelin
     submit = np.array([r.submit_ns - epoch_ns for r in records], dtype=np.int64)
     offs = _concat([r.event_offsets_ns for r in records])
     return TimelineBatch.from_columns(
-        [r.request_id for r in records], submit / 1e9, [(r.end_ns - epoch_ns) / 1e9 for r in records],
-        [STATUS_CODE[r.status] for r in records], np.repeat(np.arange(len(records)), n_ev),
-        (np.repeat(submit, n_ev) + offs) / 1e9, _concat([r.event_tokens for r in records]),
-        [-1 if r.input_tokens is None else r.input_tokens for r in records])
+        [r.request_id for r in records],
+        submit / 1e9,
+        [(r.end_ns - epoch_ns) / 1e9 for r in records],
+        [STATUS_CODE[r.status] for r in records],
+        np.repeat(np.arange(len(records)), n_ev),
+        (np.repeat(submit, n_ev) + offs) / 1e9,
+        _concat([r.event_tokens for r in records]),
+        [-1 if r.input_tokens is None else r.input_tokens for r in records],
+    )
 
 
 NO_NS = np.iinfo(np.int64).min  # an unknown point in time in an int64 ns column
@@ -140,43 +146,82 @@ class RecordBatch:
     def scalar_columns(self, nan_as_none: bool = True) -> dict[str, list]:
         """Every scalar field of :class:`RequestRecord`, as Python values (None where unknown).
         ``nan_as_none=False`` leaves unknown float seconds as NaN (SQLite stores a NaN as NULL)."""
-        f = _opt if nan_as_none else (lambda a: a.tolist())  # noqa: E731
+        f = _opt if nan_as_none else (lambda a: a.tolist())
         return {
-            "trace_id": self.trace_id, "boundary": self.boundary, "request_id": self.request_id,
-            "model": self.model, "status": self.status, "submit_ns": self.submit_ns.tolist(),
+            "trace_id": self.trace_id,
+            "boundary": self.boundary,
+            "request_id": self.request_id,
+            "model": self.model,
+            "status": self.status,
+            "submit_ns": self.submit_ns.tolist(),
             "end_ns": self.end_ns.tolist(),
             "input_tokens": [None if v < 0 else v for v in self.input_tokens.tolist()],
-            "output_tokens": self.output_tokens.tolist(), "estimated_tokens": self.estimated_tokens.tolist(),
-            "ttft": f(self.ttft), "tpot": f(self.tpot), "e2e": f(self.e2e), "itl_max": f(self.itl_max),
-            "queue": f(self.queue), "prefill": f(self.prefill), "decode": f(self.decode),
-            "preemptions": self.preemptions.tolist(), "preemption_time": self.preemption_time.tolist(),
+            "output_tokens": self.output_tokens.tolist(),
+            "estimated_tokens": self.estimated_tokens.tolist(),
+            "ttft": f(self.ttft),
+            "tpot": f(self.tpot),
+            "e2e": f(self.e2e),
+            "itl_max": f(self.itl_max),
+            "queue": f(self.queue),
+            "prefill": f(self.prefill),
+            "decode": f(self.decode),
+            "preemptions": self.preemptions.tolist(),
+            "preemption_time": self.preemption_time.tolist(),
             "first_scheduled_ns": _opt_ns(self.first_scheduled_ns),
             "first_generated_ns": _opt_ns(self.first_generated_ns),
-            "engine_delivery": f(self.engine_delivery), "network_in": f(self.network_in),
-            "delivery": f(self.delivery), "paired": self.paired.tolist(), "peer_request_id": self.peer_request_id,
+            "engine_delivery": f(self.engine_delivery),
+            "network_in": f(self.network_in),
+            "delivery": f(self.delivery),
+            "paired": self.paired.tolist(),
+            "peer_request_id": self.peer_request_id,
         }
 
     @classmethod
-    def from_records(cls, records: Sequence[RequestRecord]) -> "RecordBatch":
+    def from_records(cls, records: Sequence[RequestRecord]) -> RecordBatch:
         """The inverse of :meth:`records`."""
-        f = lambda name, none, dtype: np.array([none if getattr(r, name) is None else getattr(r, name)  # noqa: E731
-                                                for r in records], dtype)
+        f = lambda name, none, dtype: np.array(
+            [none if getattr(r, name) is None else getattr(r, name) for r in records],
+            dtype,
+        )
         counts = [len(r.event_offsets_ns) for r in records]
         start = np.zeros(len(records) + 1, np.int64)
         np.cumsum(counts, out=start[1:])
         return cls(
-            trace_id=[r.trace_id for r in records], boundary=[r.boundary for r in records],
-            request_id=[r.request_id for r in records], model=[r.model for r in records],
-            status=[r.status for r in records], submit_ns=f("submit_ns", 0, np.int64), end_ns=f("end_ns", 0, np.int64),
-            event_start=start, event_offsets_ns=_concat([r.event_offsets_ns for r in records]),
+            trace_id=[r.trace_id for r in records],
+            boundary=[r.boundary for r in records],
+            request_id=[r.request_id for r in records],
+            model=[r.model for r in records],
+            status=[r.status for r in records],
+            submit_ns=f("submit_ns", 0, np.int64),
+            end_ns=f("end_ns", 0, np.int64),
+            event_start=start,
+            event_offsets_ns=_concat([r.event_offsets_ns for r in records]),
             event_tokens=_concat([r.event_tokens for r in records]),
-            input_tokens=f("input_tokens", -1, np.int64), output_tokens=f("output_tokens", 0, np.int64),
+            input_tokens=f("input_tokens", -1, np.int64),
+            output_tokens=f("output_tokens", 0, np.int64),
             estimated_tokens=f("estimated_tokens", False, bool),
-            **{k: f(k, np.nan, np.float64) for k in ("ttft", "tpot", "e2e", "itl_max", "queue", "prefill", "decode",
-                                                      "preemption_time", "engine_delivery", "network_in", "delivery")},
-            preemptions=f("preemptions", 0, np.int64), first_scheduled_ns=f("first_scheduled_ns", NO_NS, np.int64),
-            first_generated_ns=f("first_generated_ns", NO_NS, np.int64), paired=f("paired", False, bool),
-            peer_request_id=[r.peer_request_id for r in records])
+            **{
+                k: f(k, np.nan, np.float64)
+                for k in (
+                    "ttft",
+                    "tpot",
+                    "e2e",
+                    "itl_max",
+                    "queue",
+                    "prefill",
+                    "decode",
+                    "preemption_time",
+                    "engine_delivery",
+                    "network_in",
+                    "delivery",
+                )
+            },
+            preemptions=f("preemptions", 0, np.int64),
+            first_scheduled_ns=f("first_scheduled_ns", NO_NS, np.int64),
+            first_generated_ns=f("first_generated_ns", NO_NS, np.int64),
+            paired=f("paired", False, bool),
+            peer_request_id=[r.peer_request_id for r in records],
+        )
 
     def records(self) -> list[RequestRecord]:
         cols = self.scalar_columns()
@@ -185,6 +230,11 @@ class RecordBatch:
         st = self.event_start.tolist()
         for i, values in enumerate(zip(*cols.values())):
             a, b = st[i], st[i + 1]
-            out.append(RequestRecord(**dict(zip(names, values)), event_offsets_ns=self.event_offsets_ns[a:b],
-                                     event_tokens=self.event_tokens[a:b]))
+            out.append(
+                RequestRecord(
+                    **dict(zip(names, values)),
+                    event_offsets_ns=self.event_offsets_ns[a:b],
+                    event_tokens=self.event_tokens[a:b],
+                )
+            )
         return out

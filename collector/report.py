@@ -1,4 +1,5 @@
 """Formatting ``otel-llm compare`` for people (milliseconds)."""
+
 from __future__ import annotations
 
 from otel_llm.report import grid
@@ -15,31 +16,76 @@ def format_comparison(rows, summary: dict, top: int = 20, markdown: bool = False
     if o["low_s"] is None:
         out.append("no pairs to bound it")
     else:
-        out.append(f"applied {o['theta_s'] * 1000:.3f} ms ({o['source']}); bounds [{o['low_s'] * 1000:.3f}, "
-                   f"{o['high_s'] * 1000:.3f}] ms, width {o['width_s'] * 1000:.3f} ms"
-                   + ("" if o["consistent"] else "  (inconsistent: the bounds cross; timing jitter or clock drift)"))
+        out.append(
+            f"applied {o['theta_s'] * 1000:.3f} ms ({o['source']}); bounds [{o['low_s'] * 1000:.3f}, "
+            f"{o['high_s'] * 1000:.3f}] ms, width {o['width_s'] * 1000:.3f} ms"
+            + ("" if o["consistent"] else "  (inconsistent: the bounds cross; timing jitter or clock drift)")
+        )
     out += ["", h(f"Client TTFT decomposition (ms; {summary['percentile_method']})")]
     d = summary["distributions"]
     keys = [k for k in next(iter(d.values())) if k[:1] == "p" and k[1:2].isdigit()]
     cols = ["part", "n", "mean", *keys, "max"]
     lines = []
-    for k in ("client_ttft", "network_in", "queue", "prefill", "delivery", "engine_ttft", "client_itl", "engine_itl",
-              "client_itl_max", "engine_itl_max"):
+    for k in (
+        "client_ttft",
+        "network_in",
+        "queue",
+        "prefill",
+        "delivery",
+        "engine_ttft",
+        "client_itl",
+        "engine_itl",
+        "client_itl_max",
+        "engine_itl_max",
+    ):
         x = d[k]
         lines.append([k, str(x["n"]), _ms(x["mean"]), *(_ms(x[p]) for p in keys), _ms(x["max"])])
     out += grid(cols, lines, markdown)
     if "ttft_share" in summary:
         s = summary["ttft_share"]
-        out.append("share of client TTFT: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in s.items())
-                   + f"  (parts sum to the TTFT within {summary['max_abs_parts_sum_error_s'] * 1e6:.1f} us)")
+        out.append(
+            "share of client TTFT: "
+            + ", ".join(f"{k} {v * 100:.1f}%" for k, v in s.items())
+            + f"  (parts sum to the TTFT within {summary['max_abs_parts_sum_error_s'] * 1e6:.1f} us)"
+        )
     st = summary["stalls"]
-    out += ["", f"paired requests: {summary['requests_paired']}, unpaired records: {summary['records_unpaired']}; "
-            f"stalls: delivery {st['delivery']}, engine (preemption) {st['engine:preemption']}, "
-            f"engine (other) {st['engine:other']}", "", h(f"Slowest {min(top, len(rows))} by client TTFT (ms)")]
+    out += [
+        "",
+        f"paired requests: {summary['requests_paired']}, unpaired records: {summary['records_unpaired']}; "
+        f"stalls: delivery {st['delivery']}, engine (preemption) {st['engine:preemption']}, "
+        f"engine (other) {st['engine:other']}",
+        "",
+        h(f"Slowest {min(top, len(rows))} by client TTFT (ms)"),
+    ]
     worst = sorted(rows, key=lambda r: -(r.client_ttft or 0))[:top]
-    out += grid(["id", "client_ttft", "network_in", "queue", "prefill", "delivery", "engine_ttft", "itl_max c/e",
-                  "preempt", "stall"],
-                 [[r.id, _ms(r.client_ttft), _ms(r.network_in), _ms(r.queue), _ms(r.prefill), _ms(r.delivery),
-                   _ms(r.engine_ttft), f"{_ms(r.client_itl_max)}/{_ms(r.engine_itl_max)}", str(r.preemptions),
-                   r.stall] for r in worst], markdown)
+    out += grid(
+        [
+            "id",
+            "client_ttft",
+            "network_in",
+            "queue",
+            "prefill",
+            "delivery",
+            "engine_ttft",
+            "itl_max c/e",
+            "preempt",
+            "stall",
+        ],
+        [
+            [
+                r.id,
+                _ms(r.client_ttft),
+                _ms(r.network_in),
+                _ms(r.queue),
+                _ms(r.prefill),
+                _ms(r.delivery),
+                _ms(r.engine_ttft),
+                f"{_ms(r.client_itl_max)}/{_ms(r.engine_itl_max)}",
+                str(r.preemptions),
+                r.stall,
+            ]
+            for r in worst
+        ],
+        markdown,
+    )
     return "\n".join(out) + "\n"

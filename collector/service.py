@@ -5,6 +5,7 @@
 store and the metrics registry. Receivers call :meth:`Collector.accept`. :meth:`stop` (SIGTERM)
 stops the receivers, releases every trace still in flight and flushes it all to the store.
 """
+
 from __future__ import annotations
 
 import logging
@@ -110,7 +111,7 @@ class Collector:
                 continue
             try:
                 self.tick()
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("collector: derivation failed; going on")
 
     def pause(self) -> None:
@@ -132,11 +133,14 @@ class Collector:
             out["store_duplicates_ignored"] = self.store_writer.duplicates
             out["store_failed_batches"] = self.store_writer.failed_batches
         if self.forwarder is not None:
-            out.update(forward_traces_sent=self.forwarder.sent, forward_traces_failed=self.forwarder.failed,
-                       forward_traces_dropped=self.forwarder.dropped)
+            out.update(
+                forward_traces_sent=self.forwarder.sent,
+                forward_traces_failed=self.forwarder.failed,
+                forward_traces_dropped=self.forwarder.dropped,
+            )
         return out
 
-    def start(self) -> "Collector":
+    def start(self) -> Collector:
         cfg = self.config
         from .receivers.otlp_grpc import GrpcReceiver
         from .receivers.otlp_http import HttpReceiver
@@ -152,13 +156,15 @@ class Collector:
         if cfg.prometheus:
             from .exporters.prometheus import PrometheusEndpoint
 
-            self.prometheus = PrometheusEndpoint(*host_port(cfg.prometheus), self.registry.snapshot,
-                                                 self.self_counters).start()
+            self.prometheus = PrometheusEndpoint(
+                *host_port(cfg.prometheus), self.registry.snapshot, self.self_counters
+            ).start()
         if cfg.forward_metrics:
             from .exporters.otlp_metrics import MetricsPusher
 
-            self.pusher = MetricsPusher(cfg.forward_metrics, self.registry.snapshot, self.registry.start_time_ns,
-                                        cfg.metrics_interval_s).start()
+            self.pusher = MetricsPusher(
+                cfg.forward_metrics, self.registry.snapshot, self.registry.start_time_ns, cfg.metrics_interval_s
+            ).start()
         self._worker.start()
         return self
 

@@ -10,6 +10,7 @@ Layout (index constants below): ids are raw bytes (trace 16, span 8, parent 0 or
 Unix ns; ``code`` says which span it is; token-event arrays are bytes of native int64
 (``np.frombuffer``); :data:`INVALID` marks an attribute of a type derivation does not read.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,17 +21,31 @@ from otel_llm import semconv as sc
 
 # span codes
 CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM = range(7)
-CODES = {sc.SPAN_CLIENT_REQUEST: CLIENT, sc.SPAN_REQUEST: ENGINE, sc.SPAN_QUEUE: QUEUE, sc.SPAN_PREFILL: PREFILL,
-         sc.SPAN_DECODE: DECODE, sc.SPAN_PREEMPTION: PREEMPTION, sc.SPAN_STREAM: STREAM}
+CODES = {
+    sc.SPAN_CLIENT_REQUEST: CLIENT,
+    sc.SPAN_REQUEST: ENGINE,
+    sc.SPAN_QUEUE: QUEUE,
+    sc.SPAN_PREFILL: PREFILL,
+    sc.SPAN_DECODE: DECODE,
+    sc.SPAN_PREEMPTION: PREEMPTION,
+    sc.SPAN_STREAM: STREAM,
+}
 NAMES = {v: k for k, v in CODES.items()}
 BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine"}
 
 QUEUE_INCOMPLETE = "llm.queue.incomplete"  # the engine never saw the request scheduled
 
 # attribute slots, in tuple order: (name in make_span, attribute key)
-_ATTRIBUTES = (("request_id", sc.REQUEST_ID), ("model", sc.REQUEST_MODEL), ("status", sc.STATUS),
-               ("input_tokens", sc.INPUT_TOKENS), ("estimated", sc.TOKEN_EVENT_ESTIMATED),
-               ("offsets", sc.TOKEN_EVENT_OFFSETS), ("tokens", sc.TOKEN_EVENT_TOKENS), ("incomplete", QUEUE_INCOMPLETE))
+_ATTRIBUTES = (
+    ("request_id", sc.REQUEST_ID),
+    ("model", sc.REQUEST_MODEL),
+    ("status", sc.STATUS),
+    ("input_tokens", sc.INPUT_TOKENS),
+    ("estimated", sc.TOKEN_EVENT_ESTIMATED),
+    ("offsets", sc.TOKEN_EVENT_OFFSETS),
+    ("tokens", sc.TOKEN_EVENT_TOKENS),
+    ("incomplete", QUEUE_INCOMPLETE),
+)
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
 
@@ -57,12 +72,22 @@ INVALID = _Invalid()
 WalkedSpan = tuple
 
 
-def make_span(trace_id: bytes | str, span_id: bytes | str, name: str, *, parent: bytes | str = b"",
-              start: int = 0, end: int = 0, kind: int = 1, status_code: int = 0, service: Any = None,
-              **attrs: Any) -> WalkedSpan:
+def make_span(
+    trace_id: bytes | str,
+    span_id: bytes | str,
+    name: str,
+    *,
+    parent: bytes | str = b"",
+    start: int = 0,
+    end: int = 0,
+    kind: int = 1,
+    status_code: int = 0,
+    service: Any = None,
+    **attrs: Any,
+) -> WalkedSpan:
     """A walked span built by hand (tests, tools): ids as bytes or hex; ``attrs`` by slot name
     (``request_id=``, ``offsets=[...]``: int lists become packed int64 bytes)."""
-    b = lambda x: bytes.fromhex(x) if isinstance(x, str) else x  # noqa: E731
+    b = lambda x: bytes.fromhex(x) if isinstance(x, str) else x
     slots: list[Any] = [None] * len(ATTRIBUTE_SLOTS)
     names = [name for name, _ in _ATTRIBUTES]
     for k, v in attrs.items():

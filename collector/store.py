@@ -9,6 +9,7 @@ span is never stored twice. End time first: rows arrive in about end order, so t
 grows at its right edge (a random trace id first made every insert a random B-tree descent,
 half the cost of a row), and it serves queries over a window of end times.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,9 +18,8 @@ import os
 import sqlite3
 import threading
 from array import array
-from itertools import chain
-
 from dataclasses import fields
+from itertools import chain, pairwise
 
 import numpy as np
 
@@ -63,9 +63,8 @@ def event_blobs(batch: RecordBatch) -> tuple[list, list]:
     offs = memoryview(np.ascontiguousarray(batch.event_offsets_ns, "<i8")).cast("B")
     toks = memoryview(np.ascontiguousarray(batch.event_tokens, "<i8")).cast("B")
     ones = segment_sum((batch.event_tokens != 1).astype(np.int64), st) == 0
-    pairs = list(zip(ends[:-1], ends[1:]))
-    return ([offs[a:b] for a, b in pairs],
-            [b"" if one else toks[a:b] for (a, b), one in zip(pairs, ones.tolist())])
+    pairs = list(pairwise(ends))
+    return ([offs[a:b] for a, b in pairs], [b"" if one else toks[a:b] for (a, b), one in zip(pairs, ones.tolist())])
 
 
 def decode_events(offsets: bytes, tokens: bytes) -> tuple[list[int], list[int]]:
@@ -108,8 +107,9 @@ class RequestStore:
         self._closing = threading.Event()
         if background_checkpoints:
             self._db.execute("PRAGMA wal_autocheckpoint=0")
-            self._checkpointer = threading.Thread(target=self._checkpoint_loop, args=(checkpoint_interval_s,),
-                                                  name="store-checkpoint", daemon=True)
+            self._checkpointer = threading.Thread(
+                target=self._checkpoint_loop, args=(checkpoint_interval_s,), name="store-checkpoint", daemon=True
+            )
             self._checkpointer.start()
 
     def _checkpoint_loop(self, interval: float) -> None:
@@ -127,7 +127,9 @@ class RequestStore:
     def _insert_rows(n: int) -> str:
         names = ", ".join(f'"{c}"' for c in _SCALARS)
         row = "(" + ", ".join("?" * _WIDTH) + ")"
-        return f"INSERT OR IGNORE INTO requests ({names}, event_offsets_ns, event_tokens) VALUES " + ", ".join([row] * n)
+        return f"INSERT OR IGNORE INTO requests ({names}, event_offsets_ns, event_tokens) VALUES " + ", ".join(
+            [row] * n
+        )
 
     def add(self, batch: RecordBatch) -> int:
         """Append a batch of records (those already stored are ignored and counted)."""
@@ -145,9 +147,9 @@ class RequestStore:
             try:
                 full = n_rows - n_rows % chunk
                 for a in range(0, full, chunk):
-                    self._db.execute(self._insert_chunk, params[a * width:(a + chunk) * width])
+                    self._db.execute(self._insert_chunk, params[a * width : (a + chunk) * width])
                 if full < n_rows:
-                    self._db.execute(self._insert_rows(n_rows - full), params[full * width:])
+                    self._db.execute(self._insert_rows(n_rows - full), params[full * width :])
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")
@@ -158,7 +160,7 @@ class RequestStore:
         return n
 
     def records(self, boundary: str | None = None) -> list[RequestRecord]:
-        q = f'SELECT {", ".join(chr(34) + c + chr(34) for c in _SCALARS)}, event_offsets_ns, event_tokens FROM requests'
+        q = f"SELECT {', '.join(chr(34) + c + chr(34) for c in _SCALARS)}, event_offsets_ns, event_tokens FROM requests"
         args: tuple = ()
         if boundary:
             q += " WHERE boundary = ?"

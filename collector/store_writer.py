@@ -12,6 +12,7 @@ it store what it was sent and exit; if the collector dies, the child sees end of
 derivation backlog grows and the receivers answer UNAVAILABLE). If the child cannot be started
 or dies, the writer logs it, counts the batches lost with it, and writes in-process from then on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,8 +53,12 @@ class StoreWriter:
                 # the child imports this very package, wherever it was imported from
                 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-                self._proc = subprocess.Popen([sys.executable, "-m", "collector.store_writer", store.path],
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "collector.store_writer", store.path],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    env=env,
+                )
                 self._acks = threading.Thread(target=self._read_acks, name="collector-store-acks", daemon=True)
                 self._acks.start()
             except OSError as exc:
@@ -119,7 +124,7 @@ class StoreWriter:
     def _write_local(self, batch: RecordBatch) -> None:
         try:
             n = self.store.add(batch)
-        except Exception:  # noqa: BLE001
+        except Exception:
             self.failed_batches += 1
             log.exception("collector: writing %d records to the store failed", len(batch))
             return
@@ -130,8 +135,11 @@ class StoreWriter:
         with self._idle:
             if self._proc is None:
                 return
-            log.error("collector: the store writer process died; %d batches were lost with it; writing "
-                      "in-process from now on", self._pending)
+            log.error(
+                "collector: the store writer process died; %d batches were lost with it; writing "
+                "in-process from now on",
+                self._pending,
+            )
             self.failed_batches += self._pending
             self._pending = 0
             self._proc = None
@@ -179,7 +187,7 @@ def _read_frame(inp) -> RecordBatch | None:
         return None
     k = int.from_bytes(head, "little")
     raw = inp.read(8 * k)
-    lengths = [int.from_bytes(raw[i:i + 8], "little") for i in range(0, 8 * k, 8)]
+    lengths = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, 8 * k, 8)]
     data = inp.read(lengths[0])
     buffers = []
     for n in lengths[1:]:
@@ -206,7 +214,7 @@ def _child(path: str) -> int:
         try:
             n = store.add(batch)
             ack = (n, len(batch) - n, 0)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("writing %d records to the store failed", len(batch))
             ack = (0, 0, 1)
         pickle.dump(ack, out)

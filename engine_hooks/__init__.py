@@ -4,6 +4,7 @@
 * :class:`EngineHooks`: the generic decorator API for any batching engine.
 * :func:`flush`: export everything recorded so far.
 """
+
 from .api import EngineHooks
 from .pipeline import TracingPipeline, default_pipeline, flush
 

@@ -5,6 +5,7 @@ step's output is back; ``elapsed_ns()`` is called later on the span-building thr
 ``None`` until the end event has completed (``Event.query()``), so nothing waits on the GPU.
 Events are pooled and reused. On the CPU there is no timer and the attribute is absent.
 """
+
 from __future__ import annotations
 
 
@@ -20,7 +21,7 @@ class CudaEventTimer:
         self._ready = False
 
     @classmethod
-    def if_available(cls) -> "CudaEventTimer | None":
+    def if_available(cls) -> CudaEventTimer | None:
         """A timer when this process can use CUDA, else None (the CPU: no GPU time attribute).
 
         Built when the plugin loads, before the model is on the GPU: events are only recorded
@@ -31,7 +32,7 @@ class CudaEventTimer:
 
             if torch.cuda.is_available():
                 return cls(torch.cuda)
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
         return None
 

@@ -6,6 +6,7 @@ builds spans with explicit times and exports them in batches of at most
 ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512). Nothing here raises into the engine: failures
 are counted in :class:`PipelineCounters` and warned about once. Spans are flushed at exit.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -17,9 +18,9 @@ from dataclasses import dataclass
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from otel_llm.clock import WallAnchor, monotonic_ns
 from otel_llm.export import SafeSpanExporter, exporter_from_env
 
-from otel_llm.clock import WallAnchor, monotonic_ns
 from .recorder import Recorder
 from .spans import SpanFactory, make_resource
 from .tracker import RequestTracker
@@ -47,10 +48,20 @@ def _env_int(name: str, default: int) -> int:
 
 
 class TracingPipeline:
-    def __init__(self, exporter: SpanExporter | None = None, *, service_name: str = "llm-engine",
-                 engine: str | None = None, model: str | None = None, boundary: str = "engine",
-                 interval_s: float | None = None, capacity: int | None = None,
-                 max_in_flight: int = 100_000, gpu_elapsed=None, resource_attrs: dict | None = None):
+    def __init__(
+        self,
+        exporter: SpanExporter | None = None,
+        *,
+        service_name: str = "llm-engine",
+        engine: str | None = None,
+        model: str | None = None,
+        boundary: str = "engine",
+        interval_s: float | None = None,
+        capacity: int | None = None,
+        max_in_flight: int = 100_000,
+        gpu_elapsed=None,
+        resource_attrs: dict | None = None,
+    ):
         self.recorder = Recorder(capacity or _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 1 << 18))
         self.anchor = WallAnchor()
         self.tracker = RequestTracker(self.anchor, max_in_flight, gpu_elapsed=gpu_elapsed)
@@ -73,10 +84,13 @@ class TracingPipeline:
         self.counters.hook_errors += 1
         if not self._hook_warned:
             self._hook_warned = True
-            log.warning("engine_hooks: a tracing hook failed (%s: %s); the engine goes on, failures are counted",
-                        type(exc).__name__, exc)
+            log.warning(
+                "engine_hooks: a tracing hook failed (%s: %s); the engine goes on, failures are counted",
+                type(exc).__name__,
+                exc,
+            )
 
-    def start(self) -> "TracingPipeline":
+    def start(self) -> TracingPipeline:
         if self._thread is None and not self._stopped:
             self._thread = threading.Thread(target=self._run, name="otel-llm-spans", daemon=True)
             self._thread.start()
@@ -107,17 +121,21 @@ class TracingPipeline:
                 c.steps_traced += len(steps)
                 c.requests_evicted = self.tracker.evicted
                 c.events_dropped = self.recorder.dropped
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.counters.builder_errors += 1
                 if not self._builder_warned:
                     self._builder_warned = True
-                    log.warning("engine_hooks: building spans failed (%s: %s); counting and going on",
-                                type(exc).__name__, exc, exc_info=True)
+                    log.warning(
+                        "engine_hooks: building spans failed (%s: %s); counting and going on",
+                        type(exc).__name__,
+                        exc,
+                        exc_info=True,
+                    )
                 return 0
             if self.exporter is None:
                 return 0
             for i in range(0, len(spans), self.batch_size):
-                self.exporter.export(spans[i:i + self.batch_size])
+                self.exporter.export(spans[i : i + self.batch_size])
             self.counters.spans_exported = self.exporter.exported
             self.counters.spans_dropped = self.exporter.dropped
             return len(spans)
@@ -142,7 +160,7 @@ class TracingPipeline:
             self.exporter.shutdown()
 
 
-_live_pipelines: "weakref.WeakSet[TracingPipeline]" = weakref.WeakSet()
+_live_pipelines: weakref.WeakSet[TracingPipeline] = weakref.WeakSet()
 
 
 @atexit.register
@@ -150,7 +168,7 @@ def _flush_all_at_exit() -> None:
     for p in list(_live_pipelines):
         try:
             p.shutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
 

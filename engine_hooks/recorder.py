@@ -5,6 +5,7 @@ One ``len`` check and one ``deque.append``: O(1) Python work per call, no alloca
 tuple, no lock (``deque.append``/``popleft`` are atomic). When full, the event is dropped and
 counted, never blocking the engine.
 """
+
 from __future__ import annotations
 
 from collections import deque

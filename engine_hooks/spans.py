@@ -6,10 +6,11 @@ Runs off the engine's thread. Span layout (DESIGN.md): ``llm.request`` (SERVER) 
 their parent. Engine steps go into one trace per export batch: an ``llm.engine.steps`` span with
 one ``llm.engine.step`` child per iteration.
 """
+
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
@@ -49,8 +50,9 @@ def parent_from_headers(headers: Mapping[str, str] | None) -> SpanContext | None
 
 
 class SpanFactory:
-    def __init__(self, resource: Resource, boundary: str = "engine", engine: str | None = None,
-                 model: str | None = None):
+    def __init__(
+        self, resource: Resource, boundary: str = "engine", engine: str | None = None, model: str | None = None
+    ):
         self.resource = resource
         self.boundary = boundary
         self.engine = engine
@@ -61,25 +63,46 @@ class SpanFactory:
     def _ctx(self, trace_id: int) -> SpanContext:
         return SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=_SAMPLED)
 
-    def _span(self, name: str, ctx: SpanContext, parent: SpanContext | None, start: int, end: int,
-              attrs: dict, kind: SpanKind = SpanKind.INTERNAL, status: Status | None = None) -> ReadableSpan:
-        return ReadableSpan(name=name, context=ctx, parent=parent, resource=self.resource, attributes=attrs,
-                            kind=kind, status=status or Status(StatusCode.UNSET), start_time=start,
-                            end_time=max(end, start), instrumentation_scope=_SCOPE)
+    def _span(
+        self,
+        name: str,
+        ctx: SpanContext,
+        parent: SpanContext | None,
+        start: int,
+        end: int,
+        attrs: dict,
+        kind: SpanKind = SpanKind.INTERNAL,
+        status: Status | None = None,
+    ) -> ReadableSpan:
+        return ReadableSpan(
+            name=name,
+            context=ctx,
+            parent=parent,
+            resource=self.resource,
+            attributes=attrs,
+            kind=kind,
+            status=status or Status(StatusCode.UNSET),
+            start_time=start,
+            end_time=max(end, start),
+            instrumentation_scope=_SCOPE,
+        )
 
     def request_spans(self, r: FinishedRequest) -> list[ReadableSpan]:
         parent = parent_from_headers(r.trace_headers)
         trace_id = parent.trace_id if parent else self._ids.generate_trace_id()
         root = self._ctx(trace_id)
         s0, s1 = r.start_ns, r.end_ns
-        clamp = lambda t: min(max(t, s0), s1)  # noqa: E731
+        clamp = lambda t: min(max(t, s0), s1)
         b = {sc.BOUNDARY: self.boundary}
         offsets = [t - s0 for t in r.out_times_ns]
         if offsets and (offsets[0] < 0 or offsets[-1] > s1 - s0):  # rare: keep them inside the span
             offsets = [min(max(o, 0), s1 - s0) for o in offsets]
         attrs = {
-            **b, sc.REQUEST_ID: r.request_id, sc.STATUS: r.status,
-            sc.OUTPUT_TOKENS: r.output_tokens, sc.PREEMPTIONS: len(r.preemptions),
+            **b,
+            sc.REQUEST_ID: r.request_id,
+            sc.STATUS: r.status,
+            sc.OUTPUT_TOKENS: r.output_tokens,
+            sc.PREEMPTIONS: len(r.preemptions),
             sc.TOKEN_EVENT_OFFSETS: offsets,
             sc.TOKEN_EVENT_TOKENS: list(r.out_tokens),
         }
@@ -100,11 +123,16 @@ class SpanFactory:
             attrs[sc.ERROR_TYPE] = r.finish_reason if r.status == "error" and r.finish_reason else r.status
             status = Status(StatusCode.ERROR, r.status)
         out = [self._span(sc.SPAN_REQUEST, root, parent, s0, s1, attrs, SpanKind.SERVER, status)]
-        child = lambda name, t0, t1, a=None: out.append(  # noqa: E731
-            self._span(name, self._ctx(trace_id), root, clamp(t0), clamp(t1), {**b, **(a or {})}))
+        child = lambda name, t0, t1, a=None: out.append(
+            self._span(name, self._ctx(trace_id), root, clamp(t0), clamp(t1), {**b, **(a or {})})
+        )
         sched = r.first_scheduled_ns
-        child(sc.SPAN_QUEUE, s0, sched if sched is not None else s1,
-              None if sched is not None else {"llm.queue.incomplete": True})
+        child(
+            sc.SPAN_QUEUE,
+            s0,
+            sched if sched is not None else s1,
+            None if sched is not None else {"llm.queue.incomplete": True},
+        )
         if sched is not None and r.first_generated_ns is not None:
             child(sc.SPAN_PREFILL, sched, r.first_generated_ns)
             if r.last_generated_ns is not None and r.generated_tokens > 1:
@@ -123,12 +151,25 @@ class SpanFactory:
         b = {sc.BOUNDARY: self.boundary}
         if self.engine:
             b[sc.ENGINE_NAME] = self.engine
-        out = [self._span(sc.SPAN_STEPS, root, None, steps[0].start_ns, max(s.end_ns for s in steps),
-                          {**b, "llm.steps.count": len(steps), "llm.steps.first_index": steps[0].index})]
+        out = [
+            self._span(
+                sc.SPAN_STEPS,
+                root,
+                None,
+                steps[0].start_ns,
+                max(s.end_ns for s in steps),
+                {**b, "llm.steps.count": len(steps), "llm.steps.first_index": steps[0].index},
+            )
+        ]
         for s in steps:
-            a = {**b, sc.STEP_INDEX: s.index, sc.STEP_BATCH_SIZE: s.batch_size,
-                 sc.STEP_PREFILL_TOKENS: s.prefill_tokens, sc.STEP_DECODE_TOKENS: s.decode_tokens,
-                 sc.STEP_PREEMPTED: s.preempted}
+            a = {
+                **b,
+                sc.STEP_INDEX: s.index,
+                sc.STEP_BATCH_SIZE: s.batch_size,
+                sc.STEP_PREFILL_TOKENS: s.prefill_tokens,
+                sc.STEP_DECODE_TOKENS: s.decode_tokens,
+                sc.STEP_PREEMPTED: s.preempted,
+            }
             if s.kv_usage is not None:
                 a[sc.STEP_KV_USAGE] = float(s.kv_usage)
             if s.gpu_time_ns is not None:

@@ -5,6 +5,7 @@ here and saved with ``save_pretrained`` so that vLLM or transformers can load th
 
 Run: ``python -m engine_hooks.tiny_model DIR`` (does nothing when DIR already holds the model).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,16 @@ import os
 import sys
 
 MARKER = "otel_llm_tiny_model.json"
-SPEC = {"vocab_size": 512, "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024, "seed": 0}
+SPEC = {
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "seed": 0,
+}
 
 
 def build_tiny_model(path: str) -> str:
@@ -33,15 +42,24 @@ def build_tiny_model(path: str) -> str:
     vocab = {w: i for i, w in enumerate(words)}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", pad_token="<pad>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
+    )
     fast.save_pretrained(path)
     torch.manual_seed(SPEC["seed"])
-    cfg = LlamaConfig(vocab_size=SPEC["vocab_size"], hidden_size=SPEC["hidden_size"],
-                      intermediate_size=SPEC["intermediate_size"], num_hidden_layers=SPEC["num_hidden_layers"],
-                      num_attention_heads=SPEC["num_attention_heads"], num_key_value_heads=SPEC["num_key_value_heads"],
-                      max_position_embeddings=SPEC["max_position_embeddings"], bos_token_id=1, eos_token_id=2,
-                      pad_token_id=3, torch_dtype="bfloat16")
+    cfg = LlamaConfig(
+        vocab_size=SPEC["vocab_size"],
+        hidden_size=SPEC["hidden_size"],
+        intermediate_size=SPEC["intermediate_size"],
+        num_hidden_layers=SPEC["num_hidden_layers"],
+        num_attention_heads=SPEC["num_attention_heads"],
+        num_key_value_heads=SPEC["num_key_value_heads"],
+        max_position_embeddings=SPEC["max_position_embeddings"],
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=3,
+        torch_dtype="bfloat16",
+    )
     model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(path)
     with open(marker, "w") as fh:

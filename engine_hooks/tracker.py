@@ -9,7 +9,8 @@ PREEMPTED   ``(PREEMPTED, mono, request_id, mode)``: ``mode`` is ``recompute`` o
 GENERATED   ``(GENERATED, mono, request_id, tokens)``: tokens produced inside the engine
 TOKEN_OUT   ``(TOKEN_OUT, mono, request_id, tokens)``: output handed to the transport
 FINISH      ``(FINISH, mono, request_id, status, reason|None)``: status ``ok|error|cancelled|rejected``
-STEP        ``(STEP, mono_start, mono_end, index, batch, prefill_tokens, decode_tokens, preempted, kv_usage|None, gpu_handle|None)``
+STEP        ``(STEP, mono_start, mono_end, index, batch, prefill_tokens, decode_tokens, preempted,
+            kv_usage|None, gpu_handle|None)``
 RAW         ``(RAW, mono, expander, payload)``: ``expander(tracker, mono, payload)`` unpacks an engine's
             own objects later, so that the hot path only keeps a reference
 =========== =============================================================================
@@ -17,12 +18,14 @@ RAW         ``(RAW, mono, expander, payload)``: ``expander(tracker, mono, payloa
 An engine without a separate GENERATED hook gets its token-out times used as generation times.
 In-flight requests are bounded (``max_in_flight``): the oldest is evicted and counted.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 from otel_llm.clock import WallAnchor
+
 from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, RAW, SCHEDULED, STEP, TOKEN_OUT
 
 
@@ -68,7 +71,7 @@ class StepRecord:
 
 
 class _Live:
-    __slots__ = ("rec", "open_preemption", "gen_seen")
+    __slots__ = ("gen_seen", "open_preemption", "rec")
 
     def __init__(self, rec: FinishedRequest):
         self.rec = rec
@@ -77,8 +80,12 @@ class _Live:
 
 
 class RequestTracker:
-    def __init__(self, anchor: WallAnchor | None = None, max_in_flight: int = 100_000,
-                 gpu_elapsed: Callable[[object], int | None] | None = None):
+    def __init__(
+        self,
+        anchor: WallAnchor | None = None,
+        max_in_flight: int = 100_000,
+        gpu_elapsed: Callable[[object], int | None] | None = None,
+    ):
         self.anchor = anchor or WallAnchor()
         self.max_in_flight = max_in_flight
         self.gpu_elapsed = gpu_elapsed
@@ -90,16 +97,26 @@ class RequestTracker:
         self.unknown_events = 0
 
     # -- request lifecycle, wall-clock ns ---------------------------------------------------------
-    def arrival(self, rid: str, wall_ns: int, start_ns: int | None = None, input_tokens: int | None = None,
-                trace_headers: Mapping[str, str] | None = None, attrs: dict | None = None) -> None:
+    def arrival(
+        self,
+        rid: str,
+        wall_ns: int,
+        start_ns: int | None = None,
+        input_tokens: int | None = None,
+        trace_headers: Mapping[str, str] | None = None,
+        attrs: dict | None = None,
+    ) -> None:
         if len(self.live) >= self.max_in_flight:
             old_id = next(iter(self.live))
             old = self.live.pop(old_id)
             self.evicted += 1
             self._close(old, wall_ns, "cancelled", "evicted", incomplete=True)
         start = start_ns if start_ns is not None else wall_ns
-        self.live[rid] = _Live(FinishedRequest(rid, start, start, "ok", trace_headers=trace_headers,
-                                               input_tokens=input_tokens, attrs=attrs))
+        self.live[rid] = _Live(
+            FinishedRequest(
+                rid, start, start, "ok", trace_headers=trace_headers, input_tokens=input_tokens, attrs=attrs
+            )
+        )
 
     def _get(self, rid: str) -> _Live | None:
         st = self.live.get(rid)
@@ -170,8 +187,18 @@ class RequestTracker:
             self._close(self.live.pop(rid), wall_ns, "cancelled", "shutdown", incomplete=True)
 
     # -- steps --------------------------------------------------------------------------------------
-    def step(self, start_ns: int, end_ns: int, index: int, batch: int, prefill: int, decode: int,
-             preempted: int, kv_usage: float | None, gpu_handle: object | None) -> None:
+    def step(
+        self,
+        start_ns: int,
+        end_ns: int,
+        index: int,
+        batch: int,
+        prefill: int,
+        decode: int,
+        preempted: int,
+        kv_usage: float | None,
+        gpu_handle: object | None,
+    ) -> None:
         rec = StepRecord(start_ns, end_ns, index, batch, prefill, decode, preempted, kv_usage)
         if gpu_handle is not None and self.gpu_elapsed is not None:
             self.pending_gpu.append((rec, gpu_handle))

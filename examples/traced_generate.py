@@ -5,6 +5,7 @@
 (or set ``OTEL_EXPORTER_OTLP_ENDPOINT`` to send the spans to a collector or Jaeger instead).
 A small KV cache forces preemptions, so the trace shows them.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,13 +24,17 @@ def main() -> None:
     model = sys.argv[1]
     kv_mib = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
     TracedLLM = engine_hooks.instrument(LLM)  # same constructor, same API, traced
-    llm = TracedLLM(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512,
-                    kv_cache_memory_bytes=int(kv_mib * 2 ** 20))
-    outs = llm.generate([prompt(40, seed=i) for i in range(24)], SamplingParams(max_tokens=120, ignore_eos=True),
-                        use_tqdm=False)
+    llm = TracedLLM(
+        model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=int(kv_mib * 2**20)
+    )
+    outs = llm.generate(
+        [prompt(40, seed=i) for i in range(24)], SamplingParams(max_tokens=120, ignore_eos=True), use_tqdm=False
+    )
     pre = sum(o.metrics.num_preemptions for o in outs if o.metrics)
-    print(f"generated {sum(len(o.outputs[0].token_ids) for o in outs)} tokens for {len(outs)} requests; "
-          f"vLLM counted {pre} preemptions")
+    print(
+        f"generated {sum(len(o.outputs[0].token_ids) for o in outs)} tokens for {len(outs)} requests; "
+        f"vLLM counted {pre} preemptions"
+    )
 
 
 if __name__ == "__main__":

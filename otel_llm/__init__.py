@@ -3,6 +3,7 @@
 The core package: semantic conventions, the timeline model, the metric math of spec/metrics.md,
 client-side instrumentation and the ``otel-llm`` command.
 """
+
 from .metrics import RequestMetrics, request_metrics, single_request_metrics
 from .percentiles import percentiles
 from .slo import SLO
@@ -11,5 +12,16 @@ from .timeline import Timeline, TimelineBatch
 from .window import Window
 
 __version__ = "0.1.0"
-__all__ = ["Timeline", "TimelineBatch", "RequestMetrics", "request_metrics", "single_request_metrics",
-           "percentiles", "SLO", "Summary", "summarize", "Window", "__version__"]
+__all__ = [
+    "SLO",
+    "RequestMetrics",
+    "Summary",
+    "Timeline",
+    "TimelineBatch",
+    "Window",
+    "__version__",
+    "percentiles",
+    "request_metrics",
+    "single_request_metrics",
+    "summarize",
+]

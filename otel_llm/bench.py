@@ -8,6 +8,7 @@ exact; ``ignore_eos`` (vLLM) makes the output length exact. Warm-up requests run
 excluded. The conditions of spec/metrics.md travel with the run: as resource attributes of every
 client span, in the summary, and in ``--output``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,8 @@ from .client import ClientResult, TracedClient
 from .timeline import TimelineBatch
 from .timeline_file import timeline_to_json
 
-
 # -- what the run asks for ----------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class LengthDist:
@@ -37,7 +38,7 @@ class LengthDist:
     b: float = 0.0
 
     @classmethod
-    def parse(cls, text: str) -> "LengthDist":
+    def parse(cls, text: str) -> LengthDist:
         parts = text.strip().split(":")
         try:
             if len(parts) == 1:
@@ -61,11 +62,14 @@ class LengthDist:
             return int(self.a)
         if self.kind == "uniform":
             return int(rng.integers(int(self.a), int(self.b) + 1))
-        return max(1, int(round(rng.normal(self.a, self.b))))
+        return max(1, round(rng.normal(self.a, self.b)))
 
     def describe(self) -> str:
-        return {"fixed": f"{int(self.a)}", "uniform": f"uniform[{int(self.a)}, {int(self.b)}]",
-                "normal": f"normal(mean {self.a:g}, sd {self.b:g})"}[self.kind]
+        return {
+            "fixed": f"{int(self.a)}",
+            "uniform": f"uniform[{int(self.a)}, {int(self.b)}]",
+            "normal": f"normal(mean {self.a:g}, sd {self.b:g})",
+        }[self.kind]
 
 
 @dataclass
@@ -112,6 +116,7 @@ def arrival_offsets(spec: LoadSpec, n: int, rng: np.random.Generator) -> np.ndar
 
 # -- running it ---------------------------------------------------------------------------------
 
+
 @dataclass
 class Sent:
     result: ClientResult
@@ -147,7 +152,9 @@ class Progress:
             head = f"[{bar}] {self.done}/{self.total}"
         else:
             head = f"{self.done} done, {el:.0f}/{self.duration_s:.0f} s"
-        line = f"bench: {head}, {self.in_flight} in flight, {self.failed} not ok, {self.done / el if el else 0:.1f} req/s"
+        line = (
+            f"bench: {head}, {self.in_flight} in flight, {self.failed} not ok, {self.done / el if el else 0:.1f} req/s"
+        )
         self.stream.write(("\r" + line) if self.tty else (line + "\n"))
         self.stream.flush()
 
@@ -157,15 +164,23 @@ class Progress:
             self.stream.write("\n")
 
 
-async def run_load(client: TracedClient, spec: LoadSpec, input_len: LengthDist, output_len: LengthDist, *,
-                   vocab: int = 500, ignore_eos: bool = True, progress: Progress | None = None,
-                   stop: asyncio.Event | None = None) -> BenchRun:
+async def run_load(
+    client: TracedClient,
+    spec: LoadSpec,
+    input_len: LengthDist,
+    output_len: LengthDist,
+    *,
+    vocab: int = 500,
+    ignore_eos: bool = True,
+    progress: Progress | None = None,
+    stop: asyncio.Event | None = None,
+) -> BenchRun:
     """Send the warm-up, then the measured load; cancels what is in flight when ``stop`` is set."""
     rng = np.random.default_rng(spec.seed)
     stop = stop or asyncio.Event()
     run = BenchRun()
     extra = {"ignore_eos": True} if ignore_eos else {}
-    counter = iter(range(10 ** 12))
+    counter = iter(range(10**12))
 
     def make_request():
         n_in, n_out = input_len.sample(rng), output_len.sample(rng)
@@ -177,9 +192,14 @@ async def run_load(client: TracedClient, spec: LoadSpec, input_len: LengthDist, 
         if progress:
             progress.in_flight += 1
         try:
-            res = await client.completion(prompt, n_out, request_id=f"bench-{spec.seed}-{i}", extra=extra,
-                                          attributes={"llm.bench.warmup": warm},
-                                          on_cancel=lambda r: run.sent.append(Sent(r, intended_ns, warm)))
+            res = await client.completion(
+                prompt,
+                n_out,
+                request_id=f"bench-{spec.seed}-{i}",
+                extra=extra,
+                attributes={"llm.bench.warmup": warm},
+                on_cancel=lambda r: run.sent.append(Sent(r, intended_ns, warm)),
+            )
         finally:
             if progress:
                 progress.in_flight -= 1
@@ -205,7 +225,7 @@ async def run_load(client: TracedClient, spec: LoadSpec, input_len: LengthDist, 
     deadline = t0 + spec.duration_s if spec.duration_s else None
     try:
         if spec.mode == "open":
-            n = spec.num_requests if spec.num_requests else int(math.ceil(spec.duration_s * spec.rate * 2 + 10))
+            n = spec.num_requests if spec.num_requests else math.ceil(spec.duration_s * spec.rate * 2 + 10)
             offsets = arrival_offsets(spec, n, rng)
             cap = asyncio.Semaphore(spec.max_concurrency) if spec.max_concurrency else None
 
@@ -261,49 +281,78 @@ def measured(run: BenchRun) -> list[Sent]:
     return sorted((s for s in run.sent if not s.warmup), key=lambda s: s.result.submit_ns)
 
 
-def conditions(spec: LoadSpec, run: BenchRun, args_model: str | None, input_len: LengthDist,
-               output_len: LengthDist, engine: str, hardware: str) -> dict:
+def conditions(
+    spec: LoadSpec,
+    run: BenchRun,
+    args_model: str | None,
+    input_len: LengthDist,
+    output_len: LengthDist,
+    engine: str,
+    hardware: str,
+) -> dict:
     ms = measured(run)
     sends = [s.result.submit_ns for s in ms]
     achieved = (len(sends) - 1) / ((sends[-1] - sends[0]) / 1e9) if len(sends) > 1 and sends[-1] > sends[0] else None
     delays = np.array([(s.result.submit_ns - s.intended_ns) / 1e9 for s in ms if s.intended_ns is not None])
     statuses = {st: sum(1 for s in ms if s.result.status == st) for st in ("ok", "error", "cancelled", "rejected")}
-    c = {"model": args_model, "engine": engine, "hardware": hardware,
-         "client_host": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
-         "input_tokens": input_len.describe(), "output_tokens": output_len.describe(),
-         **spec.describe(), "requests_sent": len(ms), "achieved_arrival_rate_per_s": achieved,
-         "warmup_requests_excluded": sum(1 for s in run.sent if s.warmup), "statuses": statuses,
-         "interrupted": run.interrupted, "seed": spec.seed}
+    c = {
+        "model": args_model,
+        "engine": engine,
+        "hardware": hardware,
+        "client_host": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} CPUs)",
+        "input_tokens": input_len.describe(),
+        "output_tokens": output_len.describe(),
+        **spec.describe(),
+        "requests_sent": len(ms),
+        "achieved_arrival_rate_per_s": achieved,
+        "warmup_requests_excluded": sum(1 for s in run.sent if s.warmup),
+        "statuses": statuses,
+        "interrupted": run.interrupted,
+        "seed": spec.seed,
+    }
     if len(delays):
-        c["schedule_delay_s"] = {"mean": float(delays.mean()), "p50": float(np.percentile(delays, 50)),
-                                 "p99": float(np.percentile(delays, 99)), "max": float(delays.max())}
+        c["schedule_delay_s"] = {
+            "mean": float(delays.mean()),
+            "p50": float(np.percentile(delays, 50)),
+            "p99": float(np.percentile(delays, 99)),
+            "max": float(delays.max()),
+        }
     if spec.mode == "closed":
-        c["note"] = ("closed loop: a slower server lowers the real arrival rate; this run is not the same load "
-                     "as an open loop at the nominal rate")
+        c["note"] = (
+            "closed loop: a slower server lowers the real arrival rate; this run is not the same load "
+            "as an open loop at the nominal rate"
+        )
     return c
 
 
 # -- the command ----------------------------------------------------------------------------------
 
+
 def register(sub) -> None:
     from .cli import add_analysis_options
 
     p = sub.add_parser(
-        "bench", help="load an OpenAI-compatible server under stated conditions, traced at the client",
+        "bench",
+        help="load an OpenAI-compatible server under stated conditions, traced at the client",
         description="Send streaming completions at a stated load (open loop: --rate; closed loop: "
-                    "--concurrency), record what the client saw as llm.client.request spans (W3C traceparent "
-                    "injected, so engine spans join), and print the client-boundary summary with the conditions.",
+        "--concurrency), record what the client saw as llm.client.request spans (W3C traceparent "
+        "injected, so engine spans join), and print the client-boundary summary with the conditions.",
         epilog="Spans go where the standard OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, "
-               "OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME) or to OTEL_LLM_TRACES_FILE. Ctrl-C cancels what "
-               "is in flight, counts it, and still prints the summary.")
+        "OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME) or to OTEL_LLM_TRACES_FILE. Ctrl-C cancels what "
+        "is in flight, counts it, and still prints the summary.",
+    )
     p.add_argument("--base-url", required=True, help="server API root, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True, help="model name to request")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--rate", type=float, help="open loop: arrivals per second")
     g.add_argument("--concurrency", type=int, help="closed loop: workers sending back to back")
-    p.add_argument("--arrival", choices=("poisson", "constant", "gamma"), default="poisson",
-                   help="open loop arrival process (default poisson)")
+    p.add_argument(
+        "--arrival",
+        choices=("poisson", "constant", "gamma"),
+        default="poisson",
+        help="open loop arrival process (default poisson)",
+    )
     p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 = Poisson, < 1 burstier")
     p.add_argument("--max-concurrency", type=int, help="cap on requests in flight in an open loop")
     n = p.add_mutually_exclusive_group()
@@ -336,15 +385,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CLIError("--concurrency must be >= 1")
     if args.max_concurrency is not None and args.concurrency:
         raise CLIError("--max-concurrency caps an open loop (--rate); a closed loop is --concurrency alone")
-    spec = LoadSpec(rate=args.rate, arrival=args.arrival, burstiness=args.burstiness, concurrency=args.concurrency,
-                    max_concurrency=args.max_concurrency,
-                    num_requests=None if args.duration else (args.num_requests or 100),
-                    duration_s=args.duration, warmup=args.warmup, seed=args.seed)
+    spec = LoadSpec(
+        rate=args.rate,
+        arrival=args.arrival,
+        burstiness=args.burstiness,
+        concurrency=args.concurrency,
+        max_concurrency=args.max_concurrency,
+        num_requests=None if args.duration else (args.num_requests or 100),
+        duration_s=args.duration,
+        warmup=args.warmup,
+        seed=args.seed,
+    )
     resource = {f"llm.bench.{k}": v for k, v in spec.describe().items() if v is not None}
-    resource.update({"llm.bench.model": args.model, "llm.bench.input_tokens": inp.describe(),
-                     "llm.bench.output_tokens": out.describe(), "llm.bench.engine": args.engine,
-                     "llm.bench.hardware": args.hardware, "llm.bench.seed": args.seed,
-                     "service.name": "otel-llm-bench"})
+    resource.update(
+        {
+            "llm.bench.model": args.model,
+            "llm.bench.input_tokens": inp.describe(),
+            "llm.bench.output_tokens": out.describe(),
+            "llm.bench.engine": args.engine,
+            "llm.bench.hardware": args.hardware,
+            "llm.bench.seed": args.seed,
+            "service.name": "otel-llm-bench",
+        }
+    )
     provider = make_provider(resource)
 
     async def main() -> BenchRun:
@@ -355,10 +418,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
             loop.add_signal_handler(signal.SIGTERM, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
-        async with TracedClient(args.base_url, model=args.model, api_key=args.api_key,
-                                tracer_provider=provider) as client:
-            return await run_load(client, spec, inp, out, vocab=args.vocab_size, ignore_eos=not args.no_ignore_eos,
-                                  progress=Progress(spec.num_requests, spec.duration_s), stop=stop)
+        async with TracedClient(
+            args.base_url, model=args.model, api_key=args.api_key, tracer_provider=provider
+        ) as client:
+            return await run_load(
+                client,
+                spec,
+                inp,
+                out,
+                vocab=args.vocab_size,
+                ignore_eos=not args.no_ignore_eos,
+                progress=Progress(spec.num_requests, spec.duration_s),
+                stop=stop,
+            )
 
     run = asyncio.run(main())
     ms = measured(run)
@@ -397,8 +469,9 @@ def record_run_span(provider, run: BenchRun, cond: dict) -> None:
             attrs.update({f"llm.bench.{k}.{a}": b for a, b in v.items() if b is not None})
         elif v is not None:
             attrs[f"llm.bench.{k}"] = v
-    span = provider.get_tracer("otel_llm.bench", "0.1.0").start_span("llm.bench.run", start_time=run.start_ns,
-                                                                       attributes=attrs)
+    span = provider.get_tracer("otel_llm.bench", "0.1.0").start_span(
+        "llm.bench.run", start_time=run.start_ns, attributes=attrs
+    )
     span.end(end_time=max(run.end_ns, run.start_ns))
 
 

@@ -5,12 +5,13 @@ The core contributes ``analyze``; other packages add subcommands through the ent
 imports ``collector`` or ``engine_hooks``. Timeline sources other than a file (``--store``) come
 from the group ``otel_llm.timeline_sources`` (``load(path, boundary) -> TimelineBatch``).
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
 from importlib.metadata import entry_points
-from typing import Sequence
 
 from .percentiles import METHODS, as_fraction
 from .report import FORMATS, format_summary
@@ -50,18 +51,38 @@ def _window(text: str) -> Window:
 def add_analysis_options(p: argparse.ArgumentParser) -> None:
     """The window / SLO / percentile / format options shared by every command that summarises."""
     g = p.add_argument_group("analysis")
-    g.add_argument("--window", type=_window, metavar="W0,W1",
-                   help="observation window in seconds on the data's clock, edges inclusive "
-                        "(default: earliest submit to latest end)")
-    g.add_argument("--slo", metavar="BOUNDS", default=None,
-                   help="goodput SLO, upper bounds in seconds, any subset of "
-                        "ttft=,tpot=,itl_max=,e2e= (e.g. ttft=1,tpot=0.05)")
-    g.add_argument("--percentiles", type=_percentile_list, default=list(DEFAULT_PERCENTILES), metavar="P,P,...",
-                   help="percentiles to report (default: 50,90,95,99)")
-    g.add_argument("--percentile-method", choices=METHODS, default="nearest-rank",
-                   help="nearest-rank (exact, default) or linear interpolation (numpy's default)")
-    g.add_argument("--tpot-undefined", choices=("pass", "fail"), default="pass",
-                   help="whether a request with <= 1 output token passes a tpot bound (default: pass)")
+    g.add_argument(
+        "--window",
+        type=_window,
+        metavar="W0,W1",
+        help="observation window in seconds on the data's clock, edges inclusive "
+        "(default: earliest submit to latest end)",
+    )
+    g.add_argument(
+        "--slo",
+        metavar="BOUNDS",
+        default=None,
+        help="goodput SLO, upper bounds in seconds, any subset of ttft=,tpot=,itl_max=,e2e= (e.g. ttft=1,tpot=0.05)",
+    )
+    g.add_argument(
+        "--percentiles",
+        type=_percentile_list,
+        default=list(DEFAULT_PERCENTILES),
+        metavar="P,P,...",
+        help="percentiles to report (default: 50,90,95,99)",
+    )
+    g.add_argument(
+        "--percentile-method",
+        choices=METHODS,
+        default="nearest-rank",
+        help="nearest-rank (exact, default) or linear interpolation (numpy's default)",
+    )
+    g.add_argument(
+        "--tpot-undefined",
+        choices=("pass", "fail"),
+        default="pass",
+        help="whether a request with <= 1 output token passes a tpot bound (default: pass)",
+    )
     g.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
 
 
@@ -100,19 +121,28 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 def _register_analyze(sub) -> None:
     p = sub.add_parser(
-        "analyze", help="latency, throughput and goodput from request timelines",
+        "analyze",
+        help="latency, throughput and goodput from request timelines",
         description="Compute TTFT, ITL, TPOT, E2E, throughput and goodput (spec/metrics.md) from "
-                    "per-request timelines: a JSON-lines file, or the collector's store.",
+        "per-request timelines: a JSON-lines file, or the collector's store.",
         epilog='Input line: {"id": "a", "submit": 0.0, "end": 0.18, "status": "ok", '
-               '"events": [[0.1, 1], [0.13, 1], [0.17, 1]], "input_tokens": 12} (seconds; status ok, '
-               'error, cancelled or rejected; events are [time, tokens] pairs in any order). '
-               "Bad input exits with code 2 naming the file and line.")
+        '"events": [[0.1, 1], [0.13, 1], [0.17, 1]], "input_tokens": 12} (seconds; status ok, '
+        "error, cancelled or rejected; events are [time, tokens] pairs in any order). "
+        "Bad input exits with code 2 naming the file and line.",
+    )
     p.add_argument("file", nargs="?", metavar="TIMELINES.jsonl", help="timelines file ('-' for stdin)")
     p.add_argument("--store", metavar="PATH", help="read the collector's per-request store instead of a file")
-    p.add_argument("--traces", metavar="FILE",
-                   help="derive from a traces file (OTLP JSON lines, as OTEL_LLM_TRACES_FILE writes them)")
-    p.add_argument("--boundary", choices=BOUNDARIES, default="client",
-                   help="with --store or --traces: which boundary's records to analyse (default: client)")
+    p.add_argument(
+        "--traces",
+        metavar="FILE",
+        help="derive from a traces file (OTLP JSON lines, as OTEL_LLM_TRACES_FILE writes them)",
+    )
+    p.add_argument(
+        "--boundary",
+        choices=BOUNDARIES,
+        default="client",
+        help="with --store or --traces: which boundary's records to analyse (default: client)",
+    )
     add_analysis_options(p)
     p.set_defaults(func=_cmd_analyze)
 
@@ -120,7 +150,8 @@ def _register_analyze(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-llm",
-        description="OpenTelemetry tracing and latency metrics (TTFT, ITL, TPOT, E2E, goodput) for LLM inference.")
+        description="OpenTelemetry tracing and latency metrics (TTFT, ITL, TPOT, E2E, goodput) for LLM inference.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _register_analyze(sub)
     from .bench import register as _register_bench

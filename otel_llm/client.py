@@ -15,6 +15,7 @@ keep-alive) are not events. No prompt or completion text is recorded unless
 Status: ``ok``; ``rejected`` for HTTP 429 / 503 (the server refused it); ``error`` for other HTTP
 errors or a broken stream; ``cancelled`` when the caller cancels (the exception is re-raised).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,9 +60,14 @@ class ClientResult:
     trace_id: str | None = None
 
     def timeline(self) -> Timeline:
-        return Timeline(id=self.request_id, submit=self.submit_ns / 1e9, end=self.end_ns / 1e9, status=self.status,
-                        events=tuple((t / 1e9, k) for t, k in zip(self.events_ns, self.event_tokens)),
-                        input_tokens=self.input_tokens)
+        return Timeline(
+            id=self.request_id,
+            submit=self.submit_ns / 1e9,
+            end=self.end_ns / 1e9,
+            status=self.status,
+            events=tuple((t / 1e9, k) for t, k in zip(self.events_ns, self.event_tokens)),
+            input_tokens=self.input_tokens,
+        )
 
 
 class _StreamRecorder:
@@ -123,9 +129,18 @@ class TracedClient:
     and records one ``llm.client.request`` span.
     """
 
-    def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None,
-                 tracer_provider=None, capture_content: bool | None = None, timeout_s: float = 600.0,
-                 continuous_usage: bool = True, max_connections: int = 1000):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str | None = None,
+        api_key: str | None = None,
+        tracer_provider=None,
+        capture_content: bool | None = None,
+        timeout_s: float = 600.0,
+        continuous_usage: bool = True,
+        max_connections: int = 1000,
+    ):
         import httpx
 
         from .tracing import default_provider
@@ -135,16 +150,18 @@ class TracedClient:
         self.capture_content = capture_content_default() if capture_content is None else capture_content
         self.continuous_usage = continuous_usage
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), headers=headers,
-                                       limits=httpx.Limits(max_connections=max_connections,
-                                                           max_keepalive_connections=max_connections))
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            headers=headers,
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+        )
         self._tracer = (tracer_provider or default_provider()).get_tracer("otel_llm.client", "0.1.0")
         self._anchor = WallAnchor()
 
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def __aenter__(self) -> "TracedClient":
+    async def __aenter__(self) -> TracedClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -153,22 +170,52 @@ class TracedClient:
     def _now(self) -> int:
         return self._anchor.wall_ns(time.monotonic_ns())
 
-    async def completion(self, prompt: str | list[int], max_tokens: int, *, request_id: str | None = None,
-                         extra: dict | None = None, attributes: dict | None = None,
-                         on_cancel=None) -> ClientResult:
+    async def completion(
+        self,
+        prompt: str | list[int],
+        max_tokens: int,
+        *,
+        request_id: str | None = None,
+        extra: dict | None = None,
+        attributes: dict | None = None,
+        on_cancel=None,
+    ) -> ClientResult:
         """Stream one completion. ``on_cancel(result)`` is called with the partial result when
         the caller cancels (the CancelledError is then re-raised)."""
         body = {"prompt": prompt, "max_tokens": max_tokens}
-        return await self._stream("/completions", body, request_id, extra, attributes,
-                                  input_tokens=len(prompt) if isinstance(prompt, list) else None, on_cancel=on_cancel)
+        return await self._stream(
+            "/completions",
+            body,
+            request_id,
+            extra,
+            attributes,
+            input_tokens=len(prompt) if isinstance(prompt, list) else None,
+            on_cancel=on_cancel,
+        )
 
-    async def chat(self, messages: list[dict], max_tokens: int, *, request_id: str | None = None,
-                   extra: dict | None = None, attributes: dict | None = None) -> ClientResult:
-        return await self._stream("/chat/completions", {"messages": messages, "max_tokens": max_tokens},
-                                  request_id, extra, attributes)
+    async def chat(
+        self,
+        messages: list[dict],
+        max_tokens: int,
+        *,
+        request_id: str | None = None,
+        extra: dict | None = None,
+        attributes: dict | None = None,
+    ) -> ClientResult:
+        return await self._stream(
+            "/chat/completions", {"messages": messages, "max_tokens": max_tokens}, request_id, extra, attributes
+        )
 
-    async def _stream(self, path: str, body: dict, request_id: str | None, extra: dict | None,
-                      attributes: dict | None, input_tokens: int | None = None, on_cancel=None) -> ClientResult:
+    async def _stream(
+        self,
+        path: str,
+        body: dict,
+        request_id: str | None,
+        extra: dict | None,
+        attributes: dict | None,
+        input_tokens: int | None = None,
+        on_cancel=None,
+    ) -> ClientResult:
         body = {**body, "stream": True, **(extra or {})}
         if self.model and "model" not in body:
             body["model"] = self.model
@@ -178,18 +225,30 @@ class TracedClient:
             so.setdefault("continuous_usage_stats", True)
         body["stream_options"] = so
         submit = self._now()
-        span = self._tracer.start_span(sc.SPAN_CLIENT_REQUEST, kind=SpanKind.CLIENT, start_time=submit,
-                                       attributes={sc.BOUNDARY: "client", sc.OPERATION_NAME: "text_completion"
-                                                   if path == "/completions" else "chat",
-                                                   **({sc.REQUEST_MODEL: body["model"]} if body.get("model") else {}),
-                                                   **(attributes or {})})
+        span = self._tracer.start_span(
+            sc.SPAN_CLIENT_REQUEST,
+            kind=SpanKind.CLIENT,
+            start_time=submit,
+            attributes={
+                sc.BOUNDARY: "client",
+                sc.OPERATION_NAME: "text_completion" if path == "/completions" else "chat",
+                **({sc.REQUEST_MODEL: body["model"]} if body.get("model") else {}),
+                **(attributes or {}),
+            },
+        )
         headers: dict[str, str] = {}
         _PROPAGATOR.inject(headers, context=trace_api.set_span_in_context(span))
         if request_id:
             headers["X-Request-Id"] = request_id
         rec = _StreamRecorder()
-        res = ClientResult(request_id=request_id or "", status="ok", submit_ns=submit, end_ns=submit,
-                           input_tokens=input_tokens, trace_id=format(span.get_span_context().trace_id, "032x"))
+        res = ClientResult(
+            request_id=request_id or "",
+            status="ok",
+            submit_ns=submit,
+            end_ns=submit,
+            input_tokens=input_tokens,
+            trace_id=format(span.get_span_context().trace_id, "032x"),
+        )
         try:
             async with self._http.stream("POST", self.base_url + path, json=body, headers=headers) as resp:
                 res.http_status = resp.status_code
@@ -219,7 +278,7 @@ class TracedClient:
             if on_cancel is not None:
                 on_cancel(res)
             raise
-        except Exception as exc:  # noqa: BLE001 - a broken stream is an error result, not a crash
+        except Exception as exc:
             res.status, res.error = "error", f"{type(exc).__name__}: {exc}"
         self._close(span, res, rec, body)
         return res
@@ -237,9 +296,14 @@ def finish_span(span, res: ClientResult, rec: _StreamRecorder, body: dict, end_n
     res.text = "".join(rec.text_parts)
     if not res.request_id:
         res.request_id = rec.response_id or format(span.get_span_context().span_id, "016x")
-    a = {sc.REQUEST_ID: res.request_id, sc.STATUS: res.status, sc.OUTPUT_TOKENS: res.output_tokens,
-         sc.TOKEN_EVENT_OFFSETS: [t - res.submit_ns for t in res.events_ns],
-         sc.TOKEN_EVENT_TOKENS: list(res.event_tokens), sc.TOKEN_EVENT_ESTIMATED: res.estimated}
+    a = {
+        sc.REQUEST_ID: res.request_id,
+        sc.STATUS: res.status,
+        sc.OUTPUT_TOKENS: res.output_tokens,
+        sc.TOKEN_EVENT_OFFSETS: [t - res.submit_ns for t in res.events_ns],
+        sc.TOKEN_EVENT_TOKENS: list(res.event_tokens),
+        sc.TOKEN_EVENT_ESTIMATED: res.estimated,
+    }
     if rec.response_id:
         a[sc.RESPONSE_ID] = rec.response_id
     if res.input_tokens is not None:
@@ -251,8 +315,9 @@ def finish_span(span, res: ClientResult, rec: _StreamRecorder, body: dict, end_n
         a["llm.completion.text"] = res.text
     span.set_attributes(a)
     if res.status != "ok":
-        span.set_attribute(sc.ERROR_TYPE, res.status if res.http_status is None or res.http_status < 400
-                           else str(res.http_status))
+        span.set_attribute(
+            sc.ERROR_TYPE, res.status if res.http_status is None or res.http_status < 400 else str(res.http_status)
+        )
         span.set_status(Status(StatusCode.ERROR, res.error or res.status))
     span.end(end_time=res.end_ns)
 
@@ -267,13 +332,20 @@ def instrument_openai(client: Any, *, tracer_provider=None, capture_content: boo
     tracer = (tracer_provider or default_provider()).get_tracer("otel_llm.client", "0.1.0")
     anchor = WallAnchor()
     capture = capture_content_default() if capture_content is None else capture_content
-    now = lambda: anchor.wall_ns(time.monotonic_ns())  # noqa: E731
+    now = lambda: anchor.wall_ns(time.monotonic_ns())
 
     def start(kwargs: dict, op: str):
         submit = now()
-        span = tracer.start_span(sc.SPAN_CLIENT_REQUEST, kind=SpanKind.CLIENT, start_time=submit,
-                                 attributes={sc.BOUNDARY: "client", sc.OPERATION_NAME: op,
-                                             **({sc.REQUEST_MODEL: kwargs["model"]} if kwargs.get("model") else {})})
+        span = tracer.start_span(
+            sc.SPAN_CLIENT_REQUEST,
+            kind=SpanKind.CLIENT,
+            start_time=submit,
+            attributes={
+                sc.BOUNDARY: "client",
+                sc.OPERATION_NAME: op,
+                **({sc.REQUEST_MODEL: kwargs["model"]} if kwargs.get("model") else {}),
+            },
+        )
         headers = dict(kwargs.get("extra_headers") or {})
         _PROPAGATOR.inject(headers, context=trace_api.set_span_in_context(span))
         kwargs["extra_headers"] = headers
@@ -290,6 +362,7 @@ def instrument_openai(client: Any, *, tracer_provider=None, capture_content: boo
 
     def wrap(create, op: str, is_async: bool):
         if is_async:
+
             async def traced(*args, **kwargs):
                 if not kwargs.get("stream"):
                     return await create(*args, **kwargs)
@@ -314,7 +387,9 @@ def instrument_openai(client: Any, *, tracer_provider=None, capture_content: boo
                         raise
                     finally:
                         close(span, res, rec, kwargs)
+
                 return gen()
+
             return traced
 
         def traced_sync(*args, **kwargs):
@@ -341,7 +416,9 @@ def instrument_openai(client: Any, *, tracer_provider=None, capture_content: boo
                     raise
                 finally:
                     close(span, res, rec, kwargs)
+
             return gen()
+
         return traced_sync
 
     is_async = type(client).__name__.startswith("Async")

@@ -1,4 +1,5 @@
 """Clocks: monotonic ns for durations, one wall-clock anchor per process to place spans in time."""
+
 from __future__ import annotations
 
 import time

@@ -11,12 +11,13 @@
   default, or ``grpc``); the OTLP exporters read their own endpoint, header, timeout and
   compression variables (``OTEL_EXPORTER_OTLP_ENDPOINT`` and friends).
 """
+
 from __future__ import annotations
 
 import logging
 import os
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -83,7 +84,7 @@ class SafeSpanExporter(SpanExporter):
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         try:
             result = self.inner.export(spans)
-        except Exception as exc:  # noqa: BLE001 - tracing must never raise into the engine
+        except Exception as exc:
             self.dropped += len(spans)
             self._warn(f"{type(exc).__name__}: {exc}")
             return SpanExportResult.FAILURE
@@ -97,19 +98,22 @@ class SafeSpanExporter(SpanExporter):
     def shutdown(self) -> None:
         try:
             self.inner.shutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         try:
             return self.inner.force_flush(timeout_millis)
-        except Exception:  # noqa: BLE001
+        except Exception:
             return False
 
 
 def otlp_protocol() -> str:
-    return (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-            or "http/protobuf").strip()
+    return (
+        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    ).strip()
 
 
 def exporter_from_env() -> SpanExporter | None:

@@ -4,6 +4,7 @@ Every function is pure. Inputs and outputs are in **seconds** (TPOT: seconds per
 Undefined values are ``NaN`` (never 0): TTFT when a request has no token event, TPOT when it has
 ``N <= 1`` output tokens, the largest ITL when it has fewer than two token events.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -75,9 +76,17 @@ def request_metrics(batch: TimelineBatch) -> RequestMetrics:
         itl_max[nz] = np.maximum.reduceat(itl, gstart[nz])
 
     multi = segment_sum((batch.event_tokens > 1).astype(np.int64), off)
-    return RequestMetrics(ttft=ttft, tpot=tpot, e2e=batch.end - batch.submit, itl_max=itl_max,
-                          events=m, output_tokens=ntok, multi_token_events=multi,
-                          itl=itl, itl_request=itl_req)
+    return RequestMetrics(
+        ttft=ttft,
+        tpot=tpot,
+        e2e=batch.end - batch.submit,
+        itl_max=itl_max,
+        events=m,
+        output_tokens=ntok,
+        multi_token_events=multi,
+        itl=itl,
+        itl_request=itl_req,
+    )
 
 
 @dataclass(frozen=True)
@@ -99,6 +108,11 @@ def single_request_metrics(tl: Timeline) -> SingleRequestMetrics:
     def opt(x: float) -> float | None:
         return None if np.isnan(x) else float(x)
 
-    return SingleRequestMetrics(ttft=opt(rm.ttft[0]), itl=rm.itl.tolist(), tpot=opt(rm.tpot[0]),
-                                e2e=float(rm.e2e[0]), output_tokens=int(rm.output_tokens[0]),
-                                multi_token_events=int(rm.multi_token_events[0]))
+    return SingleRequestMetrics(
+        ttft=opt(rm.ttft[0]),
+        itl=rm.itl.tolist(),
+        tpot=opt(rm.tpot[0]),
+        e2e=float(rm.e2e[0]),
+        output_tokens=int(rm.output_tokens[0]),
+        multi_token_events=int(rm.multi_token_events[0]),
+    )

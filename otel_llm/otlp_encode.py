@@ -8,12 +8,13 @@ protobuf's C parser merges in; everything else is encoded field by field as the 
 ``encode_spans`` gives the same message as the SDK's (the tests compare them). The JSON writer
 builds the OTLP/JSON dictionary directly.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -191,7 +192,7 @@ def _json_value(value, raw: list | None = None):
     if isinstance(value, (list, tuple)):
         if raw is not None and value and all(type(x) is int for x in value):
             # integer arrays are spliced in as text after json.dumps: no dict per element
-            raw.append('{"arrayValue":{"values":[' + ",".join(['{"intValue":"%d"}' % x for x in value]) + "]}}")
+            raw.append('{"arrayValue":{"values":[' + ",".join(['{"intValue":"%d"}' % x for x in value]) + "]}}")  # noqa: UP031 (fastest)
             return f"{_RAW_TAG}{id(raw)}-{len(raw) - 1}"
         return {"arrayValue": {"values": [_json_value(x, raw) for x in value]}}
     return {"stringValue": str(value)}
@@ -209,23 +210,39 @@ def spans_to_json(spans: Sequence[ReadableSpan]) -> str:
     for s in spans:
         ctx = s.get_span_context()
         parent = s.parent
-        d = {"traceId": format(ctx.trace_id, "032x"), "spanId": format(ctx.span_id, "016x"), "name": s.name,
-             "kind": _KIND[s.kind], "startTimeUnixNano": str(s.start_time), "endTimeUnixNano": str(s.end_time),
-             "attributes": _json_attrs(s.attributes, raw), "status": {},
-             "flags": _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)}
+        d = {
+            "traceId": format(ctx.trace_id, "032x"),
+            "spanId": format(ctx.span_id, "016x"),
+            "name": s.name,
+            "kind": _KIND[s.kind],
+            "startTimeUnixNano": str(s.start_time),
+            "endTimeUnixNano": str(s.end_time),
+            "attributes": _json_attrs(s.attributes, raw),
+            "status": {},
+            "flags": _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0),
+        }
         if parent is not None:
             d["parentSpanId"] = format(parent.span_id, "016x")
         st = s.status
         if st is not None and st.status_code is not StatusCode.UNSET:
             d["status"] = {"code": _STATUS[st.status_code], **({"message": st.description} if st.description else {})}
         if s.events:
-            d["events"] = [{"timeUnixNano": str(e.timestamp), "name": e.name, "attributes": _json_attrs(e.attributes)}
-                           for e in s.events]
+            d["events"] = [
+                {"timeUnixNano": str(e.timestamp), "name": e.name, "attributes": _json_attrs(e.attributes)}
+                for e in s.events
+            ]
         key = (id(s.resource), s.instrumentation_scope)
         if key not in out:
             scope = s.instrumentation_scope
-            out[key] = (s.resource, {"scope": {"name": scope.name, **({"version": scope.version} if scope.version else {})}
-                                     if scope else {}, "spans": []})
+            out[key] = (
+                s.resource,
+                {
+                    "scope": {"name": scope.name, **({"version": scope.version} if scope.version else {})}
+                    if scope
+                    else {},
+                    "spans": [],
+                },
+            )
         out[key][1]["spans"].append(d)
     by_res: dict = {}
     for (rid, _), (res, ss) in out.items():

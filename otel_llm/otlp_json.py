@@ -2,6 +2,7 @@
 writes it: lowerCamelCase keys, enums as integers, 64-bit integers as decimal strings, and trace
 and span ids as **hex** (not protobuf-JSON base64).
 """
+
 from __future__ import annotations
 
 import base64

@@ -3,12 +3,14 @@
 Used by the collector's receivers and by anything that reads a traces file. Ids are lowercase
 hex; times are Unix ns; attribute values are plain Python (arrays as lists).
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
@@ -55,10 +57,17 @@ def spans_from_request(req: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
         for ss in rs.scope_spans:
             for s in ss.spans:
                 yield SpanRecord(
-                    trace_id=s.trace_id.hex(), span_id=s.span_id.hex(), parent_span_id=s.parent_span_id.hex(),
-                    name=s.name, kind=int(s.kind), start_ns=int(s.start_time_unix_nano),
-                    end_ns=int(s.end_time_unix_nano), attributes=attributes_dict(s.attributes),
-                    status_code=int(s.status.code), resource=res)
+                    trace_id=s.trace_id.hex(),
+                    span_id=s.span_id.hex(),
+                    parent_span_id=s.parent_span_id.hex(),
+                    name=s.name,
+                    kind=int(s.kind),
+                    start_ns=int(s.start_time_unix_nano),
+                    end_ns=int(s.end_time_unix_nano),
+                    attributes=attributes_dict(s.attributes),
+                    status_code=int(s.status.code),
+                    resource=res,
+                )
 
 
 class TraceFileError(ValueError):

@@ -4,16 +4,17 @@
 ``ceil(p * n / 100)`` (at least 1), computed with exact rational arithmetic from the decimal
 text of ``p`` so that no floating-point rounding moves the rank (p = 7, n = 100 is rank 7).
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from fractions import Fraction
-from typing import Iterable, Union
 
 import numpy as np
 
 METHODS = ("nearest-rank", "linear")
-Percent = Union[int, float, str, Fraction]
+Percent = int | float | str | Fraction
 
 
 def as_fraction(p: Percent) -> Fraction:
@@ -37,8 +38,9 @@ def nearest_rank_index(p: Percent, n: int) -> int:
     return min(max(rank, 1), n) - 1
 
 
-def percentiles(samples: np.ndarray, ps: Iterable[Percent], method: str = "nearest-rank",
-                presorted: bool = False) -> list[float | None]:
+def percentiles(
+    samples: np.ndarray, ps: Iterable[Percent], method: str = "nearest-rank", presorted: bool = False
+) -> list[float | None]:
     """The percentiles ``ps`` of ``samples`` (any order, or ascending with ``presorted``);
     ``None`` for each when there are none."""
     ps = list(ps)
@@ -57,4 +59,4 @@ def percentiles(samples: np.ndarray, ps: Iterable[Percent], method: str = "neare
 
 def percentile_key(p: Percent) -> str:
     """The JSON key of a percentile: ``p50``, ``p99.9``, ``p7`` (``"p%g"``)."""
-    return "p%g" % float(as_fraction(p))
+    return f"p{float(as_fraction(p)):g}"

@@ -3,6 +3,7 @@
 JSON is in seconds throughout; the table and markdown show milliseconds, with the percentile method,
 sample count and population next to every percentile.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,17 +34,26 @@ def format_json(s: Summary) -> str:
 def _lines(s: Summary, markdown: bool) -> list[str]:
     w, c = s.window, s.counts
     h = (lambda t: f"### {t}") if markdown else (lambda t: f"== {t} ==")
-    out = [h("Window"),
-           f"[{w.start:.6f}, {w.end:.6f}] s, T = {w.seconds:.3f} s "
-           f"({'given' if w.explicit else 'earliest submit to latest end'})", ""]
+    out = [
+        h("Window"),
+        f"[{w.start:.6f}, {w.end:.6f}] s, T = {w.seconds:.3f} s "
+        f"({'given' if w.explicit else 'earliest submit to latest end'})",
+        "",
+    ]
     out.append(h("Throughput"))
-    out.append(f"requests: {c.requests} in data; completed {c.completed}, failed {c.failed}, "
-               f"cancelled {c.cancelled}, rejected {c.rejected} (end in window)")
-    out.append(f"request throughput: {_num(s.requests_per_s)} requests/s   "
-               f"output token throughput: {_num(s.output_tokens_per_s, '.1f')} tokens/s "
-               f"({s.output_tokens_in_window} tokens in window, all statuses)")
-    out.append(f"TPOT undefined (N <= 1): {c.tpot_undefined}   no token: {c.no_token}   "
-               f"events with >1 token (gaps inside unknown): {c.multi_token_events}")
+    out.append(
+        f"requests: {c.requests} in data; completed {c.completed}, failed {c.failed}, "
+        f"cancelled {c.cancelled}, rejected {c.rejected} (end in window)"
+    )
+    out.append(
+        f"request throughput: {_num(s.requests_per_s)} requests/s   "
+        f"output token throughput: {_num(s.output_tokens_per_s, '.1f')} tokens/s "
+        f"({s.output_tokens_in_window} tokens in window, all statuses)"
+    )
+    out.append(
+        f"TPOT undefined (N <= 1): {c.tpot_undefined}   no token: {c.no_token}   "
+        f"events with >1 token (gaps inside unknown): {c.multi_token_events}"
+    )
     out.append("")
     pkeys = next(iter(s.latency.values())).percentiles.keys() if s.latency else []
     out.append(h(f"Latency (ms; percentiles by {s.percentile_method})"))
@@ -59,8 +69,10 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
         slo = ", ".join(f"{k} <= {v * 1000:g} ms" for k, v in g.slo.items()) or "none"
         out.append(h("Goodput"))
         out.append(f"SLO: {slo} (TPOT undefined: {g.tpot_undefined})")
-        out.append(f"throughput {_num(s.requests_per_s)} requests/s   goodput {_num(g.requests_per_s)} requests/s   "
-                   f"attainment {_pct(g.attainment)} ({g.good} of {c.completed} completed)")
+        out.append(
+            f"throughput {_num(s.requests_per_s)} requests/s   goodput {_num(g.requests_per_s)} requests/s   "
+            f"attainment {_pct(g.attainment)} ({g.good} of {c.completed} completed)"
+        )
         out.append("per bound: " + ", ".join(f"{k} {_pct(v)}" for k, v in g.attainment_by_bound.items()))
         out.append("")
     return out
@@ -70,8 +82,9 @@ def grid(cols: list[str], rows: list[list[str]], markdown: bool) -> list[str]:
     if markdown:
         return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + ["| " + " | ".join(r) + " |" for r in rows]
     widths = [max(len(x) for x in col) for col in zip(cols, *rows)]
-    fmt = lambda r: "  ".join(x.ljust(wd) if i in (0, len(r) - 1) else x.rjust(wd)
-                              for i, (x, wd) in enumerate(zip(r, widths))).rstrip()
+    fmt = lambda r: "  ".join(
+        x.ljust(wd) if i in (0, len(r) - 1) else x.rjust(wd) for i, (x, wd) in enumerate(zip(r, widths))
+    ).rstrip()
     return [fmt(cols)] + [fmt(r) for r in rows]
 
 

@@ -1,4 +1,5 @@
 """Service-level objectives: upper bounds a request must meet to count as good (spec: Goodput)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ class SLO:
         return {k: getattr(self, k) for k in BOUNDS if getattr(self, k) is not None}
 
     @classmethod
-    def parse(cls, text: str, tpot_undefined: str = "pass") -> "SLO":
+    def parse(cls, text: str, tpot_undefined: str = "pass") -> SLO:
         """Parse ``ttft=1,tpot=0.05,itl_max=0.5,e2e=10`` (seconds, any subset)."""
         values: dict[str, float] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):

@@ -3,10 +3,11 @@
 
 Units: seconds, requests/s, tokens/s; TPOT in seconds per token.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -38,16 +39,19 @@ class Distribution:
     percentiles: dict[str, float | None]  # key "p%g" -> seconds
 
     @classmethod
-    def of(cls, population: str, samples: np.ndarray, ps: Sequence[Percent], method: str) -> "Distribution":
+    def of(cls, population: str, samples: np.ndarray, ps: Sequence[Percent], method: str) -> Distribution:
         # sorted once: percentiles, min, max, and a mean that does not depend on input order
         s = np.sort(samples[~np.isnan(samples)])
-        n = int(len(s))
+        n = len(s)
         vals = percentiles(s, ps, method, presorted=True)
-        return cls(population, n,
-                   float(np.mean(s)) if n else None,
-                   float(s[0]) if n else None,
-                   float(s[-1]) if n else None,
-                   {percentile_key(p): v for p, v in zip(ps, vals)})
+        return cls(
+            population,
+            n,
+            float(np.mean(s)) if n else None,
+            float(s[0]) if n else None,
+            float(s[-1]) if n else None,
+            {percentile_key(p): v for p, v in zip(ps, vals)},
+        )
 
     def to_json(self) -> dict:
         d = {"population": self.population, "n": self.n, "mean": self.mean, "min": self.min, "max": self.max}
@@ -92,22 +96,41 @@ class Summary:
     def to_json(self) -> dict:
         c = self.counts
         out = {
-            "window": {"start": self.window.start, "end": self.window.end, "seconds": self.window.seconds,
-                       "source": "given" if self.window.explicit else "earliest submit to latest end"},
-            "counts": {"requests": c.requests, "completed": c.completed, "failed": c.failed,
-                       "cancelled": c.cancelled, "rejected": c.rejected, "tpot_undefined": c.tpot_undefined,
-                       "no_token": c.no_token, "multi_token_events": c.multi_token_events},
-            "throughput": {"requests_per_s": self.requests_per_s, "output_tokens_per_s": self.output_tokens_per_s,
-                           "output_tokens": self.output_tokens_in_window},
+            "window": {
+                "start": self.window.start,
+                "end": self.window.end,
+                "seconds": self.window.seconds,
+                "source": "given" if self.window.explicit else "earliest submit to latest end",
+            },
+            "counts": {
+                "requests": c.requests,
+                "completed": c.completed,
+                "failed": c.failed,
+                "cancelled": c.cancelled,
+                "rejected": c.rejected,
+                "tpot_undefined": c.tpot_undefined,
+                "no_token": c.no_token,
+                "multi_token_events": c.multi_token_events,
+            },
+            "throughput": {
+                "requests_per_s": self.requests_per_s,
+                "output_tokens_per_s": self.output_tokens_per_s,
+                "output_tokens": self.output_tokens_in_window,
+            },
             "percentile_method": self.percentile_method,
             "latency": {k: d.to_json() for k, d in self.latency.items()},
             "goodput": None,
         }
         if self.goodput is not None:
             g = self.goodput
-            out["goodput"] = {"slo": g.slo, "tpot_undefined": g.tpot_undefined, "good": g.good,
-                              "requests_per_s": g.requests_per_s, "attainment": g.attainment,
-                              "attainment_by_bound": g.attainment_by_bound}
+            out["goodput"] = {
+                "slo": g.slo,
+                "tpot_undefined": g.tpot_undefined,
+                "good": g.good,
+                "requests_per_s": g.requests_per_s,
+                "attainment": g.attainment,
+                "attainment_by_bound": g.attainment_by_bound,
+            }
         out.update(self.extra)
         return out
 
@@ -160,8 +183,10 @@ def summarize(
 
     tok_in = int(batch.event_tokens[w.contains(batch.event_time)].sum())
     counts = Counts(
-        requests=len(batch), completed=n_completed,
-        failed=int((in_win & (st == ERROR)).sum()), cancelled=int((in_win & (st == CANCELLED)).sum()),
+        requests=len(batch),
+        completed=n_completed,
+        failed=int((in_win & (st == ERROR)).sum()),
+        cancelled=int((in_win & (st == CANCELLED)).sum()),
         rejected=int((in_win & (st == REJECTED)).sum()),
         tpot_undefined=int((completed & (rm.output_tokens <= 1)).sum()),
         no_token=int((completed & (rm.events == 0)).sum()),
@@ -182,11 +207,22 @@ def summarize(
             good_mask &= ok
         good = int(good_mask.sum())
         goodput = Goodput(
-            slo=slo.bounds, tpot_undefined=slo.tpot_undefined, good=good, requests_per_s=_rate(good, T),
+            slo=slo.bounds,
+            tpot_undefined=slo.tpot_undefined,
+            good=good,
+            requests_per_s=_rate(good, T),
             attainment=good / n_completed if n_completed else None,
-            attainment_by_bound={k: (int((completed & ok).sum()) / n_completed if n_completed else None)
-                                 for k, ok in checks.items()},
+            attainment_by_bound={
+                k: (int((completed & ok).sum()) / n_completed if n_completed else None) for k, ok in checks.items()
+            },
         )
-    return Summary(window=w, counts=counts, requests_per_s=_rate(n_completed, T),
-                   output_tokens_per_s=_rate(tok_in, T), output_tokens_in_window=tok_in,
-                   percentile_method=method, latency=latency, goodput=goodput)
+    return Summary(
+        window=w,
+        counts=counts,
+        requests_per_s=_rate(n_completed, T),
+        output_tokens_per_s=_rate(tok_in, T),
+        output_tokens_in_window=tok_in,
+        percentile_method=method,
+        latency=latency,
+        goodput=goodput,
+    )

@@ -4,10 +4,11 @@ All times are in **seconds** on one clock (whatever clock the source used; only 
 matter). A :class:`Timeline` is one request; a :class:`TimelineBatch` is many requests in
 columnar (numpy) form, which is what the metric math in :mod:`otel_llm.metrics` works on.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -67,9 +68,17 @@ class TimelineBatch:
         return len(self.submit)
 
     @classmethod
-    def empty(cls) -> "TimelineBatch":
-        return cls([], np.zeros(0), np.zeros(0), np.zeros(0, np.int8), np.zeros(1, np.int64),
-                   np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    def empty(cls) -> TimelineBatch:
+        return cls(
+            [],
+            np.zeros(0),
+            np.zeros(0),
+            np.zeros(0, np.int8),
+            np.zeros(1, np.int64),
+            np.zeros(0),
+            np.zeros(0, np.int64),
+            np.zeros(0, np.int64),
+        )
 
     @classmethod
     def from_columns(
@@ -82,7 +91,7 @@ class TimelineBatch:
         event_time: Sequence[float],
         event_tokens: Sequence[int],
         input_tokens: Sequence[int] | None = None,
-    ) -> "TimelineBatch":
+    ) -> TimelineBatch:
         """Build from flat columns; events may come in any order (``event_request[j]`` is the
         index of the request that event ``j`` belongs to). Sorts events by (request, time)."""
         n = len(ids)
@@ -95,11 +104,19 @@ class TimelineBatch:
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(counts, out=offsets[1:])
         it = np.full(n, -1, np.int64) if input_tokens is None else np.asarray(input_tokens, np.int64)
-        return cls(list(ids), np.asarray(submit, np.float64), np.asarray(end, np.float64),
-                   np.asarray(status, np.int8), offsets, et, ek, it)
+        return cls(
+            list(ids),
+            np.asarray(submit, np.float64),
+            np.asarray(end, np.float64),
+            np.asarray(status, np.int8),
+            offsets,
+            et,
+            ek,
+            it,
+        )
 
     @classmethod
-    def from_timelines(cls, timelines: Iterable[Timeline]) -> "TimelineBatch":
+    def from_timelines(cls, timelines: Iterable[Timeline]) -> TimelineBatch:
         ids, sub, end, st, er, et, ek, it = [], [], [], [], [], [], [], []
         for i, tl in enumerate(timelines):
             ids.append(tl.id)
@@ -116,14 +133,16 @@ class TimelineBatch:
     def timeline(self, i: int) -> Timeline:
         a, b = self.offsets[i], self.offsets[i + 1]
         return Timeline(
-            id=self.ids[i], submit=float(self.submit[i]), end=float(self.end[i]),
+            id=self.ids[i],
+            submit=float(self.submit[i]),
+            end=float(self.end[i]),
             status=STATUSES[int(self.status[i])],
             events=tuple(zip(self.event_time[a:b].tolist(), self.event_tokens[a:b].tolist())),
             input_tokens=None if self.input_tokens[i] < 0 else int(self.input_tokens[i]),
         )
 
     @staticmethod
-    def concat(batches: Sequence["TimelineBatch"]) -> "TimelineBatch":
+    def concat(batches: Sequence[TimelineBatch]) -> TimelineBatch:
         if not batches:
             return TimelineBatch.empty()
         ids: list[str] = []
@@ -134,7 +153,13 @@ class TimelineBatch:
             offs.append(b.offsets[1:] + base)
             base += int(b.offsets[-1])
         cat = np.concatenate
-        return TimelineBatch(ids, cat([b.submit for b in batches]), cat([b.end for b in batches]),
-                             cat([b.status for b in batches]), cat(offs),
-                             cat([b.event_time for b in batches]), cat([b.event_tokens for b in batches]),
-                             cat([b.input_tokens for b in batches]))
+        return TimelineBatch(
+            ids,
+            cat([b.submit for b in batches]),
+            cat([b.end for b in batches]),
+            cat([b.status for b in batches]),
+            cat(offs),
+            cat([b.event_time for b in batches]),
+            cat([b.event_tokens for b in batches]),
+            cat([b.input_tokens for b in batches]),
+        )

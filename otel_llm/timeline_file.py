@@ -8,12 +8,14 @@ One object per line, times in seconds on one clock::
 ``events`` are ``[time_s, tokens]`` pairs in any order; events with 0 tokens are not token events
 and are skipped. Blank lines are ignored.
 """
+
 from __future__ import annotations
 
 import json
 import math
 import os
-from typing import IO, Iterable
+from collections.abc import Iterable
+from typing import IO
 
 from .timeline import STATUS_CODE, STATUSES, Timeline, TimelineBatch
 
@@ -117,8 +119,7 @@ def read_timelines(path: str | os.PathLike) -> TimelineBatch:
 
 
 def timeline_to_json(tl: Timeline) -> dict:
-    d = {"id": tl.id, "submit": tl.submit, "end": tl.end, "status": tl.status,
-         "events": [[t, k] for t, k in tl.events]}
+    d = {"id": tl.id, "submit": tl.submit, "end": tl.end, "status": tl.status, "events": [[t, k] for t, k in tl.events]}
     if tl.input_tokens is not None:
         d["input_tokens"] = tl.input_tokens
     return d

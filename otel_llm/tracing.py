@@ -1,5 +1,6 @@
 """The client side's tracer provider: standard OpenTelemetry SDK, exporter from the environment
 (``OTEL_LLM_TRACES_FILE`` or ``OTEL_EXPORTER_OTLP_*``), batch processor, flushed at exit."""
+
 from __future__ import annotations
 
 import atexit

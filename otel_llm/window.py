@@ -1,4 +1,5 @@
 """Observation windows ``[W0, W1]`` (seconds, both edges inclusive)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ class Window:
         return (t >= self.start) & (t <= self.end)
 
     @classmethod
-    def parse(cls, text: str) -> "Window":
+    def parse(cls, text: str) -> Window:
         """Parse ``W0,W1`` (seconds on the data's clock)."""
         parts = text.split(",")
         if len(parts) != 2:
@@ -36,7 +37,7 @@ class Window:
         return cls(w0, w1, explicit=True)
 
     @classmethod
-    def of(cls, batch: TimelineBatch) -> "Window":
+    def of(cls, batch: TimelineBatch) -> Window:
         """The default window: earliest submit to latest end (empty batch: [0, 0])."""
         if len(batch) == 0:
             return cls(0.0, 0.0)

@@ -19,8 +19,15 @@ def write_jsonl(path: Path, rows) -> Path:
 def run_cli(*args, check=True, input=None, env=None):
     """Run the installed ``otel-llm`` command in a subprocess, as a user would."""
     full_env = {**os.environ, "OTEL_TRACES_EXPORTER": "none", **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "otel_llm", *map(str, args)], capture_output=True,
-                          text=True, input=input, cwd=ROOT, timeout=300, env=full_env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "otel_llm", *map(str, args)],
+        capture_output=True,
+        text=True,
+        input=input,
+        cwd=ROOT,
+        timeout=300,
+        env=full_env,
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"otel-llm {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
     return proc
@@ -34,6 +41,7 @@ def analyze_json(path, *args):
 def jsonl(tmp_path):
     def make(rows, name="timelines.jsonl"):
         return write_jsonl(tmp_path / name, rows)
+
     return make
 
 
@@ -53,8 +61,14 @@ def run_vllm_scenario(tmp_path, scenario, model, timeout=400, env=None):
     traces = tmp_path / f"{scenario}.jsonl"
     out = tmp_path / f"{scenario}.json"
     full_env = {**os.environ, "OTEL_LLM_TRACES_FILE": str(traces), **(env or {})}
-    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "vllm_scenarios.py"), scenario, model, str(out)],
-                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "vllm_scenarios.py"), scenario, model, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     return json.loads(out.read_text()), read_trace_file(traces)
 
@@ -70,8 +84,14 @@ def make_collector(tmp_path):
 
     def make(**kw):
         assembly = kw.pop("assembly", AssemblyConfig(grace_s=0.2, timeout_s=5))
-        cfg = CollectorConfig(otlp_grpc="127.0.0.1:0", otlp_http="127.0.0.1:0", prometheus="127.0.0.1:0",
-                              store=str(tmp_path / f"store{len(started)}.db"), assembly=assembly, tick_s=0.05)
+        cfg = CollectorConfig(
+            otlp_grpc="127.0.0.1:0",
+            otlp_http="127.0.0.1:0",
+            prometheus="127.0.0.1:0",
+            store=str(tmp_path / f"store{len(started)}.db"),
+            assembly=assembly,
+            tick_s=0.05,
+        )
         for k, v in kw.items():
             setattr(cfg, k, v)
         c = Collector(cfg).start()
@@ -86,7 +106,7 @@ def make_collector(tmp_path):
             pass
 
 
-def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2 ** 20, timeout: float = 180.0):
+def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2**20, timeout: float = 180.0):
     """Start vLLM's OpenAI-compatible server on a free loopback port (the CPU build); returns
     (process, base_url). The caller stops it."""
     import time
@@ -95,12 +115,32 @@ def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2 ** 20, timeo
     from otlp_helpers import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--dtype", "bfloat16",
-           "--max-model-len", "512", "--enforce-eager", "--kv-cache-memory-bytes", str(kv_bytes),
-           "--host", "127.0.0.1", "--port", str(port)]
-    log = open(os.path.join(os.path.dirname(model), f"vllm-server-{port}.log"), "w")
-    proc = subprocess.Popen(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1", **env}, stdout=log,
-                            stderr=subprocess.STDOUT, cwd=os.path.dirname(model))
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(kv_bytes),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    log = open(os.path.join(os.path.dirname(model), f"vllm-server-{port}.log"), "w")  # noqa: SIM115 (held by the server)
+    proc = subprocess.Popen(
+        cmd,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=os.path.dirname(model),
+    )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:

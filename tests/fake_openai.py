@@ -5,6 +5,7 @@ usage-only chunk at the end), ``none``; ``fake_gap_ms``: time between chunks; ``
 answer with this HTTP status instead; ``fake_multi``: tokens per chunk. It records each
 request's headers.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,7 @@ class FakeOpenAI:
             def log_message(self, *a):
                 pass
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
                 status = body.get("fake_status")
@@ -59,14 +60,19 @@ class FakeOpenAI:
                         time.sleep(gap)
                         k = min(multi, n - done)
                         done += k
-                        choice = ({"index": 0, "delta": {"content": "x" * k}} if chat else {"index": 0, "text": "x" * k})
+                        choice = {"index": 0, "delta": {"content": "x" * k}} if chat else {"index": 0, "text": "x" * k}
                         obj = {"id": "cmpl-fake", "choices": [choice]}
                         if usage == "continuous":
                             obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
                         send(obj)
                     if usage in ("final", "continuous"):
-                        send({"id": "cmpl-fake", "choices": [],
-                              "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n}})
+                        send(
+                            {
+                                "id": "cmpl-fake",
+                                "choices": [],
+                                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n},
+                            }
+                        )
                     send("[DONE]")
                     self.wfile.write(b"0\r\n\r\n")
                 except (BrokenPipeError, ConnectionResetError):

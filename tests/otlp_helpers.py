@@ -1,7 +1,7 @@
 """Emitting request traces through the official OpenTelemetry SDK, for collector tests."""
+
 from __future__ import annotations
 
-import os
 import socket
 from dataclasses import dataclass, field
 
@@ -26,6 +26,7 @@ def free_port() -> int:
 @dataclass
 class Req:
     """One request at both boundaries, times in ms after ``base``."""
+
     id: str
     client_submit: float = 0
     client_events: list = field(default_factory=lambda: [(100, 1), (130, 1), (170, 1)])
@@ -49,35 +50,62 @@ def provider(exporter, service="test") -> TracerProvider:
 
 
 def emit(tracer, r: Req, base_ns: int) -> None:
-    t = lambda ms: base_ns + int(ms * MS)  # noqa: E731
+    t = lambda ms: base_ns + int(ms * MS)
     ctx = None
     client_span = None
     if r.client:
         offs = [int(e * MS) - int(r.client_submit * MS) for e, _ in r.client_events]
-        client_span = tracer.start_span(sc.SPAN_CLIENT_REQUEST, kind=SpanKind.CLIENT, start_time=t(r.client_submit),
-                                        attributes={sc.BOUNDARY: "client", sc.REQUEST_ID: r.id, sc.STATUS: r.status,
-                                                    sc.REQUEST_MODEL: r.model,
-                                                    sc.TOKEN_EVENT_OFFSETS: offs,
-                                                    sc.TOKEN_EVENT_TOKENS: [k for _, k in r.client_events],
-                                                    sc.OUTPUT_TOKENS: sum(k for _, k in r.client_events)})
+        client_span = tracer.start_span(
+            sc.SPAN_CLIENT_REQUEST,
+            kind=SpanKind.CLIENT,
+            start_time=t(r.client_submit),
+            attributes={
+                sc.BOUNDARY: "client",
+                sc.REQUEST_ID: r.id,
+                sc.STATUS: r.status,
+                sc.REQUEST_MODEL: r.model,
+                sc.TOKEN_EVENT_OFFSETS: offs,
+                sc.TOKEN_EVENT_TOKENS: [k for _, k in r.client_events],
+                sc.OUTPUT_TOKENS: sum(k for _, k in r.client_events),
+            },
+        )
         ctx = set_span_in_context(client_span)
     if r.engine:
         offs = [int(e * MS) - int(r.arrival * MS) for e, _ in r.engine_events]
-        es = tracer.start_span(sc.SPAN_REQUEST, context=ctx, kind=SpanKind.SERVER, start_time=t(r.arrival),
-                               attributes={sc.BOUNDARY: "engine", sc.REQUEST_ID: r.id, sc.STATUS: r.status,
-                                           sc.REQUEST_MODEL: r.model, sc.TOKEN_EVENT_OFFSETS: offs,
-                                           sc.TOKEN_EVENT_TOKENS: [k for _, k in r.engine_events],
-                                           sc.OUTPUT_TOKENS: sum(k for _, k in r.engine_events)})
+        es = tracer.start_span(
+            sc.SPAN_REQUEST,
+            context=ctx,
+            kind=SpanKind.SERVER,
+            start_time=t(r.arrival),
+            attributes={
+                sc.BOUNDARY: "engine",
+                sc.REQUEST_ID: r.id,
+                sc.STATUS: r.status,
+                sc.REQUEST_MODEL: r.model,
+                sc.TOKEN_EVENT_OFFSETS: offs,
+                sc.TOKEN_EVENT_TOKENS: [k for _, k in r.engine_events],
+                sc.OUTPUT_TOKENS: sum(k for _, k in r.engine_events),
+            },
+        )
         ectx = set_span_in_context(es)
-        phases = [(sc.SPAN_QUEUE, r.arrival, r.first_scheduled), (sc.SPAN_PREFILL, r.first_scheduled, r.first_generated)]
+        phases = [
+            (sc.SPAN_QUEUE, r.arrival, r.first_scheduled),
+            (sc.SPAN_PREFILL, r.first_scheduled, r.first_generated),
+        ]
         if r.engine_events:
             phases.append((sc.SPAN_DECODE, r.first_generated, r.engine_events[-1][0] - 5))
         for p0, p1 in r.preemptions:
             phases.append((sc.SPAN_PREEMPTION, p0, p1))
         for name, a, b in phases:
-            c = tracer.start_span(name, context=ectx, start_time=t(a),
-                                  attributes={sc.BOUNDARY: "engine", **({sc.PREEMPTION_MODE: "recompute"}
-                                                                         if name == sc.SPAN_PREEMPTION else {})})
+            c = tracer.start_span(
+                name,
+                context=ectx,
+                start_time=t(a),
+                attributes={
+                    sc.BOUNDARY: "engine",
+                    **({sc.PREEMPTION_MODE: "recompute"} if name == sc.SPAN_PREEMPTION else {}),
+                },
+            )
             c.end(end_time=t(b))
         es.end(end_time=t(r.engine_end))
     if client_span is not None:
@@ -96,7 +124,7 @@ def http_exporter(port: int, **kw):
     return OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", **kw)
 
 
-def sample_request(reqs=None) -> ExportTraceServiceRequest:
+def sample_request(reqs=None) -> ExportTraceServiceRequest:  # noqa: F821 (imported inside)
     """A real export request, as the SDK's encoder builds it."""
     import time
 

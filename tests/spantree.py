@@ -1,4 +1,5 @@
 """Helpers to check span trees read back from OTLP (tests only)."""
+
 from __future__ import annotations
 
 from collections import defaultdict

@@ -1,23 +1,26 @@
 """Bad input stops with exit code 2 and a message naming the file, the line and the problem."""
+
 import json
 
 import pytest
-
 from conftest import run_cli
 
 GOOD = {"id": "a", "submit": 0.0, "end": 0.18, "status": "ok", "events": [[0.1, 1]]}
 
 
-@pytest.mark.parametrize("bad, problem", [
-    ("{not json", "malformed JSON"),
-    (json.dumps([1, 2]), "expected a JSON object"),
-    (json.dumps({**GOOD, "status": "done"}), "unknown status"),
-    (json.dumps({**GOOD, "end": -1.0}), "before submit"),
-    (json.dumps({**GOOD, "events": [[-0.5, 1]]}), "before submit"),
-    (json.dumps({k: v for k, v in GOOD.items() if k != "end"}), "missing key 'end'"),
-    (json.dumps({**GOOD, "events": [[0.1, -1]]}), "non-negative integer"),
-    (json.dumps({**GOOD, "submit": "zero"}), "finite number"),
-])
+@pytest.mark.parametrize(
+    "bad, problem",
+    [
+        ("{not json", "malformed JSON"),
+        (json.dumps([1, 2]), "expected a JSON object"),
+        (json.dumps({**GOOD, "status": "done"}), "unknown status"),
+        (json.dumps({**GOOD, "end": -1.0}), "before submit"),
+        (json.dumps({**GOOD, "events": [[-0.5, 1]]}), "before submit"),
+        (json.dumps({k: v for k, v in GOOD.items() if k != "end"}), "missing key 'end'"),
+        (json.dumps({**GOOD, "events": [[0.1, -1]]}), "non-negative integer"),
+        (json.dumps({**GOOD, "submit": "zero"}), "finite number"),
+    ],
+)
 def test_bad_line_names_file_line_and_problem(tmp_path, bad, problem):
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps(GOOD) + "\n\n" + bad + "\n")
@@ -41,12 +44,15 @@ def test_missing_file(tmp_path):
     assert proc.returncode == 2 and "cannot read" in proc.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--slo", "ttft=fast"], "--slo"),
-    (["--slo", "latency=1"], "--slo"),
-    (["--window", "5,1"], "W1 must be later"),
-    (["--percentiles", "101"], "bad percentile"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--slo", "ttft=fast"], "--slo"),
+        (["--slo", "latency=1"], "--slo"),
+        (["--window", "5,1"], "W1 must be later"),
+        (["--percentiles", "101"], "bad percentile"),
+    ],
+)
 def test_bad_options(tmp_path, args, message):
     path = tmp_path / "t.jsonl"
     path.write_text(json.dumps(GOOD) + "\n")

@@ -1,4 +1,5 @@
 """otel-llm bench against the fake streaming server: load modes, conditions, output, Ctrl-C."""
+
 import json
 import signal
 import subprocess
@@ -7,12 +8,11 @@ import time
 
 import numpy as np
 import pytest
+from conftest import ROOT, run_cli
+from fake_openai import FakeOpenAI
 
 from otel_llm.bench import LengthDist, LoadSpec, arrival_offsets
 from otel_llm.otlp_spans import read_trace_file
-
-from conftest import ROOT, run_cli
-from fake_openai import FakeOpenAI
 
 
 @pytest.fixture
@@ -41,15 +41,36 @@ def test_arrival_processes_hit_the_rate(arrival):
     assert off[0] == 0 and (np.diff(off) >= 0).all()
     assert (len(off) - 1) / off[-1] == pytest.approx(50.0, rel=0.05)
     cv = np.std(np.diff(off)) / np.mean(np.diff(off))
-    assert cv == pytest.approx({"poisson": 1.0, "constant": 0.0, "gamma": 2 ** 0.5}[arrival], abs=0.06)
+    assert cv == pytest.approx({"poisson": 1.0, "constant": 0.0, "gamma": 2**0.5}[arrival], abs=0.06)
 
 
 def test_open_loop_run(server, tmp_path):
     out = tmp_path / "timelines.jsonl"
     traces = tmp_path / "spans.jsonl"
-    proc = run_cli("bench", "--base-url", server.base_url, "--model", "m", "--rate", "40", "--num-requests", "20",
-                   "--input-tokens", "uniform:5:9", "--output-tokens", "6", "--warmup", "3", "--seed", "7",
-                   "--output", out, "--format", "json", env={"OTEL_LLM_TRACES_FILE": str(traces)})
+    proc = run_cli(
+        "bench",
+        "--base-url",
+        server.base_url,
+        "--model",
+        "m",
+        "--rate",
+        "40",
+        "--num-requests",
+        "20",
+        "--input-tokens",
+        "uniform:5:9",
+        "--output-tokens",
+        "6",
+        "--warmup",
+        "3",
+        "--seed",
+        "7",
+        "--output",
+        out,
+        "--format",
+        "json",
+        env={"OTEL_LLM_TRACES_FILE": str(traces)},
+    )
     summary = json.loads(proc.stdout)
     c = summary["conditions"]
     assert c["load_mode"] == "open" and c["arrival_process"] == "poisson" and c["nominal_rate_per_s"] == 40
@@ -69,7 +90,9 @@ def test_open_loop_run(server, tmp_path):
     all_spans = read_trace_file(traces)
     (run_span,) = [s for s in all_spans if s.name == "llm.bench.run"]
     assert run_span.attributes["llm.bench.requests_sent"] == 20
-    assert run_span.attributes["llm.bench.achieved_arrival_rate_per_s"] == pytest.approx(c["achieved_arrival_rate_per_s"])
+    assert run_span.attributes["llm.bench.achieved_arrival_rate_per_s"] == pytest.approx(
+        c["achieved_arrival_rate_per_s"]
+    )
     assert "llm.bench.schedule_delay_s.p99" in run_span.attributes
     spans = [s for s in all_spans if s.name == "llm.client.request"]
     assert len(spans) == 23
@@ -78,17 +101,47 @@ def test_open_loop_run(server, tmp_path):
 
 
 def test_closed_loop_run(server):
-    proc = run_cli("bench", "--base-url", server.base_url, "--model", "m", "--concurrency", "3",
-                   "--num-requests", "12", "--output-tokens", "4")
+    proc = run_cli(
+        "bench",
+        "--base-url",
+        server.base_url,
+        "--model",
+        "m",
+        "--concurrency",
+        "3",
+        "--num-requests",
+        "12",
+        "--output-tokens",
+        "4",
+    )
     assert "load_mode: closed" in proc.stdout and "concurrency: 3" in proc.stdout
     assert "completed 12" in proc.stdout and "not the same load" in proc.stdout
 
 
 def test_ctrl_c_cancels_in_flight_and_still_summarises(server, tmp_path):
-    p = subprocess.Popen([sys.executable, "-m", "otel_llm", "bench", "--base-url", server.base_url, "--model", "m",
-                          "--concurrency", "4", "--num-requests", "50", "--output-tokens", "200"],
-                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**__import__("os").environ, "OTEL_TRACES_EXPORTER": "none"})
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otel_llm",
+            "bench",
+            "--base-url",
+            server.base_url,
+            "--model",
+            "m",
+            "--concurrency",
+            "4",
+            "--num-requests",
+            "50",
+            "--output-tokens",
+            "200",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "OTEL_TRACES_EXPORTER": "none"},
+    )
     t0 = time.monotonic()
     while len(server.requests) < 4 and time.monotonic() - t0 < 60:  # the load is running
         time.sleep(0.05)

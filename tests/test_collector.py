@@ -1,16 +1,14 @@
 """The collector, fed through the official OpenTelemetry SDK exporters over real gRPC and HTTP."""
+
 import json
 import time
 from dataclasses import asdict
 
 import pytest
-
-from otel_llm import semconv as sc
-from otel_llm.slo import SLO
-
 from conftest import run_cli
-from otlp_helpers import MS, Req, emit, grpc_exporter, http_exporter, provider
+from otlp_helpers import Req, emit, grpc_exporter, http_exporter, provider
 
+from otel_llm.slo import SLO
 
 US = 1e-6  # float Unix seconds resolve about 0.2 us today: compare to the microsecond
 
@@ -49,7 +47,11 @@ def test_both_boundaries_and_decomposition(make_collector, transport):
     recs = records_by(c, 2)
     cl, en = recs[("client", "fig1")], recs[("engine", "fig1")]
     # client boundary: spec figure 1
-    assert cl.ttft == pytest.approx(0.100, abs=US) and cl.tpot == pytest.approx(0.035, abs=US) and cl.e2e == pytest.approx(0.180, abs=US)
+    assert (
+        cl.ttft == pytest.approx(0.100, abs=US)
+        and cl.tpot == pytest.approx(0.035, abs=US)
+        and cl.e2e == pytest.approx(0.180, abs=US)
+    )
     assert cl.itl_max == pytest.approx(0.040, abs=US) and cl.output_tokens == 3
     # engine boundary: arrival 10 ms, first output handed out 85 ms
     assert en.ttft == pytest.approx(0.075, abs=US) and en.e2e == pytest.approx(0.150, abs=US)
@@ -64,13 +66,26 @@ def test_both_boundaries_and_decomposition(make_collector, transport):
 
 def test_one_boundary_preemptions_and_statuses(make_collector):
     c = make_collector()
-    send(grpc_exporter(c.receivers[0].port), [
-        Req("engine-only", client=False, preemptions=[(120, 140), (141, 150)],
-            engine_events=[(85, 1), (115, 1), (155, 2)]),
-        Req("client-only", engine=False),
-        Req("cut", status="cancelled", client_events=[(100, 1)], client_end=120, engine_events=[(85, 1)],
-            engine_end=110),
-    ])
+    send(
+        grpc_exporter(c.receivers[0].port),
+        [
+            Req(
+                "engine-only",
+                client=False,
+                preemptions=[(120, 140), (141, 150)],
+                engine_events=[(85, 1), (115, 1), (155, 2)],
+            ),
+            Req("client-only", engine=False),
+            Req(
+                "cut",
+                status="cancelled",
+                client_events=[(100, 1)],
+                client_end=120,
+                engine_events=[(85, 1)],
+                engine_end=110,
+            ),
+        ],
+    )
     recs = records_by(c, 4)
     e = recs[("engine", "engine-only")]
     assert e.preemptions == 2 and e.preemption_time == pytest.approx(0.029, abs=US)
@@ -94,16 +109,39 @@ def test_analyze_store_windows_and_goodput(make_collector):
             tpot = 70
         s = i * 500
         ev = [(s + ttft + j * tpot, 1) for j in range(5)]
-        reqs.append(Req(f"r{i}", client_submit=s, client_events=ev, client_end=ev[-1][0] + 10,
-                        arrival=s + 1, first_scheduled=s + 2, first_generated=s + ttft - 2,
-                        engine_events=[(t - 1, k) for t, k in ev], engine_end=ev[-1][0] + 5))
+        reqs.append(
+            Req(
+                f"r{i}",
+                client_submit=s,
+                client_events=ev,
+                client_end=ev[-1][0] + 10,
+                arrival=s + 1,
+                first_scheduled=s + 2,
+                first_generated=s + ttft - 2,
+                engine_events=[(t - 1, k) for t, k in ev],
+                engine_end=ev[-1][0] + 5,
+            )
+        )
     base = send(http_exporter(c.receivers[1].address[1]), reqs)
     wait_for(lambda: c.store.count() >= 20, what="20 records")
     c.stop()
     w0 = base / 1e9
     for boundary in ("client", "engine"):
-        out = json.loads(run_cli("analyze", "--store", c.config.store, "--boundary", boundary, "--format", "json",
-                                 "--window", f"{w0!r},{w0 + 10!r}", "--slo", "ttft=1,tpot=0.05").stdout)
+        out = json.loads(
+            run_cli(
+                "analyze",
+                "--store",
+                c.config.store,
+                "--boundary",
+                boundary,
+                "--format",
+                "json",
+                "--window",
+                f"{w0!r},{w0 + 10!r}",
+                "--slo",
+                "ttft=1,tpot=0.05",
+            ).stdout
+        )
         assert out["counts"]["completed"] == 10
         assert out["throughput"]["requests_per_s"] == pytest.approx(1.0, abs=US)
         assert out["goodput"]["good"] == 8
@@ -119,8 +157,10 @@ def test_prometheus_metrics_and_slo_counter(make_collector):
     import urllib.request
 
     c = make_collector(slos={"default": SLO(ttft=0.16), "strict": SLO(ttft=0.05)})
-    send(grpc_exporter(c.receivers[0].port), [Req(f"m{i}", client_events=[(100 + 50 * (i % 2), 1), (170, 1)])
-                                              for i in range(4)])
+    send(
+        grpc_exporter(c.receivers[0].port),
+        [Req(f"m{i}", client_events=[(100 + 50 * (i % 2), 1), (170, 1)]) for i in range(4)],
+    )
     wait_for(lambda: c.records_derived >= 8, what="derivation")
     host, port = c.prometheus.address
     text = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
@@ -153,8 +193,16 @@ def test_store_survives_restart_and_appends(make_collector, tmp_path):
     assert sorted({r.request_id for r in s.records()}) == ["a", "b", "c"]
     # the same records again are ignored, never stored twice
     again = RecordBatch.from_records(s.records())
-    plain = lambda rs: [(asdict(r) | {"event_offsets_ns": list(map(int, r.event_offsets_ns)),  # noqa: E731
-                                      "event_tokens": list(map(int, r.event_tokens))}) for r in rs]
+    plain = lambda rs: [
+        (
+            asdict(r)
+            | {
+                "event_offsets_ns": list(map(int, r.event_offsets_ns)),
+                "event_tokens": list(map(int, r.event_tokens)),
+            }
+        )
+        for r in rs
+    ]
     assert plain(again.records()) == plain(s.records())  # the batch form loses nothing
     assert s.add(again) == 0 and s.count() == 6
     s.close()
@@ -183,7 +231,7 @@ def test_otlp_metrics_push(make_collector):
     got = []
 
     class H(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802
+        def do_POST(self):
             req = ExportMetricsServiceRequest()
             req.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
             got.append((self.path, req))
@@ -196,8 +244,11 @@ def test_otlp_metrics_push(make_collector):
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
-    c = make_collector(forward_metrics=f"http://127.0.0.1:{srv.server_address[1]}", metrics_interval_s=0.3,
-                       slos={"default": SLO(ttft=1)})
+    c = make_collector(
+        forward_metrics=f"http://127.0.0.1:{srv.server_address[1]}",
+        metrics_interval_s=0.3,
+        slos={"default": SLO(ttft=1)},
+    )
     send(grpc_exporter(c.receivers[0].port), [Req("p1"), Req("p2")])
     wait_for(lambda: c.records_derived >= 4)
 
@@ -206,8 +257,10 @@ def test_otlp_metrics_push(make_collector):
             for rm in req.resource_metrics:
                 for sm in rm.scope_metrics:
                     for m in sm.metrics:
-                        if m.name == "gen_ai.server.time_to_first_token" and sum(
-                                p.count for p in m.histogram.data_points) == 4:
+                        if (
+                            m.name == "gen_ai.server.time_to_first_token"
+                            and sum(p.count for p in m.histogram.data_points) == 4
+                        ):
                             return path, m
         return None
 

@@ -1,4 +1,5 @@
 """The OTLP receiver contract, bad input, overload, auth, and the assembly rules."""
+
 import gzip
 import json
 import signal
@@ -10,28 +11,32 @@ import urllib.request
 
 import grpc
 import pytest
+from conftest import ROOT
 from google.rpc import error_details_pb2, status_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest, ExportTraceServiceResponse)
+    ExportTraceServiceResponse,
+)
+from otlp_helpers import Req, free_port, sample_request
 
+from collector import spans as sp
 from collector.assembly import AssemblyConfig, TraceAssembler
 from collector.receivers.decode import DecodeError, decode_payload
+from collector.spans import make_span
 from otel_llm import semconv as sc
 from otel_llm.otlp_json import to_json
-from collector import spans as sp
-from collector.spans import make_span
-
-from conftest import ROOT
-from otlp_helpers import Req, free_port, sample_request
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
 
 def post(port, body, ctype="application/x-protobuf", headers=None):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/traces", data=body, method="POST",
-                                 headers={"Content-Type": ctype, **(headers or {})})
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/traces",
+        data=body,
+        method="POST",
+        headers={"Content-Type": ctype, **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as r:
             return r.status, dict(r.headers), r.read()
@@ -50,6 +55,7 @@ def raw_grpc(port, body: bytes, metadata=None):
 
 # -- HTTP --------------------------------------------------------------------------------------
 
+
 def test_http_success_protobuf_json_gzip(make_collector):
     c = make_collector()
     port = c.receivers[1].address[1]
@@ -59,8 +65,9 @@ def test_http_success_protobuf_json_gzip(make_collector):
     r = ExportTraceServiceResponse()
     r.ParseFromString(resp)
     assert not r.HasField("partial_success")  # success without partial_success
-    code, h, resp = post(port, gzip.compress(sample_request([Req("gz")]).SerializeToString()),
-                         headers={"Content-Encoding": "gzip"})
+    code, h, resp = post(
+        port, gzip.compress(sample_request([Req("gz")]).SerializeToString()), headers={"Content-Encoding": "gzip"}
+    )
     assert code == 200
     code, h, resp = post(port, to_json(sample_request([Req("js")])).encode(), "application/json")
     assert code == 200 and h["Content-Type"] == "application/json" and json.loads(resp) == {}
@@ -88,7 +95,7 @@ def test_http_size_limit_including_gzip_bombs(make_collector):
     port = c.receivers[1].address[1]
     code, _, _ = post(port, b"\x00" * (65 * 1024))
     assert code == 413
-    bomb = gzip.compress(b"\x00" * (10 * 2 ** 20))  # 10 KiB that inflate to 10 MiB
+    bomb = gzip.compress(b"\x00" * (10 * 2**20))  # 10 KiB that inflate to 10 MiB
     assert len(bomb) < 64 * 1024
     code, _, _ = post(port, bomb, headers={"Content-Encoding": "gzip"})
     assert code == 413
@@ -145,6 +152,7 @@ def test_overload_answers_retry_later(make_collector):
 
 # -- gRPC --------------------------------------------------------------------------------------
 
+
 def test_grpc_malformed_is_invalid_argument(make_collector):
     c = make_collector()
     with pytest.raises(grpc.RpcError) as e:
@@ -172,8 +180,10 @@ def test_fuzz_random_bytes(data):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, len(_VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
-       st.integers(0, len(_VALID)))
+@given(
+    st.lists(st.tuples(st.integers(0, len(_VALID) - 1), st.integers(0, 255)), min_size=1, max_size=8),
+    st.integers(0, len(_VALID)),
+)
 def test_fuzz_mutated_payloads(mutations, cut):
     data = bytearray(_VALID)
     for pos, val in mutations:
@@ -193,11 +203,33 @@ def test_fuzz_mutated_payloads(mutations, cut):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-                    lambda ch: st.lists(ch, max_size=4) | st.dictionaries(
-                        st.sampled_from(["resourceSpans", "scopeSpans", "spans", "traceId", "spanId", "name",
-                                         "attributes", "key", "value", "startTimeUnixNano"]), ch, max_size=4),
-                    max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+        lambda ch: (
+            st.lists(ch, max_size=4)
+            | st.dictionaries(
+                st.sampled_from(
+                    [
+                        "resourceSpans",
+                        "scopeSpans",
+                        "spans",
+                        "traceId",
+                        "spanId",
+                        "name",
+                        "attributes",
+                        "key",
+                        "value",
+                        "startTimeUnixNano",
+                    ]
+                ),
+                ch,
+                max_size=4,
+            )
+        ),
+        max_leaves=20,
+    )
+)
 def test_fuzz_json_structures(obj):
     try:
         decode_payload(json.dumps(obj).encode(), json_body=True)
@@ -206,6 +238,7 @@ def test_fuzz_json_structures(obj):
 
 
 # -- assembly rules ------------------------------------------------------------------------------
+
 
 def span(trace, sid, name=sc.SPAN_REQUEST, parent=""):
     return make_span(trace, sid, name, parent=parent, start=1, end=2, kind=2, request_id=trace)
@@ -260,16 +293,35 @@ def test_assembly_timeout_and_ring_buffer_bound():
 def test_sigterm_flushes_accepted_spans_to_the_store(tmp_path):
     store = tmp_path / "sig.db"
     gport, hport = free_port(), free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "otel_llm", "collector", "--otlp-grpc", f"127.0.0.1:{gport}",
-                             "--otlp-http", f"127.0.0.1:{hport}", "--prometheus", "off", "--store", str(store),
-                             "--trace-grace", "60"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "otel_llm",
+            "collector",
+            "--otlp-grpc",
+            f"127.0.0.1:{gport}",
+            "--otlp-http",
+            f"127.0.0.1:{hport}",
+            "--prometheus",
+            "off",
+            "--store",
+            str(store),
+            "--trace-grace",
+            "60",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         assert "otel-llm collector:" in line and f"127.0.0.1:{hport}" in line
         code, _, _ = post(hport, sample_request([Req("x1"), Req("x2")]).SerializeToString())
         assert code == 200
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 0, err

@@ -1,6 +1,7 @@
 """The collector's fast paths give the same answers as the plain ones: the C walk of protobuf
 bytes against protobuf's parser + the Python walk (generated and mutated payloads), derivation's
 general pairing path, and the store writer process (including its death)."""
+
 from __future__ import annotations
 
 import os
@@ -14,6 +15,7 @@ from hypothesis import strategies as st
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
+from otlp_helpers import Req, sample_request
 
 from collector import spans as sp
 from collector.assembly import ReleasedTrace
@@ -22,7 +24,6 @@ from collector.receivers import decode
 from collector.receivers.decode import DecodeError, parse_request, walk_message
 from collector.spans import make_span
 from otel_llm import semconv as sc
-from otlp_helpers import Req, sample_request
 
 needs_ext = pytest.mark.skipif(decode._otlp_walk is None, reason="C accelerator not built (no compiler)")
 
@@ -31,7 +32,7 @@ needs_ext = pytest.mark.skipif(decode._otlp_walk is None, reason="C accelerator 
 KEYS = [*sp.ATTRIBUTE_SLOTS, "other.key", "", "service.name"]
 NAMES = [*sp.CODES, "llm.engine.step", "http.get", ""]
 
-int64 = st.integers(-(2 ** 63), 2 ** 63 - 1)
+int64 = st.integers(-(2**63), 2**63 - 1)
 scalar_value = st.one_of(
     st.builds(lambda x: AnyValue(string_value=x), st.text(max_size=6)),
     st.builds(lambda x: AnyValue(bool_value=x), st.booleans()),
@@ -40,11 +41,14 @@ scalar_value = st.one_of(
     st.builds(lambda x: AnyValue(bytes_value=x), st.binary(max_size=4)),
     st.just(AnyValue()),
 )
-int_array = st.builds(lambda xs: AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=x) for x in xs])),
-                      st.lists(int64, max_size=6))
+int_array = st.builds(
+    lambda xs: AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=x) for x in xs])), st.lists(int64, max_size=6)
+)
 mixed_array = st.builds(lambda xs: AnyValue(array_value=ArrayValue(values=xs)), st.lists(scalar_value, max_size=3))
-kvlist = st.builds(lambda k: AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key=k, value=AnyValue(int_value=1))])),
-                   st.text(max_size=3))
+kvlist = st.builds(
+    lambda k: AnyValue(kvlist_value=KeyValueList(values=[KeyValue(key=k, value=AnyValue(int_value=1))])),
+    st.text(max_size=3),
+)
 any_value = st.one_of(scalar_value, int_array, mixed_array, kvlist)
 attributes = st.lists(st.builds(lambda k, v: KeyValue(key=k, value=v), st.sampled_from(KEYS), any_value), max_size=6)
 ids = st.one_of(st.binary(min_size=8, max_size=8), st.just(b""), st.just(bytes(8)), st.binary(max_size=17))
@@ -53,11 +57,19 @@ ids = st.one_of(st.binary(min_size=8, max_size=8), st.just(b""), st.just(bytes(8
 @st.composite
 def spans(draw):
     tid = draw(st.one_of(st.binary(min_size=16, max_size=16), st.just(bytes(16)), st.binary(max_size=17)))
-    start = draw(st.integers(0, 2 ** 64 - 1))
-    end = draw(st.one_of(st.integers(0, 2 ** 64 - 1), st.just(start), st.just(start + 5)))
-    return Span(trace_id=tid, span_id=draw(ids), parent_span_id=draw(ids), name=draw(st.sampled_from(NAMES)),
-                kind=draw(st.integers(0, 5)), start_time_unix_nano=start, end_time_unix_nano=min(end, 2 ** 64 - 1),
-                attributes=draw(attributes), status=Status(code=draw(st.integers(0, 2))))
+    start = draw(st.integers(0, 2**64 - 1))
+    end = draw(st.one_of(st.integers(0, 2**64 - 1), st.just(start), st.just(start + 5)))
+    return Span(
+        trace_id=tid,
+        span_id=draw(ids),
+        parent_span_id=draw(ids),
+        name=draw(st.sampled_from(NAMES)),
+        kind=draw(st.integers(0, 5)),
+        start_time_unix_nano=start,
+        end_time_unix_nano=min(end, 2**64 - 1),
+        attributes=draw(attributes),
+        status=Status(code=draw(st.integers(0, 2))),
+    )
 
 
 @st.composite
@@ -73,9 +85,10 @@ def requests(draw):
 
 def same(a, b) -> bool:
     """Walk results equal, floats compared bit for bit (NaN and -0.0 included)."""
-    norm = lambda v: ("f", struct.pack("<d", v)) if isinstance(v, float) else (type(v).__name__, v)  # noqa: E731
-    return (a.total, a.rejected, a.first_error) == (b.total, b.rejected, b.first_error) and \
-        [tuple(map(norm, s)) for s in a.spans] == [tuple(map(norm, s)) for s in b.spans]
+    norm = lambda v: ("f", struct.pack("<d", v)) if isinstance(v, float) else (type(v).__name__, v)
+    return (a.total, a.rejected, a.first_error) == (b.total, b.rejected, b.first_error) and [
+        tuple(map(norm, s)) for s in a.spans
+    ] == [tuple(map(norm, s)) for s in b.spans]
 
 
 @needs_ext
@@ -119,9 +132,13 @@ def test_c_walk_defers_what_protobuf_must_decide():
     """Cases where protobuf's own semantics matter go to protobuf: a group, a value given twice
     (merged by protobuf), invalid UTF-8 in a value the walk returns."""
     base = ExportTraceServiceRequest()
-    s = base.resource_spans.add().scope_spans.add().spans.add(trace_id=b"\1" * 16, span_id=b"\2" * 8,
-                                                               name=sc.SPAN_REQUEST, start_time_unix_nano=1,
-                                                               end_time_unix_nano=2)
+    s = (
+        base.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(
+            trace_id=b"\1" * 16, span_id=b"\2" * 8, name=sc.SPAN_REQUEST, start_time_unix_nano=1, end_time_unix_nano=2
+        )
+    )
     s.attributes.add(key=sc.REQUEST_ID).value.string_value = "ok"
     good = base.SerializeToString()
     assert decode.walk_bytes(good) is not None
@@ -151,18 +168,46 @@ def test_accelerated_by_default(monkeypatch):
 
 # -- derivation: the general pairing path ---------------------------------------------------------
 
+
 def test_derive_pairs_by_request_id_and_ancestry():
     t = "cd" * 16
     ms = 1_000_000
     spans = [
-        make_span(t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="r1",
-                  offsets=[50 * ms], tokens=[1]),
-        make_span(t, "c2" * 8, sc.SPAN_CLIENT_REQUEST, start=200 * ms, end=300 * ms, request_id="r2",
-                  offsets=[60 * ms, 70 * ms], tokens=[1, 2]),
-        make_span(t, "e2" * 8, sc.SPAN_REQUEST, parent="77" * 8, start=205 * ms, end=290 * ms, request_id="r2",
-                  offsets=[50 * ms, 62 * ms], tokens=[1, 2]),
-        make_span(t, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=10 * ms, end=95 * ms, request_id="zz",
-                  offsets=[30 * ms], tokens=[1]),
+        make_span(
+            t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="r1", offsets=[50 * ms], tokens=[1]
+        ),
+        make_span(
+            t,
+            "c2" * 8,
+            sc.SPAN_CLIENT_REQUEST,
+            start=200 * ms,
+            end=300 * ms,
+            request_id="r2",
+            offsets=[60 * ms, 70 * ms],
+            tokens=[1, 2],
+        ),
+        make_span(
+            t,
+            "e2" * 8,
+            sc.SPAN_REQUEST,
+            parent="77" * 8,
+            start=205 * ms,
+            end=290 * ms,
+            request_id="r2",
+            offsets=[50 * ms, 62 * ms],
+            tokens=[1, 2],
+        ),
+        make_span(
+            t,
+            "e1" * 8,
+            sc.SPAN_REQUEST,
+            parent="c1" * 8,
+            start=10 * ms,
+            end=95 * ms,
+            request_id="zz",
+            offsets=[30 * ms],
+            tokens=[1],
+        ),
         make_span(t, "01" * 8, sc.SPAN_QUEUE, parent="e1" * 8, start=10 * ms, end=15 * ms),
         make_span(t, "02" * 8, sc.SPAN_PREFILL, parent="e1" * 8, start=15 * ms, end=35 * ms),
         make_span(t, "03" * 8, sc.SPAN_PREEMPTION, parent="e1" * 8, start=36 * ms, end=38 * ms),
@@ -185,11 +230,17 @@ def test_derive_cleans_token_events():
     """Out-of-order events are sorted, zero-token chunks dropped, mismatched arrays unusable."""
     ms = 1_000_000
     spans = [
-        make_span("01" * 16, "0a" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=50 * ms,
-                  offsets=[30 * ms, 10 * ms, 20 * ms], tokens=[1, 2, 0]),
+        make_span(
+            "01" * 16,
+            "0a" * 8,
+            sc.SPAN_CLIENT_REQUEST,
+            start=0,
+            end=50 * ms,
+            offsets=[30 * ms, 10 * ms, 20 * ms],
+            tokens=[1, 2, 0],
+        ),
         make_span("02" * 16, "0b" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=50 * ms, offsets=[1, 2], tokens=[1]),
-        make_span("03" * 16, "0c" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=50 * ms, offsets=sp.INVALID,
-                  tokens=[1]),
+        make_span("03" * 16, "0c" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=50 * ms, offsets=sp.INVALID, tokens=[1]),
     ]
     batch, _ = derive([ReleasedTrace(s[0], [s], "grace") for s in spans])
     a, b, c = batch.records()
@@ -205,11 +256,23 @@ def test_derive_cleans_token_events():
 
 # -- the store writer process ---------------------------------------------------------------------
 
+
 def _batch(n: int, seed: int):
     rnd = np.random.default_rng(seed)
     ms = 1_000_000
-    spans = [make_span(rnd.bytes(16), rnd.bytes(8), sc.SPAN_CLIENT_REQUEST, start=i * ms, end=(i + 50) * ms,
-                       request_id=f"q{seed}-{i}", offsets=[5 * ms, 9 * ms], tokens=[1, 1 + i % 2]) for i in range(n)]
+    spans = [
+        make_span(
+            rnd.bytes(16),
+            rnd.bytes(8),
+            sc.SPAN_CLIENT_REQUEST,
+            start=i * ms,
+            end=(i + 50) * ms,
+            request_id=f"q{seed}-{i}",
+            offsets=[5 * ms, 9 * ms],
+            tokens=[1, 1 + i % 2],
+        )
+        for i in range(n)
+    ]
     return derive([ReleasedTrace(s[0], [s], "grace") for s in spans])[0]
 
 
@@ -285,15 +348,35 @@ def test_derive_span_ids_shared_across_traces():
     ms = 1_000_000
 
     def trace(t, queue_ms, rid):
-        return [make_span(t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id=rid,
-                          offsets=[60 * ms], tokens=[1]),
-                make_span(t, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=2 * ms, end=90 * ms, request_id=rid,
-                          offsets=[50 * ms], tokens=[1]),
-                make_span(t, "01" * 8, sc.SPAN_QUEUE, parent="e1" * 8, start=2 * ms, end=(2 + queue_ms) * ms)]
+        return [
+            make_span(
+                t,
+                "c1" * 8,
+                sc.SPAN_CLIENT_REQUEST,
+                start=0,
+                end=100 * ms,
+                request_id=rid,
+                offsets=[60 * ms],
+                tokens=[1],
+            ),
+            make_span(
+                t,
+                "e1" * 8,
+                sc.SPAN_REQUEST,
+                parent="c1" * 8,
+                start=2 * ms,
+                end=90 * ms,
+                request_id=rid,
+                offsets=[50 * ms],
+                tokens=[1],
+            ),
+            make_span(t, "01" * 8, sc.SPAN_QUEUE, parent="e1" * 8, start=2 * ms, end=(2 + queue_ms) * ms),
+        ]
 
     a, b = trace("aa" * 16, 5, "ra"), trace("bb" * 16, 9, "rb")
-    batch, _ = derive([ReleasedTrace(bytes.fromhex("aa" * 16), a, "grace"),
-                       ReleasedTrace(bytes.fromhex("bb" * 16), b, "grace")])
+    batch, _ = derive(
+        [ReleasedTrace(bytes.fromhex("aa" * 16), a, "grace"), ReleasedTrace(bytes.fromhex("bb" * 16), b, "grace")]
+    )
     recs = {(r.boundary, r.request_id): r for r in batch.records()}
     assert recs[("engine", "ra")].queue == pytest.approx(0.005) and recs[("engine", "rb")].queue == pytest.approx(0.009)
     assert recs[("client", "ra")].queue == pytest.approx(0.005) and recs[("client", "rb")].queue == pytest.approx(0.009)
@@ -302,12 +385,25 @@ def test_derive_span_ids_shared_across_traces():
     # two engine spans under one client span (a retry inside the server): one pair, the one with
     # the client's request id
     t = "cc" * 16
-    spans = [make_span(t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="r2", offsets=[60 * ms],
-                       tokens=[1]),
-             make_span(t, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=2 * ms, end=20 * ms, request_id="r1",
-                       status="error"),
-             make_span(t, "e2" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=25 * ms, end=90 * ms, request_id="r2",
-                       offsets=[30 * ms], tokens=[1])]
+    spans = [
+        make_span(
+            t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="r2", offsets=[60 * ms], tokens=[1]
+        ),
+        make_span(
+            t, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=2 * ms, end=20 * ms, request_id="r1", status="error"
+        ),
+        make_span(
+            t,
+            "e2" * 8,
+            sc.SPAN_REQUEST,
+            parent="c1" * 8,
+            start=25 * ms,
+            end=90 * ms,
+            request_id="r2",
+            offsets=[30 * ms],
+            tokens=[1],
+        ),
+    ]
     batch, _ = derive([ReleasedTrace(bytes.fromhex(t), spans, "grace")])
     recs = {(r.boundary, r.request_id): r for r in batch.records()}
     assert recs[("client", "r2")].paired and recs[("engine", "r1")].paired != recs[("engine", "r2")].paired
@@ -324,14 +420,48 @@ def test_compare_uses_the_pairs_derivation_made(tmp_path):
     ms = 1_000_000
     t = "ef" * 16
     spans = [
-        make_span(t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="client-a",
-                  offsets=[50 * ms], tokens=[1]),
-        make_span(t, "c2" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="client-b",
-                  offsets=[70 * ms], tokens=[1]),
-        make_span(t, "e2" * 8, sc.SPAN_REQUEST, parent="c2" * 8, start=3 * ms, end=90 * ms, request_id="engine-b",
-                  offsets=[60 * ms], tokens=[1]),
-        make_span(t, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=1 * ms, end=90 * ms, request_id="engine-a",
-                  offsets=[40 * ms], tokens=[1]),
+        make_span(
+            t,
+            "c1" * 8,
+            sc.SPAN_CLIENT_REQUEST,
+            start=0,
+            end=100 * ms,
+            request_id="client-a",
+            offsets=[50 * ms],
+            tokens=[1],
+        ),
+        make_span(
+            t,
+            "c2" * 8,
+            sc.SPAN_CLIENT_REQUEST,
+            start=0,
+            end=100 * ms,
+            request_id="client-b",
+            offsets=[70 * ms],
+            tokens=[1],
+        ),
+        make_span(
+            t,
+            "e2" * 8,
+            sc.SPAN_REQUEST,
+            parent="c2" * 8,
+            start=3 * ms,
+            end=90 * ms,
+            request_id="engine-b",
+            offsets=[60 * ms],
+            tokens=[1],
+        ),
+        make_span(
+            t,
+            "e1" * 8,
+            sc.SPAN_REQUEST,
+            parent="c1" * 8,
+            start=1 * ms,
+            end=90 * ms,
+            request_id="engine-a",
+            offsets=[40 * ms],
+            tokens=[1],
+        ),
     ]
     batch, _ = derive([ReleasedTrace(bytes.fromhex(t), spans, "grace")])
     store = RequestStore(str(tmp_path / "p.db"))
@@ -339,7 +469,9 @@ def test_compare_uses_the_pairs_derivation_made(tmp_path):
     pairs, alone = pairs_from_records(store.records())
     store.close()
     assert alone == [] and sorted((c.request_id, e.request_id) for c, e in pairs) == [
-        ("client-a", "engine-a"), ("client-b", "engine-b")]
+        ("client-a", "engine-a"),
+        ("client-b", "engine-b"),
+    ]
     assert {c.request_id: c.network_in for c, _ in pairs} == pytest.approx({"client-a": 0.001, "client-b": 0.003})
 
 
@@ -352,10 +484,13 @@ def test_store_written_by_an_earlier_version_gains_new_columns(tmp_path):
     old_cols = [c for c in st._SCALARS if c != "peer_request_id"]
     db = sqlite3.connect(path)
     db.executescript(st.SCHEMA.format(cols=",\n  ".join(f'"{c}" {st._coltype(c)}' for c in old_cols)))
-    db.execute(f'INSERT INTO requests ({", ".join(old_cols)}, event_offsets_ns, event_tokens) VALUES '
-               f'({", ".join("?" * len(old_cols))}, ?, ?)',
-               ["00" * 16, "client", "old", "m", "ok", 0, 10, 1, 1, 0] + [None] * (len(old_cols) - 10)
-               + [np.array([5], np.int64).tobytes(), np.array([1], np.int64).tobytes()])
+    db.execute(
+        f"INSERT INTO requests ({', '.join(old_cols)}, event_offsets_ns, event_tokens) VALUES "
+        f"({', '.join('?' * len(old_cols))}, ?, ?)",
+        ["00" * 16, "client", "old", "m", "ok", 0, 10, 1, 1, 0]
+        + [None] * (len(old_cols) - 10)
+        + [np.array([5], np.int64).tobytes(), np.array([1], np.int64).tobytes()],
+    )
     db.commit()
     db.close()
     s = st.RequestStore(path)

@@ -1,13 +1,13 @@
 """otel-llm compare: decomposition, stalls, and clock offsets between hosts."""
+
 import json
 import time
 
 import pytest
-
-from collector.compare import compare, estimate_offset, pairs_from_records
-
 from conftest import run_cli
 from otlp_helpers import Req, emit, grpc_exporter, provider
+
+from collector.compare import compare
 
 US = 1e-6
 
@@ -73,7 +73,7 @@ def test_injected_clock_offset_is_bounded_and_corrected(make_collector):
     from collector.store import RequestStore
 
     recs = RequestStore(store).records()
-    rows, off, pairs, _ = compare(recs)
+    rows, off, _pairs, _ = compare(recs)
     # the engine span can only nest in the client span for offsets in [low, high]; the truth is inside
     assert off.low <= theta_ms / 1000 <= off.high
     assert off.width == pytest.approx(0.002, abs=US)  # min delivery 1 ms after arrival... both edges 1 ms off
@@ -92,19 +92,38 @@ def test_injected_clock_offset_is_bounded_and_corrected(make_collector):
 
 
 def test_stall_classification(make_collector):
-    base = dict(client_events=[(100, 1), (130, 1), (400, 1)], client_end=410,
-                engine_events=[(85, 1), (115, 1), (155, 1)], engine_end=160)
+    base = dict(
+        client_events=[(100, 1), (130, 1), (400, 1)],
+        client_end=410,
+        engine_events=[(85, 1), (115, 1), (155, 1)],
+        engine_end=160,
+    )
     delivery = Req("delivery-stall", **base)  # the engine handed token 3 out at 155 ms; the client saw it at 400
-    eng = Req("preempted", client_events=[(100, 1), (130, 1), (400, 1)], client_end=410,
-              engine_events=[(85, 1), (115, 1), (390, 1)], engine_end=395, preemptions=[(120, 380)])
-    other = Req("engine-other", client_events=[(100, 1), (130, 1), (400, 1)], client_end=410,
-                engine_events=[(85, 1), (115, 1), (390, 1)], engine_end=395)
+    eng = Req(
+        "preempted",
+        client_events=[(100, 1), (130, 1), (400, 1)],
+        client_end=410,
+        engine_events=[(85, 1), (115, 1), (390, 1)],
+        engine_end=395,
+        preemptions=[(120, 380)],
+    )
+    other = Req(
+        "engine-other",
+        client_events=[(100, 1), (130, 1), (400, 1)],
+        client_end=410,
+        engine_events=[(85, 1), (115, 1), (390, 1)],
+        engine_end=395,
+    )
     smooth = Req("smooth")
     store = fill(make_collector, [delivery, eng, other, smooth])
     out = json.loads(run_cli("compare", "--store", store, "--format", "json").stdout)
     stalls = {r["id"]: r["stall"] for r in out["requests"]}
-    assert stalls == {"delivery-stall": "delivery", "preempted": "engine:preemption",
-                      "engine-other": "engine:other", "smooth": "none"}
+    assert stalls == {
+        "delivery-stall": "delivery",
+        "preempted": "engine:preemption",
+        "engine-other": "engine:other",
+        "smooth": "none",
+    }
     assert out["summary"]["stalls"] == {"delivery": 1, "engine:preemption": 1, "engine:other": 1}
 
 

@@ -1,31 +1,68 @@
 """The whole loop on a real vLLM OpenAI server (CPU, tiny model): engine traced through the
 plugin (OTEL_LLM_ENABLE=1), otel-llm bench open and closed loop, the collector joining both
 boundaries, and otel-llm compare."""
+
 import json
 import signal
 import time
 
 import pytest
+from conftest import run_cli, start_vllm_server
 
 from collector.assembly import AssemblyConfig
-
-from conftest import run_cli, start_vllm_server
 
 pytestmark = pytest.mark.slow
 
 
 def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
     c = make_collector(assembly=AssemblyConfig(grace_s=0.5, timeout_s=30))
-    otlp = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
-            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    otlp = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
     server, base_url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp})
     try:
-        common = ["--base-url", base_url, "--model", tiny_model, "--input-tokens", "32", "--output-tokens", "24",
-                  "--format", "json", "--warmup", "2"]
-        open_run = json.loads(run_cli("bench", *common, "--rate", "15", "--num-requests", "24", "--seed", "1",
-                                      env={**otlp, "OTEL_TRACES_EXPORTER": "otlp"}).stdout)
-        closed_run = json.loads(run_cli("bench", *common, "--concurrency", "4", "--num-requests", "16",
-                                        "--seed", "2", env={**otlp, "OTEL_TRACES_EXPORTER": "otlp"}).stdout)
+        common = [
+            "--base-url",
+            base_url,
+            "--model",
+            tiny_model,
+            "--input-tokens",
+            "32",
+            "--output-tokens",
+            "24",
+            "--format",
+            "json",
+            "--warmup",
+            "2",
+        ]
+        open_run = json.loads(
+            run_cli(
+                "bench",
+                *common,
+                "--rate",
+                "15",
+                "--num-requests",
+                "24",
+                "--seed",
+                "1",
+                env={**otlp, "OTEL_TRACES_EXPORTER": "otlp"},
+            ).stdout
+        )
+        closed_run = json.loads(
+            run_cli(
+                "bench",
+                *common,
+                "--concurrency",
+                "4",
+                "--num-requests",
+                "16",
+                "--seed",
+                "2",
+                env={**otlp, "OTEL_TRACES_EXPORTER": "otlp"},
+            ).stdout
+        )
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)

@@ -1,13 +1,15 @@
 """The generic hook API and the tracing pipeline, on the example engine and on small engines
 defined here (no vLLM)."""
+
 import logging
 import os
 import sys
 import time
 
 import pytest
-from opentelemetry.sdk.trace.export import SpanExportResult
+from conftest import ROOT
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from spantree import check_nesting_and_order, request_trees
 
 from engine_hooks import EngineHooks, TracingPipeline
 from engine_hooks.gpu_timer import CudaEventTimer
@@ -15,11 +17,8 @@ from otel_llm import semconv as sc
 from otel_llm.export import FileSpanExporter
 from otel_llm.otlp_spans import read_trace_file
 
-from conftest import ROOT
-from spantree import check_nesting_and_order, request_trees
-
 sys.path.insert(0, str(ROOT / "examples"))
-import toy_engine  # noqa: E402
+import toy_engine
 
 
 class Recorded:
@@ -48,8 +47,11 @@ def run_toy(n=10, kv=500, traceparent=None):
     orig = eng.preempt
     eng.preempt = lambda r: (preempts.append(r.id), orig(r))
     for i in range(n):
-        eng.add_request(toy_engine.Request(f"r{i}", prompt_len=30 + 7 * i, max_tokens=10 + 4 * i,
-                                           traceparent=traceparent if i == 0 else None))
+        eng.add_request(
+            toy_engine.Request(
+                f"r{i}", prompt_len=30 + 7 * i, max_tokens=10 + 4 * i, traceparent=traceparent if i == 0 else None
+            )
+        )
     return eng.run(), preempts
 
 
@@ -102,7 +104,7 @@ def test_cancelled_request(toy):
 def _make_engine(hooks: EngineHooks | None, broken: bool = False):
     """The same little engine, traced (with hooks) or plain (hooks=None); ``broken``: every
     extractor raises."""
-    deco = (lambda d: d) if hooks else (lambda d: (lambda f: f))
+    deco = (lambda d: d) if hooks else (lambda d: lambda f: f)
     h = hooks or EngineHooks(pipeline=TracingPipeline(None))
     x = (lambda *a, **k: 1 / 0) if broken else None
 
@@ -156,7 +158,6 @@ def test_unwritable_trace_file_is_counted(tmp_path, caplog):
 
 def test_otlp_endpoint_down_is_counted(monkeypatch):
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
     from otlp_helpers import free_port
 
     port = free_port()  # nothing listens there
@@ -196,6 +197,7 @@ def test_in_flight_requests_are_bounded():
 
 class FakeEvent:
     """A CUDA event stand-in: completes after it has been queried twice."""
+
     clock = 0.0
 
     def __init__(self, enable_timing=False):
@@ -265,8 +267,14 @@ def test_example_runs_as_a_user_would(tmp_path):
 
     path = tmp_path / "toy.jsonl"
     env = {**os.environ, "OTEL_LLM_TRACES_FILE": str(path)}
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "toy_engine.py")], env=env,
-                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "toy_engine.py")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "12 requests done; 12 traced" in proc.stdout
     trees = request_trees(read_trace_file(path))

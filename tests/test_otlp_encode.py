@@ -1,5 +1,6 @@
 """The fast OTLP encoders give what the SDK's give, and the exporters built from the
 environment deliver it."""
+
 import json
 import time
 
@@ -17,26 +18,48 @@ from otel_llm import otlp_encode
 from otel_llm.export import exporter_from_env
 from otel_llm.otlp_json import from_dict
 
-i64 = st.integers(-(2 ** 63), 2 ** 63 - 1)
-values = st.one_of(st.text(max_size=10), st.booleans(), i64, st.floats(allow_nan=False),
-                   st.lists(i64, max_size=40), st.lists(st.text(max_size=5), max_size=4),
-                   st.lists(st.booleans(), max_size=3), st.lists(st.floats(allow_nan=False), max_size=3))
+i64 = st.integers(-(2**63), 2**63 - 1)
+values = st.one_of(
+    st.text(max_size=10),
+    st.booleans(),
+    i64,
+    st.floats(allow_nan=False),
+    st.lists(i64, max_size=40),
+    st.lists(st.text(max_size=5), max_size=4),
+    st.lists(st.booleans(), max_size=3),
+    st.lists(st.floats(allow_nan=False), max_size=3),
+)
 attrs = st.dictionaries(st.text(min_size=1, max_size=12), values, max_size=6)
 
 
 def make_span(a, kind, parent, status, name="s", res=None):
     ctx = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, False, TraceFlags(1))
-    par = SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0x1111111111111111, parent == "remote", TraceFlags(1)) \
-        if parent else None
-    return ReadableSpan(name=name, context=ctx, parent=par, resource=res or Resource.create({"service.name": "t"}),
-                        attributes=a, kind=kind, status=status, start_time=1_700_000_000_000_000_000,
-                        end_time=1_700_000_000_500_000_000, instrumentation_scope=InstrumentationScope("sc", "1"))
+    par = (
+        SpanContext(0x0AF7651916CD43DD8448EB211C80319C, 0x1111111111111111, parent == "remote", TraceFlags(1))
+        if parent
+        else None
+    )
+    return ReadableSpan(
+        name=name,
+        context=ctx,
+        parent=par,
+        resource=res or Resource.create({"service.name": "t"}),
+        attributes=a,
+        kind=kind,
+        status=status,
+        start_time=1_700_000_000_000_000_000,
+        end_time=1_700_000_000_500_000_000,
+        instrumentation_scope=InstrumentationScope("sc", "1"),
+    )
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(attrs, min_size=1, max_size=4), st.sampled_from(list(SpanKind)),
-       st.sampled_from([None, "local", "remote"]),
-       st.sampled_from([Status(StatusCode.UNSET), Status(StatusCode.OK), Status(StatusCode.ERROR, "boom")]))
+@given(
+    st.lists(attrs, min_size=1, max_size=4),
+    st.sampled_from(list(SpanKind)),
+    st.sampled_from([None, "local", "remote"]),
+    st.sampled_from([Status(StatusCode.UNSET), Status(StatusCode.OK), Status(StatusCode.ERROR, "boom")]),
+)
 def test_fast_encoding_equals_the_sdk(attr_sets, kind, parent, status):
     res = Resource.create({"service.name": "t"})
     spans = [make_span(a, kind, parent, status, f"s{i}", res) for i, a in enumerate(attr_sets)]
@@ -48,7 +71,7 @@ def test_fast_encoding_equals_the_sdk(attr_sets, kind, parent, status):
 def test_int_arrays_wire_format_edges():
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 
-    cases = [[], [0], [1, 127, 128, 16383, 16384], [-1, -(2 ** 63), 2 ** 63 - 1], list(range(0, 10 ** 12, 10 ** 9))]
+    cases = [[], [0], [1, 127, 128, 16383, 16384], [-1, -(2**63), 2**63 - 1], list(range(0, 10**12, 10**9))]
     got = otlp_encode.int_arrays_bytes(cases)
     for vals, blob in zip(cases, got):
         assert blob == ArrayValue(values=[AnyValue(int_value=v) for v in vals]).SerializeToString()
@@ -74,11 +97,21 @@ def test_exporters_from_the_environment_deliver_token_arrays(make_collector, mon
     exporter = exporter_from_env()
     now = time.time_ns()
     offs = [10_000_000 + 3_000_000 * j for j in range(200)]
-    span = ReadableSpan(name="llm.request", context=SpanContext(0xABC, 0xDEF, False, TraceFlags(1)),
-                        resource=Resource.create({"service.name": "e"}), kind=SpanKind.SERVER,
-                        attributes={"llm.boundary": "engine", "llm.request.id": "x", "llm.request.status": "ok",
-                                    "llm.token_event.offsets_ns": offs, "llm.token_event.tokens": [1] * 200},
-                        start_time=now, end_time=now + 700_000_000)
+    span = ReadableSpan(
+        name="llm.request",
+        context=SpanContext(0xABC, 0xDEF, False, TraceFlags(1)),
+        resource=Resource.create({"service.name": "e"}),
+        kind=SpanKind.SERVER,
+        attributes={
+            "llm.boundary": "engine",
+            "llm.request.id": "x",
+            "llm.request.status": "ok",
+            "llm.token_event.offsets_ns": offs,
+            "llm.token_event.tokens": [1] * 200,
+        },
+        start_time=now,
+        end_time=now + 700_000_000,
+    )
     assert exporter.export([span]).name == "SUCCESS"
     t0 = time.monotonic()
     while c.store.count() < 1 and time.monotonic() - t0 < 10:

@@ -1,4 +1,5 @@
 """A real Prometheus server (Debian's package) scrapes the collector; PromQL gives goodput."""
+
 import json
 import shutil
 import subprocess
@@ -7,10 +8,9 @@ import urllib.parse
 import urllib.request
 
 import pytest
+from otlp_helpers import Req, emit, free_port, grpc_exporter, provider
 
 from otel_llm.slo import SLO
-
-from otlp_helpers import Req, emit, free_port, grpc_exporter, provider
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +39,16 @@ scrape_configs:
     static_configs:
       - targets: ['127.0.0.1:{target_port}']
 """)
-        proc = subprocess.Popen([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                                 f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={cfg}",
+                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         procs.append(proc)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -69,9 +76,18 @@ def test_promql_goodput(make_collector, prometheus):
     for i in range(10):
         ttft, tpot = (1500 if i == 3 else 500), (70 if i == 7 else 30)
         ev = [(ttft + j * tpot, 1) for j in range(5)]
-        reqs.append(Req(f"g{i}", client_events=ev, client_end=ev[-1][0] + 10, arrival=1, first_scheduled=2,
-                        first_generated=ttft - 2, engine_events=[(t - 1, k) for t, k in ev],
-                        engine_end=ev[-1][0] + 5))
+        reqs.append(
+            Req(
+                f"g{i}",
+                client_events=ev,
+                client_end=ev[-1][0] + 10,
+                arrival=1,
+                first_scheduled=2,
+                first_generated=ttft - 2,
+                engine_events=[(t - 1, k) for t, k in ev],
+                engine_end=ev[-1][0] + 5,
+            )
+        )
     sel = 'boundary="client",model="tiny"'
     good_q = f'sum(llm_slo_good_requests_total{{{sel},slo="default"}})'
 
@@ -98,7 +114,7 @@ def test_promql_goodput(make_collector, prometheus):
     time.sleep(1.5)
     w1 = time.time()
     completed_q = f'sum(llm_requests_total{{{sel},status="ok"}})'
-    attainment = promql(prom, f'{good_q} / {completed_q}')
+    attainment = promql(prom, f"{good_q} / {completed_q}")
     assert float(attainment[0]["value"][1]) == pytest.approx(9 / 11)  # 9 good of 11 completed, all time
 
     def at(q, t):
@@ -114,5 +130,8 @@ def test_promql_goodput(make_collector, prometheus):
     rate_good = float(promql(prom, f'sum(rate(llm_slo_good_requests_total{{{sel},slo="default"}}[1m]))')[0]["value"][1])
     rate_ok = float(promql(prom, f'sum(rate(llm_requests_total{{{sel},status="ok"}}[1m]))')[0]["value"][1])
     assert 0 < rate_good <= rate_ok
-    ttft_p = promql(prom, f'histogram_quantile(0.5, sum by (le) (rate(gen_ai_server_time_to_first_token_seconds_bucket{{{sel}}}[1m])))')
+    ttft_p = promql(
+        prom,
+        f"histogram_quantile(0.5, sum by (le) (rate(gen_ai_server_time_to_first_token_seconds_bucket{{{sel}}}[1m])))",
+    )
     assert 0.25 <= float(ttft_p[0]["value"][1]) <= 0.5  # 9 of 10 TTFTs are 500 ms: within the (0.25, 0.5] bucket

@@ -1,5 +1,6 @@
 """Invariants of the metric core, checked with hypothesis."""
-import random
+
+import itertools
 
 import numpy as np
 import pytest
@@ -22,14 +23,26 @@ def timelines(draw):
         evs = draw(st.lists(st.tuples(st.floats(0, 20, allow_nan=False), st.integers(1, 4)), max_size=8))
         last = max([submit + dt for dt, _ in evs], default=submit)
         end = last + draw(st.floats(0, 5, allow_nan=False))
-        out.append(Timeline(id=str(i), submit=submit, end=end, status=draw(st.sampled_from(STATUSES)),
-                            events=tuple((submit + dt, k) for dt, k in evs)))
+        out.append(
+            Timeline(
+                id=str(i),
+                submit=submit,
+                end=end,
+                status=draw(st.sampled_from(STATUSES)),
+                events=tuple((submit + dt, k) for dt, k in evs),
+            )
+        )
     return out
 
 
-slos = st.builds(SLO, ttft=st.one_of(st.none(), st.floats(0, 10)), tpot=st.one_of(st.none(), st.floats(0, 2)),
-                 itl_max=st.one_of(st.none(), st.floats(0, 10)), e2e=st.one_of(st.none(), st.floats(0, 30)),
-                 tpot_undefined=st.sampled_from(["pass", "fail"]))
+slos = st.builds(
+    SLO,
+    ttft=st.one_of(st.none(), st.floats(0, 10)),
+    tpot=st.one_of(st.none(), st.floats(0, 2)),
+    itl_max=st.one_of(st.none(), st.floats(0, 10)),
+    e2e=st.one_of(st.none(), st.floats(0, 30)),
+    tpot_undefined=st.sampled_from(["pass", "fail"]),
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -50,8 +63,10 @@ def test_goodput_le_throughput_and_attainment_in_unit_interval(tls, slo):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
-       st.decimals(0, 100, places=3, allow_nan=False, allow_infinity=False))
+@given(
+    st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
+    st.decimals(0, 100, places=3, allow_nan=False, allow_infinity=False),
+)
 def test_nearest_rank_is_always_a_sample(xs, p):
     [v] = percentiles(np.array(xs), [str(p)], "nearest-rank")
     assert v in xs
@@ -72,8 +87,12 @@ def test_nearest_rank_exact_rank():
 @settings(max_examples=150, deadline=None)
 @given(timelines(), st.randoms())
 def test_order_of_events_and_requests_irrelevant(tls, rnd):
-    shuffled = [Timeline(id=t.id, submit=t.submit, end=t.end, status=t.status,
-                         events=tuple(rnd.sample(t.events, len(t.events)))) for t in tls]
+    shuffled = [
+        Timeline(
+            id=t.id, submit=t.submit, end=t.end, status=t.status, events=tuple(rnd.sample(t.events, len(t.events)))
+        )
+        for t in tls
+    ]
     rnd.shuffle(shuffled)
     a = summarize(TimelineBatch.from_timelines(tls), slo=SLO(ttft=1, tpot=0.5)).to_json()
     b = summarize(TimelineBatch.from_timelines(shuffled), slo=SLO(ttft=1, tpot=0.5)).to_json()
@@ -109,7 +128,7 @@ def test_vectorised_matches_per_request_definition(tls):
             assert rm.tpot[i] == pytest.approx((ts[-1] - ts[0]) / (n_tok - 1))
         else:
             assert np.isnan(rm.tpot[i])
-        gaps = [b - a for a, b in zip(ts, ts[1:])]
+        gaps = [b - a for a, b in itertools.pairwise(ts)]
         itl_all += gaps
         if gaps:
             assert rm.itl_max[i] == pytest.approx(max(gaps))

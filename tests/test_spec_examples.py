@@ -1,8 +1,6 @@
 """The worked examples of spec/metrics.md (figures 1 to 5), reproduced through the CLI."""
-import math
 
 import pytest
-
 from conftest import analyze_json, run_cli
 
 
@@ -11,8 +9,9 @@ def approx(x):
 
 
 def test_figure1_single_request(jsonl):
-    path = jsonl([{"id": "a", "submit": 0.0, "end": 0.18, "status": "ok",
-                   "events": [[0.17, 1], [0.1, 1], [0.13, 1]]}])  # any order
+    path = jsonl(
+        [{"id": "a", "submit": 0.0, "end": 0.18, "status": "ok", "events": [[0.17, 1], [0.1, 1], [0.13, 1]]}]
+    )  # any order
     out = analyze_json(path)
     lat = out["latency"]
     assert lat["ttft"]["n"] == 1 and lat["ttft"]["p50"] == approx(0.100)
@@ -20,15 +19,21 @@ def test_figure1_single_request(jsonl):
     assert sorted([lat["itl"]["min"], lat["itl"]["max"]]) == [approx(0.030), approx(0.040)]
     assert lat["tpot"]["p50"] == approx(0.035)
     assert lat["e2e"]["p50"] == approx(0.180)
-    assert out["window"] == {"start": 0.0, "end": 0.18, "seconds": approx(0.18),
-                             "source": "earliest submit to latest end"}
+    assert out["window"] == {
+        "start": 0.0,
+        "end": 0.18,
+        "seconds": approx(0.18),
+        "source": "earliest submit to latest end",
+    }
 
 
 def test_figure3_same_tpot_hides_a_stall(jsonl):
-    path = jsonl([
-        {"id": "steady", "submit": 0.0, "end": 0.07, "status": "ok", "events": [[0.0, 1], [0.035, 1], [0.07, 1]]},
-        {"id": "stall", "submit": 0.0, "end": 0.07, "status": "ok", "events": [[0.0, 1], [0.005, 1], [0.07, 1]]},
-    ])
+    path = jsonl(
+        [
+            {"id": "steady", "submit": 0.0, "end": 0.07, "status": "ok", "events": [[0.0, 1], [0.035, 1], [0.07, 1]]},
+            {"id": "stall", "submit": 0.0, "end": 0.07, "status": "ok", "events": [[0.0, 1], [0.005, 1], [0.07, 1]]},
+        ]
+    )
     out = analyze_json(path)
     lat = out["latency"]
     assert lat["tpot"]["n"] == 2
@@ -52,8 +57,10 @@ def test_figure2_window_throughput(jsonl):
 
 def test_figure4_percentiles_nearest_rank_and_linear(jsonl):
     ttft_ms = [50, 60, 70, 80, 90, 100, 120, 150, 170, 190, 200, 220, 250, 280, 300, 350, 420, 500, 600, 1000]
-    rows = [{"id": str(i), "submit": 0.0, "end": ms / 1000 + 0.01, "status": "ok", "events": [[ms / 1000, 1]]}
-            for i, ms in enumerate(reversed(ttft_ms))]
+    rows = [
+        {"id": str(i), "submit": 0.0, "end": ms / 1000 + 0.01, "status": "ok", "events": [[ms / 1000, 1]]}
+        for i, ms in enumerate(reversed(ttft_ms))
+    ]
     out = analyze_json(jsonl(rows), "--percentiles", "50,95")
     t = out["latency"]["ttft"]
     assert out["percentile_method"] == "nearest-rank"
@@ -66,8 +73,10 @@ def test_figure4_percentiles_nearest_rank_and_linear(jsonl):
 
 def test_figure4_table_names_method_and_count(jsonl):
     ttft_ms = [50, 60, 70, 80, 90, 100, 120, 150, 170, 190, 200, 220, 250, 280, 300, 350, 420, 500, 600, 1000]
-    rows = [{"id": str(i), "submit": 0.0, "end": 1.01, "status": "ok", "events": [[ms / 1000, 1]]}
-            for i, ms in enumerate(ttft_ms)]
+    rows = [
+        {"id": str(i), "submit": 0.0, "end": 1.01, "status": "ok", "events": [[ms / 1000, 1]]}
+        for i, ms in enumerate(ttft_ms)
+    ]
     text = run_cli("analyze", jsonl(rows), "--percentiles", "50,95").stdout
     assert "nearest-rank" in text
     ttft_line = next(line for line in text.splitlines() if line.startswith("TTFT"))
@@ -84,8 +93,15 @@ def test_figure5_goodput(jsonl):
         if i == 7:
             tpot = 0.07
         first = i * 0.5 + ttft
-        rows.append({"id": f"r{i}", "submit": i * 0.5, "end": first + 4 * tpot + 0.01, "status": "ok",
-                     "events": [[first + j * tpot, 1] for j in range(5)]})
+        rows.append(
+            {
+                "id": f"r{i}",
+                "submit": i * 0.5,
+                "end": first + 4 * tpot + 0.01,
+                "status": "ok",
+                "events": [[first + j * tpot, 1] for j in range(5)],
+            }
+        )
     out = analyze_json(jsonl(rows), "--window", "0,10", "--slo", "ttft=1,tpot=0.05")
     assert out["throughput"]["requests_per_s"] == approx(1.0)
     g = out["goodput"]
@@ -97,9 +113,11 @@ def test_figure5_goodput(jsonl):
 
 
 def test_tpot_undefined_never_zero_and_policy(jsonl):
-    rows = [{"id": "one", "submit": 0, "end": 1, "status": "ok", "events": [[0.5, 1]]},
-            {"id": "none", "submit": 0, "end": 1, "status": "ok", "events": []},
-            {"id": "two", "submit": 0, "end": 1, "status": "ok", "events": [[0.2, 1], [0.3, 1]]}]
+    rows = [
+        {"id": "one", "submit": 0, "end": 1, "status": "ok", "events": [[0.5, 1]]},
+        {"id": "none", "submit": 0, "end": 1, "status": "ok", "events": []},
+        {"id": "two", "submit": 0, "end": 1, "status": "ok", "events": [[0.2, 1], [0.3, 1]]},
+    ]
     out = analyze_json(jsonl(rows), "--slo", "tpot=0.05")
     assert out["latency"]["tpot"]["n"] == 1  # only "two" has a TPOT; the others are undefined, not 0
     assert out["latency"]["tpot"]["min"] == approx(0.1)
@@ -111,8 +129,10 @@ def test_tpot_undefined_never_zero_and_policy(jsonl):
 
 
 def test_no_token_fails_ttft_and_itl_bounds(jsonl):
-    rows = [{"id": "none", "submit": 0, "end": 1, "status": "ok", "events": []},
-            {"id": "single", "submit": 0, "end": 1, "status": "ok", "events": [[0.2, 1]]}]
+    rows = [
+        {"id": "none", "submit": 0, "end": 1, "status": "ok", "events": []},
+        {"id": "single", "submit": 0, "end": 1, "status": "ok", "events": [[0.2, 1]]},
+    ]
     out = analyze_json(jsonl(rows), "--slo", "itl_max=0.01")
     # "single" has no ITL sample: the bound is vacuous. "none" has no token: it fails.
     assert out["goodput"]["good"] == 1

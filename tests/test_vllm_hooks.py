@@ -1,13 +1,13 @@
 """engine_hooks on real vLLM (CPU, tiny random-weight model): spans checked against vLLM's own
 per-request truth."""
+
 from collections import Counter
 
 import pytest
-
-from otel_llm import semconv as sc
-
 from conftest import run_vllm_scenario
 from spantree import check_nesting_and_order, request_trees
+
+from otel_llm import semconv as sc
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +55,7 @@ def test_instance_form(tmp_path, tiny_model):
     assert len(truth["warnings"]) == 1 and "llm.engine.step" in truth["warnings"][0]
     trees = request_trees(spans)
     assert set(trees) == {r["id"] for r in truth["requests"]}
-    for rid, tree in trees.items():
+    for tree in trees.values():
         check_nesting_and_order(tree)
         assert tree["root"].attributes[sc.OUTPUT_TOKENS] == 24
         # stats logging was on, so the engine core's own timestamps give the phases

@@ -4,6 +4,7 @@ itself reports to OUT (JSON); spans go to ``OTEL_LLM_TRACES_FILE``.
 
     python tests/vllm_scenarios.py SCENARIO MODEL_DIR OUT.json
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 ENGINE_ARGS = dict(dtype="bfloat16", enforce_eager=True, max_model_len=512)
-MiB = 2 ** 20
+MiB = 2**20
 
 
 class Captured(logging.Handler):
@@ -36,9 +37,15 @@ def prompts(n: int, length: int = 40) -> list[str]:
 
 
 def truth_of(outputs) -> list[dict]:
-    return [{"id": o.request_id, "tokens": len(o.outputs[0].token_ids),
-             "preemptions": o.metrics.num_preemptions if o.metrics is not None else None,
-             "finish_reason": o.outputs[0].finish_reason} for o in outputs]
+    return [
+        {
+            "id": o.request_id,
+            "tokens": len(o.outputs[0].token_ids),
+            "preemptions": o.metrics.num_preemptions if o.metrics is not None else None,
+            "finish_reason": o.outputs[0].finish_reason,
+        }
+        for o in outputs
+    ]
 
 
 def scenario_class(model: str, kv_mib: float, n: int, max_tokens: int) -> dict:
@@ -73,7 +80,8 @@ async def _async_abort(model: str) -> dict:
     import engine_hooks
 
     engine = engine_hooks.instrument(AsyncLLM).from_engine_args(
-        AsyncEngineArgs(model=model, kv_cache_memory_bytes=64 * MiB, **ENGINE_ARGS))
+        AsyncEngineArgs(model=model, kv_cache_memory_bytes=64 * MiB, **ENGINE_ARGS)
+    )
     seen: dict[str, int] = {}
     progressed = asyncio.Event()
 
@@ -86,15 +94,20 @@ async def _async_abort(model: str) -> dict:
                 progressed.set()
 
     tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-    tasks = {rid: asyncio.create_task(consume(rid, mt, tp if rid == "ok-0" else None))
-             for rid, mt in (("ok-0", 32), ("ok-1", 48), ("victim", 400))}
+    tasks = {
+        rid: asyncio.create_task(consume(rid, mt, tp if rid == "ok-0" else None))
+        for rid, mt in (("ok-0", 32), ("ok-1", 48), ("victim", 400))
+    }
     await asyncio.wait_for(progressed.wait(), 120)
     tasks["victim"].cancel()
     results = await asyncio.gather(*tasks.values(), return_exceptions=True)
     await asyncio.sleep(0.5)
     engine.shutdown()
-    return {"seen": seen, "cancelled": [rid for rid, r in zip(tasks, results) if isinstance(r, asyncio.CancelledError)],
-            "traceparent": tp}
+    return {
+        "seen": seen,
+        "cancelled": [rid for rid, r in zip(tasks, results) if isinstance(r, asyncio.CancelledError)],
+        "traceparent": tp,
+    }
 
 
 def main() -> None:

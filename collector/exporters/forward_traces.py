@@ -4,6 +4,7 @@ threads: a full queue drops and counts; a failed send is counted.
 
 ``URL``: ``http://host:4318`` (OTLP/HTTP protobuf, ``/v1/traces`` appended) or ``grpc://host:4317``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,7 +25,7 @@ class TraceForwarder:
             import grpc
             from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 
-            self._channel = grpc.insecure_channel(url[len("grpc://"):])
+            self._channel = grpc.insecure_channel(url[len("grpc://") :])
             self._stub = trace_service_pb2_grpc.TraceServiceStub(self._channel)
             self._send = self._grpc_send
         elif url.startswith(("http://", "https://")):
@@ -42,8 +43,9 @@ class TraceForwarder:
         self._stub.Export(req, timeout=self.timeout_s)
 
     def _http_send(self, body: bytes) -> None:
-        r = urllib.request.Request(self._endpoint, data=body, method="POST",
-                                   headers={"Content-Type": "application/x-protobuf"})
+        r = urllib.request.Request(
+            self._endpoint, data=body, method="POST", headers={"Content-Type": "application/x-protobuf"}
+        )
         with urllib.request.urlopen(r, timeout=self.timeout_s) as resp:
             resp.read()
 
@@ -62,13 +64,13 @@ class TraceForwarder:
             try:
                 self._send(body)
                 self.sent += 1
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 self.failed += 1
                 if not self._warned:
                     self._warned = True
                     log.warning("collector: forwarding traces to %s failed (%s); counting and going on", self.url, exc)
 
-    def start(self) -> "TraceForwarder":
+    def start(self) -> TraceForwarder:
         self._thread.start()
         return self
 

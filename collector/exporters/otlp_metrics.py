@@ -5,14 +5,25 @@ counters, every ``interval_s``, through the OpenTelemetry SDK's OTLP metric expo
 ``grpc://host:4317``. Headers, TLS and timeouts follow the standard ``OTEL_EXPORTER_OTLP_*``
 variables.
 """
+
 from __future__ import annotations
 
 import logging
 import threading
 
 from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality, Histogram as HistogramData, HistogramDataPoint, Metric, MetricsData,
-    NumberDataPoint, ResourceMetrics, ScopeMetrics, Sum)
+    AggregationTemporality,
+    HistogramDataPoint,
+    Metric,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.metrics.export import (
+    Histogram as HistogramData,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -26,31 +37,52 @@ def to_metrics_data(families: list, resource: Resource, start_ns: int, now_ns: i
     metrics = []
     for f in families:
         if isinstance(f, Histogram):
-            points = [HistogramDataPoint(attributes=dict(zip(f.label_names, labels)), start_time_unix_nano=start_ns,
-                                         time_unix_nano=now_ns, count=s.count, sum=s.sum,
-                                         bucket_counts=s.counts.tolist(), explicit_bounds=list(f.bounds),
-                                         min=s.min, max=s.max)
-                      for labels, s in f.series.items()]
+            points = [
+                HistogramDataPoint(
+                    attributes=dict(zip(f.label_names, labels)),
+                    start_time_unix_nano=start_ns,
+                    time_unix_nano=now_ns,
+                    count=s.count,
+                    sum=s.sum,
+                    bucket_counts=s.counts.tolist(),
+                    explicit_bounds=list(f.bounds),
+                    min=s.min,
+                    max=s.max,
+                )
+                for labels, s in f.series.items()
+            ]
             data = HistogramData(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE)
         elif isinstance(f, Counter):
-            points = [NumberDataPoint(attributes=dict(zip(f.label_names, labels)), start_time_unix_nano=start_ns,
-                                      time_unix_nano=now_ns, value=int(v))
-                      for labels, v in f.series.items()]
-            data = Sum(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE,
-                       is_monotonic=True)
+            points = [
+                NumberDataPoint(
+                    attributes=dict(zip(f.label_names, labels)),
+                    start_time_unix_nano=start_ns,
+                    time_unix_nano=now_ns,
+                    value=int(v),
+                )
+                for labels, v in f.series.items()
+            ]
+            data = Sum(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE, is_monotonic=True)
         else:
             continue
         if points:
             metrics.append(Metric(name=f.name, description=f.description, unit=f.unit, data=data))
-    return MetricsData(resource_metrics=[ResourceMetrics(resource=resource, scope_metrics=[
-        ScopeMetrics(scope=_SCOPE, metrics=metrics, schema_url="")], schema_url="")])
+    return MetricsData(
+        resource_metrics=[
+            ResourceMetrics(
+                resource=resource,
+                scope_metrics=[ScopeMetrics(scope=_SCOPE, metrics=metrics, schema_url="")],
+                schema_url="",
+            )
+        ]
+    )
 
 
 def metric_exporter(url: str):
     if url.startswith("grpc://"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
-        return OTLPMetricExporter(endpoint=url[len("grpc://"):], insecure=True)
+        return OTLPMetricExporter(endpoint=url[len("grpc://") :], insecure=True)
     if url.startswith(("http://", "https://")):
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HTTPMetricExporter
 
@@ -76,9 +108,14 @@ class MetricsPusher:
         from opentelemetry.sdk.metrics.export import MetricExportResult
 
         try:
-            ok = self.exporter.export(to_metrics_data(self.snapshot(), self.resource, self.start_ns, time.time_ns()),
-                                      timeout_millis=10_000) == MetricExportResult.SUCCESS
-        except Exception as exc:  # noqa: BLE001
+            ok = (
+                self.exporter.export(
+                    to_metrics_data(self.snapshot(), self.resource, self.start_ns, time.time_ns()),
+                    timeout_millis=10_000,
+                )
+                == MetricExportResult.SUCCESS
+            )
+        except Exception as exc:
             log.warning("collector: OTLP metrics push failed: %s", exc)
             ok = False
         if ok:
@@ -91,7 +128,7 @@ class MetricsPusher:
         while not self._stop.wait(self.interval_s):
             self.push()
 
-    def start(self) -> "MetricsPusher":
+    def start(self) -> MetricsPusher:
         self._thread.start()
         return self
 

@@ -4,12 +4,13 @@ OpenTelemetry names become Prometheus names as the OpenTelemetry Prometheus expo
 dots to underscores, the unit as a suffix (``_seconds``), ``_total`` on counters. The
 collector's own counters are exposed too, as ``otel_llm_collector_*``.
 """
+
 from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
 
 from ..metrics import Counter, Histogram
 
@@ -77,7 +78,7 @@ class PrometheusEndpoint:
         snap, selfc = snapshot, self_counters
 
         class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
+            def do_GET(self):
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404, "see /metrics")
                     return
@@ -96,7 +97,7 @@ class PrometheusEndpoint:
         self.address = self.server.server_address
         self._thread = threading.Thread(target=self.server.serve_forever, name="prometheus", daemon=True)
 
-    def start(self) -> "PrometheusEndpoint":
+    def start(self) -> PrometheusEndpoint:
         self._thread.start()
         return self
 

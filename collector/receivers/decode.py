@@ -10,6 +10,7 @@ bytes; anything it does not handle exactly as protobuf would, JSON payloads, and
 the accelerator (or ``OTEL_LLM_PURE_PYTHON=1``) take protobuf's parser and :func:`walk_message`,
 which gives the same tuples.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,7 +32,7 @@ except ImportError:  # built without a C compiler
 
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
-_MAX_NS = 2 ** 63 - 1  # times are int64 ns from here on
+_MAX_NS = 2**63 - 1  # times are int64 ns from here on
 
 
 def accelerated() -> bool:
@@ -142,8 +143,9 @@ def walk_bytes(body: bytes) -> WalkResult | None:
     return None if r is None else WalkResult(r[3], r[0], r[1], r[2], body)
 
 
-def decode_payload(body: bytes, *, json_body: bool = False, gzipped: bool = False,
-                   max_bytes: int = 4 * 2 ** 20) -> WalkResult:
+def decode_payload(
+    body: bytes, *, json_body: bool = False, gzipped: bool = False, max_bytes: int = 4 * 2**20
+) -> WalkResult:
     if len(body) > max_bytes:
         raise PayloadTooLarge(f"body of {len(body)} bytes is over the {max_bytes}-byte limit")
     if gzipped:
@@ -158,5 +160,13 @@ def decode_payload(body: bytes, *, json_body: bool = False, gzipped: bool = Fals
     return w
 
 
-__all__ = ["DecodeError", "PayloadTooLarge", "WalkResult", "accelerated", "decode_payload", "parse_request",
-           "walk_bytes", "walk_message"]
+__all__ = [
+    "DecodeError",
+    "PayloadTooLarge",
+    "WalkResult",
+    "accelerated",
+    "decode_payload",
+    "parse_request",
+    "walk_bytes",
+    "walk_message",
+]

@@ -5,6 +5,7 @@ answered INVALID_ARGUMENT with a message, not an internal error. Overload answer
 with a ``google.rpc.RetryInfo`` detail (what the OTLP exporters read to back off). Optional
 bearer-token authentication and TLS.
 """
+
 from __future__ import annotations
 
 from concurrent import futures
@@ -32,9 +33,14 @@ class GrpcReceiver:
         cfg = collector.config
         opts = [("grpc.max_receive_message_length", cfg.max_message_bytes)]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=opts)
-        handler = grpc.method_handlers_generic_handler(SERVICE, {
-            "Export": grpc.unary_unary_rpc_method_handler(
-                self._export, request_deserializer=None, response_serializer=lambda m: m.SerializeToString())})
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Export": grpc.unary_unary_rpc_method_handler(
+                    self._export, request_deserializer=None, response_serializer=lambda m: m.SerializeToString()
+                )
+            },
+        )
         self.server.add_generic_rpc_handlers((handler,))
         addr = f"{host}:{port}"
         if cfg.tls_cert and cfg.tls_key:
@@ -74,7 +80,7 @@ class GrpcReceiver:
             resp.partial_success.error_message = res.message or "spans rejected"
         return resp
 
-    def start(self) -> "GrpcReceiver":
+    def start(self) -> GrpcReceiver:
         self.server.start()
         return self
 

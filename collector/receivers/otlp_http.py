@@ -4,6 +4,7 @@ encoding: 200 with an ``ExportTraceServiceResponse`` (``partial_success`` only w
 rejected), 400 with a ``google.rpc.Status`` for malformed data, 413 over the size limit, 415 for
 other content types, 401 without the bearer token, 503 with ``Retry-After`` under overload.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,12 +56,13 @@ class HttpReceiver:
             def _status(self, code: int, http_code: int, message: str, as_json: bool, extra=None) -> None:
                 st = status_pb2.Status(code=code, message=message)
                 if as_json:
-                    self._reply(http_code, json.dumps({"code": code, "message": message}).encode(),
-                                "application/json", extra)
+                    self._reply(
+                        http_code, json.dumps({"code": code, "message": message}).encode(), "application/json", extra
+                    )
                 else:
                     self._reply(http_code, st.SerializeToString(), "application/x-protobuf", extra)
 
-            def do_POST(self):  # noqa: N802
+            def do_POST(self):
                 from ..service import Overloaded
 
                 ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
@@ -84,12 +86,15 @@ class HttpReceiver:
                 token = collector.config.auth_token
                 if token and self.headers.get("Authorization") != f"Bearer {token}":
                     collector.receiver_counters.unauthenticated += 1
-                    self._status(16, 401, "missing or wrong bearer token", as_json,
-                                 {"WWW-Authenticate": "Bearer"})
+                    self._status(16, 401, "missing or wrong bearer token", as_json, {"WWW-Authenticate": "Bearer"})
                     return
                 if ctype not in ("application/x-protobuf", "application/json"):
-                    self._status(3, 415, f"unsupported Content-Type {ctype!r}: use application/x-protobuf "
-                                         "or application/json", as_json)
+                    self._status(
+                        3,
+                        415,
+                        f"unsupported Content-Type {ctype!r}: use application/x-protobuf or application/json",
+                        as_json,
+                    )
                     return
                 enc = (self.headers.get("Content-Encoding") or "").strip().lower()
                 if enc not in ("", "identity", "gzip"):
@@ -106,8 +111,13 @@ class HttpReceiver:
                     self._status(3, 400, str(exc), as_json)
                     return
                 except Overloaded as exc:
-                    self._status(14, 503, f"collector overloaded: {exc}; retry later", as_json,
-                                 {"Retry-After": str(Overloaded.retry_after_s)})
+                    self._status(
+                        14,
+                        503,
+                        f"collector overloaded: {exc}; retry later",
+                        as_json,
+                        {"Retry-After": str(Overloaded.retry_after_s)},
+                    )
                     return
                 resp = ExportTraceServiceResponse()
                 if res.rejected:
@@ -120,7 +130,7 @@ class HttpReceiver:
 
         return Handler
 
-    def start(self) -> "HttpReceiver":
+    def start(self) -> HttpReceiver:
         self._thread.start()
         return self
 

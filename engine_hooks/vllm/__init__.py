@@ -10,6 +10,7 @@ detail (it says which, once). ``vllm serve`` is traced through the plugin with
 vLLM's statistics (``disable_log_stats=False``; the server's default) carry the engine core's own
 QUEUED / SCHEDULED / PREEMPTED timestamps; ``instrument`` turns them on.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,9 +59,12 @@ def attach(engine: Any) -> bool:
     done = instrument_output_processor(op, frontend_hooks(), _model_name(engine))
     capture_trace_headers(engine)
     if not getattr(engine, "log_stats", True):
-        _warn_once("log_stats", "otel-llm: this vLLM engine runs with stats logging off (disable_log_stats=True): "
-                   "requests get llm.request, llm.stream and token events, but no queue, prefill, decode or "
-                   "preemption spans. Build it with disable_log_stats=False (instrument(vllm.LLM) does).")
+        _warn_once(
+            "log_stats",
+            "otel-llm: this vLLM engine runs with stats logging off (disable_log_stats=True): "
+            "requests get llm.request, llm.stream and token events, but no queue, prefill, decode or "
+            "preemption spans. Build it with disable_log_stats=False (instrument(vllm.LLM) does).",
+        )
     return done
 
 
@@ -91,10 +95,14 @@ def instrument(target: Any, **_: Any) -> Any:
         return _instrument_class(target)
     engine = _engine_of(target)
     attach(engine)
-    _warn_once("instance", "otel-llm: instrument() was given an engine that is already running: its engine-core "
-               "process started without the otel-llm hooks, so there are no llm.engine.step spans (batch size, "
-               "prefill/decode tokens, KV usage). Use instrument(%s) before building it, or set OTEL_LLM_ENABLE=1, "
-               "for those.", type(target).__name__)
+    _warn_once(
+        "instance",
+        "otel-llm: instrument() was given an engine that is already running: its engine-core "
+        "process started without the otel-llm hooks, so there are no llm.engine.step spans (batch size, "
+        "prefill/decode tokens, KV usage). Use instrument(%s) before building it, or set OTEL_LLM_ENABLE=1, "
+        "for those.",
+        type(target).__name__,
+    )
     return target
 
 
@@ -115,9 +123,16 @@ def _instrument_class(cls: type) -> type:
             cls.__init__(self, *args, **kwargs)
         attach(_engine_of(self))
 
-    traced = type(cls.__name__, (cls,), {"__init__": functools.wraps(cls.__init__)(__init__),
-                                         "__doc__": cls.__doc__, "__module__": cls.__module__,
-                                         "__otel_llm_traced__": True})
+    traced = type(
+        cls.__name__,
+        (cls,),
+        {
+            "__init__": functools.wraps(cls.__init__)(__init__),
+            "__doc__": cls.__doc__,
+            "__module__": cls.__module__,
+            "__otel_llm_traced__": True,
+        },
+    )
     traced.__qualname__ = cls.__qualname__
     return traced
 
@@ -138,8 +153,9 @@ def instrument_frontend_classes() -> None:
                 init(self, *args, **kwargs)
                 try:
                     attach(self)
-                except Exception as exc:  # noqa: BLE001
+                except Exception as exc:
                     _warn_once("attach", "otel-llm: could not hook the vLLM front end (%s); untraced", exc)
+
             __init__.__otel_llm_hooked__ = True
             return __init__
 

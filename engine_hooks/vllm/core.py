@@ -9,6 +9,7 @@ Per step, on the engine's thread: two clock reads, a handful of attribute reads 
 tokens of requests that were given more than one token this step; decode tokens count the
 requests given exactly one (a one-token prefill chunk counts as decode).
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,7 +33,7 @@ def _kv_usage(res, self, *a, **k):
 def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = None) -> bool:
     """Patch vLLM's Scheduler class in this process; returns False when already patched."""
     if scheduler_cls is None:
-        from vllm.v1.core.sched.scheduler import Scheduler as scheduler_cls  # noqa: N813
+        from vllm.v1.core.sched.scheduler import Scheduler as scheduler_cls
     if hooked(scheduler_cls.update_from_output):
         return False
     hooks = hooks or EngineHooks(engine="vllm", service_name="vllm", gpu_timer=CudaEventTimer.if_available())
@@ -50,7 +51,7 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
     def shutdown_and_flush(self, *a, **k):
         try:
             hooks.pipeline.shutdown()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             log.warning("engine_hooks: flushing step spans at shutdown failed: %s", exc)
         return shutdown(self, *a, **k)
 

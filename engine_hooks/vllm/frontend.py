@@ -12,11 +12,13 @@ generic :class:`~engine_hooks.api.EngineHooks`:
   this host) that give the queue, prefill, decode and preemption spans;
 * ``abort_requests`` -> finish with status ``cancelled``.
 """
+
 from __future__ import annotations
 
 import contextvars
 import operator
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from otel_llm import semconv as sc
 
@@ -26,7 +28,8 @@ from ..tracker import RequestTracker
 #: trace headers of the request being added on this task (AsyncLLM drops them unless vLLM's own
 #: tracing is on, so the adapter captures them before that).
 incoming_trace_headers: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
-    "otel_llm_incoming_trace_headers", default=None)
+    "otel_llm_incoming_trace_headers", default=None
+)
 
 _STATUS = {0: "ok", 1: "ok", 2: "cancelled", 3: "error", 4: "ok"}  # FinishReason -> status
 _REASON = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "repetition"}
@@ -88,16 +91,24 @@ def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) 
 
     # bound to the instance: engines built without instrument() in this process stay untouched
     op.add_request = hooks.arrival(
-        request_id=lambda res, self, request, *a, **k: request.request_id, input_tokens=_input_tokens,
-        trace_headers=_trace_headers, start_time_ns=_start_ns, attributes=attributes,
+        request_id=lambda res, self, request, *a, **k: request.request_id,
+        input_tokens=_input_tokens,
+        trace_headers=_trace_headers,
+        start_time_ns=_start_ns,
+        attributes=attributes,
     )(cls.add_request).__get__(op)
     op.process_outputs = hooks.raw(
         payload=lambda res, self, outputs, engine_core_timestamp=None, *a, **k: (
-            engine_core_timestamp, outputs, list(map(len, map(_NEW_TOKEN_IDS, outputs)))),
+            engine_core_timestamp,
+            outputs,
+            list(map(len, map(_NEW_TOKEN_IDS, outputs))),
+        ),
         expander=expand_outputs,
     )(cls.process_outputs).__get__(op)
     op.abort_requests = hooks.finish(
-        request_id=lambda res, *a, **k: res or (), status="cancelled", reason=lambda *a, **k: "abort",
+        request_id=lambda res, *a, **k: res or (),
+        status="cancelled",
+        reason=lambda *a, **k: "abort",
     )(cls.abort_requests).__get__(op)
     return True
 

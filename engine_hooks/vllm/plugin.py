@@ -8,6 +8,7 @@ With ``OTEL_LLM_ENABLE=1`` in the environment:
 Without it, the plugin does nothing. ``instrument()`` sets the variable while it builds an engine,
 with ``OTEL_LLM_FRONTEND=0`` so that only that engine's front end is hooked.
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,6 +35,7 @@ def register() -> None:
             from . import instrument_frontend_classes
 
             instrument_frontend_classes()
-    except Exception as exc:  # noqa: BLE001 - tracing must never stop vLLM from starting
-        log.warning("otel-llm: vLLM plugin could not install its hooks (%s: %s); vLLM runs untraced",
-                    type(exc).__name__, exc)
+    except Exception as exc:
+        log.warning(
+            "otel-llm: vLLM plugin could not install its hooks (%s: %s); vLLM runs untraced", type(exc).__name__, exc
+        )
