@@ -244,32 +244,32 @@ def register_compare(sub) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     import json
-    import os
 
     from otel_llm.cli import CLIError
 
     from .compare import compare, summarize_comparison, to_json
     from .report import format_comparison
-    from .store import RequestStore
+    from .store import open_existing
 
-    if not os.path.exists(args.store):
-        raise CLIError(f"{args.store}: no such store")
     try:
         offset = None if args.clock_offset == "auto" else float(args.clock_offset)
     except ValueError:
         raise CLIError("--clock-offset: 'auto' or a number of seconds") from None
     ps = [p.strip() for p in args.percentiles.split(",") if p.strip()]
-    store = RequestStore(args.store)
+    try:
+        store = open_existing(args.store)
+    except (OSError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
     try:
         records = store.records()
     finally:
         store.close()
-    rows, off, pairs, alone = compare(records, offset, args.stall)
-    if not rows:
+    cmp = compare(records, offset, args.stall)
+    if not cmp.rows:
         raise CLIError(f"{args.store}: no request seen at both boundaries ({len(records)} records)")
-    summary = summarize_comparison(rows, off, pairs, alone, ps, args.percentile_method)
+    summary = summarize_comparison(cmp, ps, args.percentile_method)
     if args.format == "json":
-        print(json.dumps(to_json(rows, summary), indent=2))
+        print(json.dumps(to_json(cmp, summary), indent=2))
     else:
-        sys.stdout.write(format_comparison(rows, summary, args.top, markdown=args.format == "markdown"))
+        sys.stdout.write(format_comparison(cmp.rows, summary, args.top, markdown=args.format == "markdown"))
     return 0

@@ -12,13 +12,16 @@ hands out each token and finishes before the client sees them (``theta >= e_i - 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 
 import numpy as np
 
+from otel_llm.metrics import itl_samples
 from otel_llm.summary import Distribution
 
-from .records import RequestRecord
+from .records import RecordBatch, RequestRecord
 
 
 @dataclass
@@ -134,20 +137,30 @@ class RequestComparison:
     stall_gap: float | None  # the client's largest gap, seconds
 
 
-def classify_stall(c: RequestRecord, e: RequestRecord, threshold: float) -> tuple[str, float | None]:
-    """The client's largest gap: a stall when over ``threshold``; the engine's own gap at the same
-    token tells whether the engine caused it (preemption, or other: prefill interference,
-    scheduling) or delivery did (the engine handed the tokens out on time)."""
-    ce, ee = _abs_events(c), _abs_events(e)
-    if len(ce) < 2:
+def _itl_by_request(records: Sequence[RequestRecord]) -> list[np.ndarray]:
+    """Each record's ITL samples in seconds, by the metric core's :func:`itl_samples` over the
+    integer ns offsets (exact; converted once)."""
+    b = RecordBatch.from_records(records)
+    itl_ns, owner = itl_samples(b.event_offsets_ns, b.event_start)
+    bounds = np.searchsorted(owner, np.arange(len(records) + 1))
+    return [itl_ns[a:z] / 1e9 for a, z in pairwise(bounds.tolist())]
+
+
+def classify_stall(
+    client_itl: np.ndarray, engine_itl: np.ndarray, e: RequestRecord, threshold: float
+) -> tuple[str, float | None]:
+    """The client's largest gap (``client_itl``: its ITL samples, seconds): a stall when over
+    ``threshold``; the engine's own gap at the same token (``engine_itl``) tells whether the engine
+    caused it (preemption, or other: prefill interference, scheduling) or delivery did (the engine
+    handed the tokens out on time)."""
+    if not len(client_itl):
         return "none", None
-    gaps = np.diff(ce)
-    i = int(np.argmax(gaps))
-    gap = gaps[i] / 1e9
+    i = int(np.argmax(client_itl))
+    gap = float(client_itl[i])
     if gap <= threshold:
         return "none", gap
-    if len(ee) == len(ce):
-        egap = (ee[i + 1] - ee[i]) / 1e9
+    if len(engine_itl) == len(client_itl):
+        egap = float(engine_itl[i])
     else:
         egap = e.itl_max or 0.0
     if egap >= 0.5 * gap:
@@ -155,16 +168,36 @@ def classify_stall(c: RequestRecord, e: RequestRecord, threshold: float) -> tupl
     return "delivery", gap
 
 
-def compare(records: list[RequestRecord], clock_offset: float | None = None, stall_threshold: float = 0.1):
+@dataclass
+class Comparison:
+    """What :func:`compare` finds: a row per paired request, the clock offset, the pairs and the
+    records left unpaired; ``client_itl`` / ``engine_itl`` are each pair's ITL samples (seconds)."""
+
+    rows: list[RequestComparison]
+    offset: OffsetEstimate
+    pairs: list[tuple[RequestRecord, RequestRecord]]
+    alone: list[RequestRecord]
+    client_itl: list[np.ndarray]
+    engine_itl: list[np.ndarray]
+
+    def __iter__(self):  # rows, offset, pairs, alone = compare(...)
+        return iter((self.rows, self.offset, self.pairs, self.alone))
+
+
+def compare(
+    records: list[RequestRecord], clock_offset: float | None = None, stall_threshold: float = 0.1
+) -> Comparison:
     pairs, alone = pairs_from_records(records)
     off = estimate_offset(pairs, clock_offset)
+    c_itl = _itl_by_request([c for c, _ in pairs])
+    e_itl = _itl_by_request([e for _, e in pairs])
     rows = []
-    for c, e in pairs:
+    for (c, e), ci, ei in zip(pairs, c_itl, e_itl):
         net = None if c.network_in is None else c.network_in - off.theta
         dly = None if c.delivery is None else c.delivery + off.theta
         parts = (net, c.queue, c.prefill, dly)
         miss = None if c.ttft is None or any(p is None for p in parts) else sum(parts) - c.ttft
-        stall, gap = classify_stall(c, e, stall_threshold)
+        stall, gap = classify_stall(ci, ei, e, stall_threshold)
         rows.append(
             RequestComparison(
                 id=c.request_id,
@@ -187,56 +220,86 @@ def compare(records: list[RequestRecord], clock_offset: float | None = None, sta
                 stall_gap=gap,
             )
         )
-    return rows, off, pairs, alone
+    return Comparison(rows, off, pairs, alone, c_itl, e_itl)
+
+
+#: The parts of the client TTFT, in the order they happen.
+TTFT_PARTS = ("network_in", "queue", "prefill", "delivery")
+#: Per-request distributions of the summary, in the order they are shown.
+PER_REQUEST = ("client_ttft", "engine_ttft", *TTFT_PARTS)
+STALL_CLASSES = ("delivery", "engine:preemption", "engine:other")
+
+
+@dataclass
+class ComparisonSummary:
+    """The distributions and counts of a :class:`Comparison` (seconds)."""
+
+    requests_paired: int
+    records_unpaired: int
+    offset: OffsetEstimate
+    percentile_method: str
+    distributions: dict[str, Distribution]  # PER_REQUEST, client/engine_itl, client/engine_itl_max
+    stalls: dict[str, int]  # STALL_CLASSES -> requests
+    ttft_share: dict[str, float] | None  # TTFT_PARTS -> share of the summed client TTFT
+    max_abs_parts_sum_error_s: float | None
+
+    def to_json(self) -> dict:
+        o = self.offset
+        out = {
+            "requests_paired": self.requests_paired,
+            "records_unpaired": self.records_unpaired,
+            "clock_offset": {
+                "theta_s": o.theta,
+                "low_s": o.low,
+                "high_s": o.high,
+                "width_s": o.width,
+                "consistent": o.consistent,
+                "source": o.source,
+                "meaning": "engine clock minus client clock",
+            },
+            "percentile_method": self.percentile_method,
+            "distributions": {k: d.to_json() for k, d in self.distributions.items()},
+        }
+        if self.ttft_share is not None:
+            out["ttft_share"] = self.ttft_share
+            out["max_abs_parts_sum_error_s"] = self.max_abs_parts_sum_error_s
+        out["stalls"] = self.stalls
+        return out
 
 
 def summarize_comparison(
-    rows: list[RequestComparison],
-    off: OffsetEstimate,
-    pairs,
-    alone,
-    ps=("50", "90", "99"),
-    method: str = "nearest-rank",
-) -> dict:
-    def dist(name: str, population: str, values) -> dict:
+    cmp: Comparison, ps: Sequence[str] = ("50", "90", "99"), method: str = "nearest-rank"
+) -> ComparisonSummary:
+    def dist(population: str, values) -> Distribution:
         arr = np.array([np.nan if v is None else v for v in values], dtype=float)
-        return Distribution.of(population, arr, ps, method).to_json()
+        return Distribution.of(population, arr, ps, method)
 
+    rows = cmp.rows
     ok = [r for r in rows if r.status == "ok"]
-    out = {
-        "requests_paired": len(rows),
-        "records_unpaired": len(alone),
-        "clock_offset": {
-            "theta_s": off.theta,
-            "low_s": off.low,
-            "high_s": off.high,
-            "width_s": off.width,
-            "consistent": off.consistent,
-            "source": off.source,
-            "meaning": "engine clock minus client clock",
-        },
-        "percentile_method": method,
-        "distributions": {},
-    }
-    d = out["distributions"]
-    for key in ("client_ttft", "engine_ttft", "network_in", "queue", "prefill", "delivery"):
-        d[key] = dist(key, f"per-request {key} of paired ok requests", [getattr(r, key) for r in ok])
-    c_itl = np.concatenate([np.diff(_abs_events(c)) / 1e9 for c, e in pairs if c.status == "ok"] or [np.zeros(0)])
-    e_itl = np.concatenate([np.diff(_abs_events(e)) / 1e9 for c, e in pairs if c.status == "ok"] or [np.zeros(0)])
-    d["client_itl"] = Distribution.of("pooled client ITL of paired ok requests", c_itl, ps, method).to_json()
-    d["engine_itl"] = Distribution.of("pooled engine ITL of paired ok requests", e_itl, ps, method).to_json()
-    d["client_itl_max"] = dist("client_itl_max", "per-request max client ITL", [r.client_itl_max for r in ok])
-    d["engine_itl_max"] = dist("engine_itl_max", "per-request max engine ITL", [r.engine_itl_max for r in ok])
+    d = {key: dist(f"per-request {key} of paired ok requests", [getattr(r, key) for r in ok]) for key in PER_REQUEST}
+    is_ok = [r.status == "ok" for r in rows]
+    for side, samples in (("client", cmp.client_itl), ("engine", cmp.engine_itl)):
+        pooled = np.concatenate([x for x, keep in zip(samples, is_ok) if keep] or [np.zeros(0)])
+        d[f"{side}_itl"] = Distribution.of(f"pooled {side} ITL of paired ok requests", pooled, ps, method)
+    d["client_itl_max"] = dist("per-request max client ITL", [r.client_itl_max for r in ok])
+    d["engine_itl_max"] = dist("per-request max engine ITL", [r.engine_itl_max for r in ok])
     known = [r for r in ok if r.parts_sum_minus_ttft is not None and r.client_ttft]
+    share = err = None
     if known:
         tot = sum(r.client_ttft for r in known)
-        out["ttft_share"] = {
-            k: sum(getattr(r, k) for r in known) / tot for k in ("network_in", "queue", "prefill", "delivery")
-        }
-        out["max_abs_parts_sum_error_s"] = max(abs(r.parts_sum_minus_ttft) for r in known)
-    out["stalls"] = {k: sum(1 for r in rows if r.stall == k) for k in ("delivery", "engine:preemption", "engine:other")}
-    return out
+        share = {k: sum(getattr(r, k) for r in known) / tot for k in TTFT_PARTS}
+        err = max(abs(r.parts_sum_minus_ttft) for r in known)
+    return ComparisonSummary(
+        requests_paired=len(rows),
+        records_unpaired=len(cmp.alone),
+        offset=cmp.offset,
+        percentile_method=method,
+        distributions=d,
+        stalls={k: sum(1 for r in rows if r.stall == k) for k in STALL_CLASSES},
+        ttft_share=share,
+        max_abs_parts_sum_error_s=err,
+    )
 
 
-def to_json(rows, summary) -> dict:
-    return {"requests": [asdict(r) for r in rows], "summary": summary}
+def to_json(cmp: Comparison, summary: ComparisonSummary) -> dict:
+    return {"requests": [asdict(r) for r in cmp.rows], "summary": summary.to_json()}

@@ -27,11 +27,11 @@ from itertools import repeat
 import numpy as np
 
 from otel_llm.metrics import RequestMetrics, request_metrics
-from otel_llm.timeline import STATUS_CODE, TimelineBatch
+from otel_llm.timeline import STATUS_CODE, clean_events
 
 from . import spans as sp
 from .assembly import ReleasedTrace
-from .records import NO_NS, RecordBatch
+from .records import NO_NS, RecordBatch, timeline_batch
 
 _NS = 1e9
 _CODE, _START, _END, _SID, _PARENT = (
@@ -175,9 +175,9 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
 
 
 def _events(offsets: tuple, tokens: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Token events of every record from its int64 byte arrays, cleaned in one vectorised pass:
-    events with no token dropped, each record's events in time order. A record whose arrays
-    are unusable (another type, mismatched lengths) keeps none.
+    """Token events of every record from its int64 byte arrays, made valid where they enter
+    derivation (:func:`~otel_llm.timeline.clean_events`). A record whose arrays are unusable
+    (another type, mismatched lengths) keeps none.
     Returns (event_start[n + 1], offsets, tokens)."""
     n = len(offsets)
     ob = [o if type(o) is bytes else b"" for o in offsets]
@@ -189,20 +189,9 @@ def _events(offsets: tuple, tokens: tuple) -> tuple[np.ndarray, np.ndarray, np.n
         for i in np.flatnonzero(bad).tolist():
             ob[i] = tb[i] = b""
         no[bad] = 0
-    counts = no // 8
     offs = np.frombuffer(b"".join(ob), np.int64)
     toks = np.frombuffer(b"".join(tb), np.int64)
-    seg = np.repeat(np.arange(n), counts)
-    unsorted = (np.diff(offs) < 0) & (seg[1:] == seg[:-1]) if len(offs) > 1 else np.zeros(0, bool)
-    if (toks <= 0).any() or unsorted.any():
-        order = np.lexsort((offs, seg))  # stable by (record, time)
-        offs, toks, seg = offs[order], toks[order], seg[order]
-        keep = toks > 0  # chunks with no token are not token events
-        offs, toks, seg = offs[keep], toks[keep], seg[keep]
-        counts = np.bincount(seg, minlength=n)
-    start = np.zeros(n + 1, np.int64)
-    np.cumsum(counts, out=start[1:])
-    return start, offs, toks
+    return clean_events(np.repeat(np.arange(n), no // 8), offs, toks, n)
 
 
 def _seconds(ns: np.ndarray) -> np.ndarray:
@@ -260,20 +249,9 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         same.setdefault(x, x) if x in _STATUS_OK else _status(x, c)
         for x, c in zip(cols[sp.STATUS], cols[sp.STATUS_CODE])
     ]
-    epoch = int(submit.min()) if n else 0
-    rel = submit - epoch
-    timelines = TimelineBatch(
-        [],
-        rel / _NS,
-        (end - epoch) / _NS,
-        np.array([STATUS_CODE[s] for s in status], np.int8),
-        start,
-        (np.repeat(rel, counts) + offs) / _NS,
-        toks,
-        np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64),
-    )
-    rm = request_metrics(timelines)
     request_id = [r if type(r) is str and r else _request_id(s) for r, s in zip(cols[sp.REQUEST_ID], recs)]
+    input_tokens = np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64)
+    rm = request_metrics(timeline_batch(request_id, submit, end, status, start, offs, toks, input_tokens))
     peer: list = [None] * n
     for c, e in rq.pairs:
         peer[c], peer[e] = request_id[e], request_id[c]
@@ -291,7 +269,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         event_start=start,
         event_offsets_ns=offs,
         event_tokens=toks,
-        input_tokens=timelines.input_tokens,
+        input_tokens=input_tokens,
         output_tokens=rm.output_tokens,
         estimated_tokens=np.array([bool(e) and e is not sp.INVALID for e in cols[sp.ESTIMATED]], bool),
         ttft=rm.ttft,

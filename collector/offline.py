@@ -8,28 +8,27 @@ from __future__ import annotations
 
 import os
 
-from otel_llm.otlp_spans import TraceFileError, read_trace_requests
+from otel_llm.otlp_spans import read_trace_requests
+from otel_llm.timeline import TimelineBatch
 
 from .assembly import AssemblyConfig, TraceAssembler
 from .derive import derive
 from .receivers.decode import walk_message
-from .records import RequestRecord, records_to_batch
+from .records import RecordBatch
 
 
-def records_from_trace_file(path: str) -> list[RequestRecord]:
-    from otel_llm.timeline_file import TimelineFormatError
-
-    if not os.path.exists(path):
-        raise TimelineFormatError(path, None, "no such traces file")
+def batch_from_trace_file(path: str) -> RecordBatch:
+    """Every record derived from a traces file. Raises FileNotFoundError, or
+    :class:`~otel_llm.otlp_spans.TraceFileError` (a ValueError naming the line) for a bad line."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such traces file")
     asm = TraceAssembler(AssemblyConfig(max_traces=10**9))
-    try:
-        for _, req in read_trace_requests(path):
-            asm.add(walk_message(req).spans, 0.0)
-    except TraceFileError as exc:
-        raise TimelineFormatError(exc.path, exc.line, exc.problem) from None
+    for _, req in read_trace_requests(path):
+        asm.add(walk_message(req).spans, 0.0)
     batch, _ = derive(asm.flush())
-    return batch.records()
+    return batch
 
 
-def load_timelines(path: str, boundary: str):
-    return records_to_batch([r for r in records_from_trace_file(path) if r.boundary == boundary])
+def load_timelines(path: str, boundary: str) -> TimelineBatch:
+    """The records of one boundary as timelines, in Unix seconds."""
+    return batch_from_trace_file(path).at_boundary(boundary).timelines(epoch_ns=0)

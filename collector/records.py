@@ -1,53 +1,250 @@
-"""What the collector derives: one :class:`RequestRecord` per request and boundary.
+"""What the collector derives: one record per request and boundary, declared once.
 
-Plain data, no I/O (vLLM ``v1/metrics`` style). Points in time are integer Unix **ns** (exact);
-durations are float **seconds**; ``None`` where a value is unknown or undefined (TPOT for
-N <= 1, never 0).
+:data:`COLUMNS` is the schema of a derived request: each column's name, kind, unit and the value
+that means "unknown". Everything else is built from it:
+
+* :class:`RecordBatch`, many records columnar (numpy): what derivation produces and the store,
+  the metrics registry and ``compare`` consume;
+* :class:`RequestRecord`, the row view of one record (``None`` where a value is unknown);
+* the store's SQLite columns and its reader (:mod:`collector.store`).
+
+Adding a derived value is one :class:`Column` here plus its computation in
+:mod:`collector.derive`. Plain data, no I/O (vLLM ``v1/metrics`` style). Points in time are integer
+Unix **ns** (exact); durations are float **seconds**.
+
+Token events are not columns: record ``i``'s events are ``event_offsets_ns[event_start[i]:
+event_start[i + 1]]`` (int64 ns after submit, ascending, every event >= 1 token: derivation
+enforces it where events enter) with ``event_tokens`` alike. :meth:`RecordBatch.timelines` is the
+one bridge from records to the metric core (:mod:`otel_llm.request_math`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any
 
 import numpy as np
 
 from otel_llm.timeline import STATUS_CODE, TimelineBatch
 
+NO_NS = np.iinfo(np.int64).min  # an unknown point in time in an int64 ns column
 
-@dataclass
-class RequestRecord:
-    trace_id: str
-    boundary: str  # "client" | "engine"
-    request_id: str
-    model: str
-    status: str  # ok | error | cancelled | rejected
-    submit_ns: int  # Unix ns. client: sent; engine: arrived at the front end
-    end_ns: int  # Unix ns. client: stream closed; engine: finished or aborted
-    event_offsets_ns: Sequence[int] = field(default_factory=list)  # token events, ns after submit, ascending
-    event_tokens: Sequence[int] = field(default_factory=list)
-    input_tokens: int | None = None
-    output_tokens: int = 0
-    estimated_tokens: bool = False  # client counted tokens itself rather than from usage
-    # per-request metrics (spec/metrics.md), filled by derivation
-    ttft: float | None = None
-    tpot: float | None = None
-    e2e: float | None = None
-    itl_max: float | None = None
+
+@dataclass(frozen=True)
+class Kind:
+    """How a column is held: in a batch (``dtype``, None: a Python list), in SQLite, and the batch
+    value meaning "unknown" unless the column says otherwise."""
+
+    dtype: Any
+    sqlite: str
+    unknown: Any
+
+
+TEXT = Kind(None, "TEXT", None)
+INT = Kind(np.int64, "INTEGER", None)  # always known unless the column names an unknown value
+NS = Kind(np.int64, "INTEGER", NO_NS)  # a point in time, Unix ns
+SECONDS = Kind(np.float64, "REAL", math.nan)  # a duration (SQLite stores NaN as NULL)
+FLAG = Kind(np.bool_, "INTEGER", None)
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    kind: Kind
+    unit: str  # "s", "ns", "tokens", "" (a name or a count)
+    doc: str
+    unknown: Any = field(default=None)  # overrides the kind's "unknown" value (e.g. -1 tokens)
+
+    @property
+    def missing(self) -> Any:
+        """The batch value meaning unknown (None: this column is always known)."""
+        return self.kind.unknown if self.unknown is None else self.unknown
+
+    @property
+    def fill(self) -> Any:
+        """What a batch holds for a row view's ``None``."""
+        if self.missing is not None:
+            return self.missing
+        return {TEXT: None, FLAG: False}.get(self.kind, 0)
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("trace_id", TEXT, "", "the request's trace, 32 hex digits"),
+    Column("boundary", TEXT, "", "client | engine"),
+    Column("request_id", TEXT, "", "the engine's request id (client: the id it sent or got back)"),
+    Column("model", TEXT, "", "gen_ai.request.model, else the service name, else 'unknown'"),
+    Column("status", TEXT, "", "ok | error | cancelled | rejected"),
+    Column("submit_ns", NS, "ns", "Unix ns. client: sent; engine: arrived at the front end"),
+    Column("end_ns", NS, "ns", "Unix ns. client: stream closed; engine: finished or aborted"),
+    Column("input_tokens", INT, "tokens", "prompt tokens", unknown=-1),
+    Column("output_tokens", INT, "tokens", "N = sum of the tokens of every event"),
+    Column("estimated_tokens", FLAG, "", "the client counted tokens itself rather than from usage"),
+    # per-request metrics (spec/metrics.md)
+    Column("ttft", SECONDS, "s", "first token event - submit; unknown without a token"),
+    Column("tpot", SECONDS, "s", "(last - first token event) / (N - 1); unknown for N <= 1, never 0"),
+    Column("e2e", SECONDS, "s", "end - submit"),
+    Column("itl_max", SECONDS, "s", "the largest gap between token events; unknown for fewer than two"),
     # engine internals (engine records; copied onto the paired client record)
-    queue: float | None = None  # arrival -> first scheduled
-    prefill: float | None = None  # first scheduled -> first token generated
-    decode: float | None = None  # first token -> last token generated
-    preemptions: int = 0
-    preemption_time: float = 0.0  # total seconds preempted
-    first_scheduled_ns: int | None = None  # Unix ns
-    first_generated_ns: int | None = None  # Unix ns; engine: first token generated (end of prefill)
-    engine_delivery: float | None = None  # first token generated -> first output handed out
+    Column("queue", SECONDS, "s", "llm.queue: queued -> first scheduled"),
+    Column("prefill", SECONDS, "s", "llm.prefill: first scheduled -> first token generated"),
+    Column("decode", SECONDS, "s", "llm.decode: first token -> last token generated"),
+    Column("preemptions", INT, "", "llm.preemption spans"),
+    Column("preemption_time", SECONDS, "s", "total time preempted (0 without a preemption)"),
+    Column("first_scheduled_ns", NS, "ns", "Unix ns, engine clock"),
+    Column("first_generated_ns", NS, "ns", "Unix ns, engine clock: first token generated (end of prefill)"),
+    Column("engine_delivery", SECONDS, "s", "first token generated -> first output handed out"),
     # client TTFT decomposition (client records paired with an engine record)
-    network_in: float | None = None  # engine arrival - client send
-    delivery: float | None = None  # client first token - engine first token generated
-    paired: bool = False
-    peer_request_id: str | None = None  # the request id of the paired record at the other boundary
+    Column("network_in", SECONDS, "s", "engine arrival - client send (two clocks)"),
+    Column("delivery", SECONDS, "s", "client first token - engine first token generated (two clocks)"),
+    Column("paired", FLAG, "", "the trace held this request at both boundaries"),
+    Column("peer_request_id", TEXT, "", "the request id of the paired record at the other boundary"),
+)
+COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
+EVENT_FIELDS = ("event_offsets_ns", "event_tokens")
+
+
+def _concat(arrays: Sequence) -> np.ndarray:
+    """Many int sequences as one int64 array."""
+    return np.concatenate([np.asarray(x, np.int64) for x in arrays]) if len(arrays) else np.zeros(0, np.int64)
+
+
+def to_python(col: Column, values, nan_as_none: bool = True) -> list:
+    """A batch column as Python values, None where unknown (``nan_as_none=False`` leaves unknown
+    seconds as NaN: SQLite stores a NaN as NULL)."""
+    if col.kind.dtype is None:
+        return list(values)
+    out = values.tolist()
+    missing = col.missing
+    if missing is None or (col.kind is SECONDS and not nan_as_none):
+        return out
+    if col.kind is SECONDS:
+        return [None if v != v else v for v in out]
+    return [None if v == missing else v for v in out]
+
+
+def from_python(col: Column, values: Sequence) -> Any:
+    """The inverse of :func:`to_python` (None -> the column's unknown value)."""
+    fill = col.fill
+    if col.kind.dtype is None:
+        return list(values)
+    return np.array([fill if v is None else v for v in values], col.kind.dtype)
+
+
+def timeline_batch(
+    ids: list[str],
+    submit_ns: np.ndarray,
+    end_ns: np.ndarray,
+    status: Sequence[str],
+    event_start: np.ndarray,
+    event_offsets_ns: np.ndarray,
+    event_tokens: np.ndarray,
+    input_tokens: np.ndarray,
+    epoch_ns: int | None = None,
+) -> TimelineBatch:
+    """Records' columns as a :class:`TimelineBatch` for the metric core: seconds after
+    ``epoch_ns`` (default: the earliest submit, which keeps every difference exact to well under a
+    nanosecond; 0 gives Unix seconds). The events are taken as they are (already clean)."""
+    n = len(submit_ns)
+    epoch = (int(submit_ns.min()) if n else 0) if epoch_ns is None else epoch_ns
+    rel = submit_ns - epoch
+    counts = np.diff(event_start)
+    return TimelineBatch(
+        list(ids),
+        rel / 1e9,
+        (end_ns - epoch) / 1e9,
+        np.fromiter(map(STATUS_CODE.__getitem__, status), np.int8, n),
+        event_start,
+        (np.repeat(rel, counts) + event_offsets_ns) / 1e9,
+        event_tokens,
+        input_tokens,
+    )
+
+
+class _BatchMethods:
+    """The behaviour of :class:`RecordBatch` (its fields come from :data:`COLUMNS`)."""
+
+    def __len__(self) -> int:
+        return len(self.trace_id)
+
+    def timelines(self, epoch_ns: int | None = None) -> TimelineBatch:
+        """The batch as the metric core's input (see :func:`timeline_batch`); ids are the
+        request ids."""
+        return timeline_batch(
+            self.request_id,
+            self.submit_ns,
+            self.end_ns,
+            self.status,
+            self.event_start,
+            self.event_offsets_ns,
+            self.event_tokens,
+            self.input_tokens,
+            epoch_ns,
+        )
+
+    def scalar_columns(self, nan_as_none: bool = True) -> dict[str, list]:
+        """Every column as Python values, in :data:`COLUMNS` order (see :func:`to_python`)."""
+        return {c.name: to_python(c, getattr(self, c.name), nan_as_none) for c in COLUMNS}
+
+    def events_of(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Record ``i``'s token events: (offsets ns after submit, tokens)."""
+        a, b = int(self.event_start[i]), int(self.event_start[i + 1])
+        return self.event_offsets_ns[a:b], self.event_tokens[a:b]
+
+    def take(self, indices: Sequence[int] | np.ndarray) -> RecordBatch:
+        """The records at ``indices`` (in that order), as a new batch."""
+        idx = np.asarray(indices, np.int64)
+        st = self.event_start
+        counts = st[idx + 1] - st[idx]
+        start = np.zeros(len(idx) + 1, np.int64)
+        np.cumsum(counts, out=start[1:])
+        ev = np.repeat(st[idx] - start[:-1], counts) + np.arange(int(start[-1]))
+        picked = idx.tolist()
+        cols = {}
+        for c in COLUMNS:
+            v = getattr(self, c.name)
+            cols[c.name] = [v[i] for i in picked] if c.kind.dtype is None else v[idx]
+        return type(self)(
+            **cols, event_start=start, event_offsets_ns=self.event_offsets_ns[ev], event_tokens=self.event_tokens[ev]
+        )
+
+    def at_boundary(self, boundary: str) -> RecordBatch:
+        """The records of one boundary."""
+        return self.take([i for i, b in enumerate(self.boundary) if b == boundary])
+
+    def records(self) -> list[RequestRecord]:
+        """The row view of every record (Python values; events as lists)."""
+        cols = self.scalar_columns()
+        st = self.event_start.tolist()
+        offs, toks = self.event_offsets_ns.tolist(), self.event_tokens.tolist()
+        return [
+            RequestRecord(**dict(zip(COLUMN_NAMES, values)), event_offsets_ns=offs[a:b], event_tokens=toks[a:b])
+            for values, a, b in zip(zip(*cols.values()), st[:-1], st[1:])
+        ]
+
+    @classmethod
+    def from_columns(cls, columns: dict[str, Sequence], offsets: Sequence, tokens: Sequence) -> RecordBatch:
+        """A batch from Python column values (None where unknown) and each record's event lists."""
+        counts = [len(o) for o in offsets]
+        start = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=start[1:])
+        return cls(
+            **{c.name: from_python(c, columns[c.name]) for c in COLUMNS},
+            event_start=start,
+            event_offsets_ns=_concat(offsets),
+            event_tokens=_concat(tokens),
+        )
+
+    @classmethod
+    def from_records(cls, records: Sequence[RequestRecord]) -> RecordBatch:
+        """The inverse of :meth:`records`."""
+        cols = {name: [getattr(r, name) for r in records] for name in COLUMN_NAMES}
+        return cls.from_columns(cols, [r.event_offsets_ns for r in records], [r.event_tokens for r in records])
+
+
+class _RecordMethods:
+    """The behaviour of :class:`RequestRecord` (its fields come from :data:`COLUMNS`)."""
 
     @property
     def submit(self) -> float:
@@ -56,6 +253,7 @@ class RequestRecord:
 
     @property
     def end(self) -> float:
+        """Unix seconds."""
         return self.end_ns / 1e9
 
     @property
@@ -65,176 +263,45 @@ class RequestRecord:
 
     @property
     def first_event_ns(self) -> int | None:
+        """Unix ns of the first token event (None without one)."""
         return self.submit_ns + int(self.event_offsets_ns[0]) if len(self.event_offsets_ns) else None
 
 
-def _concat(arrays: list) -> np.ndarray:
-    """Many int sequences as one int64 array."""
-    return np.concatenate([np.asarray(x, np.int64) for x in arrays]) if arrays else np.zeros(0, np.int64)
+def _batch_type(c: Column) -> type:
+    return list if c.kind.dtype is None else np.ndarray
 
 
-def records_to_batch(records: list[RequestRecord], epoch_ns: int = 0) -> TimelineBatch:
-    """The records as a timeline batch for the metric core, in seconds after ``epoch_ns``
-    (0: Unix seconds; a recent epoch keeps differences exact to well under a nanosecond)."""
-    n_ev = [len(r.event_offsets_ns) for r in records]
-    submit = np.array([r.submit_ns - epoch_ns for r in records], dtype=np.int64)
-    offs = _concat([r.event_offsets_ns for r in records])
-    return TimelineBatch.from_columns(
-        [r.request_id for r in records],
-        submit / 1e9,
-        [(r.end_ns - epoch_ns) / 1e9 for r in records],
-        [STATUS_CODE[r.status] for r in records],
-        np.repeat(np.arange(len(records)), n_ev),
-        (np.repeat(submit, n_ev) + offs) / 1e9,
-        _concat([r.event_tokens for r in records]),
-        [-1 if r.input_tokens is None else r.input_tokens for r in records],
-    )
+def _row_type(c: Column) -> Any:
+    base = {TEXT: str, INT: int, NS: int, SECONDS: float, FLAG: bool}[c.kind]
+    return base if c.missing is None and c.kind is not TEXT else base | None
 
 
-NO_NS = np.iinfo(np.int64).min  # an unknown point in time in an int64 ns column
+def _row_default(c: Column) -> Any:
+    return None if c.missing is not None or c.kind is TEXT else c.fill
 
 
-def _opt(values: np.ndarray) -> list:
-    """A float column as Python values, None for NaN."""
-    return [None if v != v else v for v in values.tolist()]
+RecordBatch = make_dataclass(
+    "RecordBatch",
+    [(c.name, _batch_type(c)) for c in COLUMNS]
+    + [("event_start", np.ndarray), ("event_offsets_ns", np.ndarray), ("event_tokens", np.ndarray)],
+    bases=(_BatchMethods,),
+    namespace={"__module__": __name__},
+    eq=False,
+)
+RecordBatch.__doc__ = (
+    "Many derived records, columnar: one field per :data:`COLUMNS` entry (numpy arrays, lists for "
+    "text; unknown values as each column says: NaN, NO_NS, -1) plus the token events (event_start[n + 1], "
+    "event_offsets_ns, event_tokens)."
+)
 
-
-def _opt_ns(values: np.ndarray) -> list:
-    return [None if v == NO_NS else v for v in values.tolist()]
-
-
-@dataclass
-class RecordBatch:
-    """Many :class:`RequestRecord` s, columnar: what derivation produces and the store and the
-    metrics registry consume. Record ``i``'s token events are ``event_offsets_ns[event_start[i]:
-    event_start[i + 1]]`` (ns after submit, ascending) and ``event_tokens`` likewise; unknown
-    values are NaN (float seconds), :data:`NO_NS` (int64 ns) or -1 (input tokens)."""
-
-    trace_id: list[str]
-    boundary: list[str]
-    request_id: list[str]
-    model: list[str]
-    status: list[str]
-    submit_ns: np.ndarray  # int64, Unix ns
-    end_ns: np.ndarray  # int64, Unix ns
-    event_start: np.ndarray  # int64[n + 1]
-    event_offsets_ns: np.ndarray  # int64
-    event_tokens: np.ndarray  # int64
-    input_tokens: np.ndarray  # int64, -1 unknown
-    output_tokens: np.ndarray  # int64
-    estimated_tokens: np.ndarray  # bool
-    ttft: np.ndarray  # float seconds
-    tpot: np.ndarray
-    e2e: np.ndarray
-    itl_max: np.ndarray
-    queue: np.ndarray
-    prefill: np.ndarray
-    decode: np.ndarray
-    preemptions: np.ndarray  # int64
-    preemption_time: np.ndarray  # float seconds
-    first_scheduled_ns: np.ndarray  # int64, NO_NS unknown
-    first_generated_ns: np.ndarray
-    engine_delivery: np.ndarray
-    network_in: np.ndarray
-    delivery: np.ndarray
-    paired: np.ndarray  # bool
-    peer_request_id: list  # str, None where unpaired
-
-    def __len__(self) -> int:
-        return len(self.trace_id)
-
-    def scalar_columns(self, nan_as_none: bool = True) -> dict[str, list]:
-        """Every scalar field of :class:`RequestRecord`, as Python values (None where unknown).
-        ``nan_as_none=False`` leaves unknown float seconds as NaN (SQLite stores a NaN as NULL)."""
-        f = _opt if nan_as_none else (lambda a: a.tolist())
-        return {
-            "trace_id": self.trace_id,
-            "boundary": self.boundary,
-            "request_id": self.request_id,
-            "model": self.model,
-            "status": self.status,
-            "submit_ns": self.submit_ns.tolist(),
-            "end_ns": self.end_ns.tolist(),
-            "input_tokens": [None if v < 0 else v for v in self.input_tokens.tolist()],
-            "output_tokens": self.output_tokens.tolist(),
-            "estimated_tokens": self.estimated_tokens.tolist(),
-            "ttft": f(self.ttft),
-            "tpot": f(self.tpot),
-            "e2e": f(self.e2e),
-            "itl_max": f(self.itl_max),
-            "queue": f(self.queue),
-            "prefill": f(self.prefill),
-            "decode": f(self.decode),
-            "preemptions": self.preemptions.tolist(),
-            "preemption_time": self.preemption_time.tolist(),
-            "first_scheduled_ns": _opt_ns(self.first_scheduled_ns),
-            "first_generated_ns": _opt_ns(self.first_generated_ns),
-            "engine_delivery": f(self.engine_delivery),
-            "network_in": f(self.network_in),
-            "delivery": f(self.delivery),
-            "paired": self.paired.tolist(),
-            "peer_request_id": self.peer_request_id,
-        }
-
-    @classmethod
-    def from_records(cls, records: Sequence[RequestRecord]) -> RecordBatch:
-        """The inverse of :meth:`records`."""
-        f = lambda name, none, dtype: np.array(
-            [none if getattr(r, name) is None else getattr(r, name) for r in records],
-            dtype,
-        )
-        counts = [len(r.event_offsets_ns) for r in records]
-        start = np.zeros(len(records) + 1, np.int64)
-        np.cumsum(counts, out=start[1:])
-        return cls(
-            trace_id=[r.trace_id for r in records],
-            boundary=[r.boundary for r in records],
-            request_id=[r.request_id for r in records],
-            model=[r.model for r in records],
-            status=[r.status for r in records],
-            submit_ns=f("submit_ns", 0, np.int64),
-            end_ns=f("end_ns", 0, np.int64),
-            event_start=start,
-            event_offsets_ns=_concat([r.event_offsets_ns for r in records]),
-            event_tokens=_concat([r.event_tokens for r in records]),
-            input_tokens=f("input_tokens", -1, np.int64),
-            output_tokens=f("output_tokens", 0, np.int64),
-            estimated_tokens=f("estimated_tokens", False, bool),
-            **{
-                k: f(k, np.nan, np.float64)
-                for k in (
-                    "ttft",
-                    "tpot",
-                    "e2e",
-                    "itl_max",
-                    "queue",
-                    "prefill",
-                    "decode",
-                    "preemption_time",
-                    "engine_delivery",
-                    "network_in",
-                    "delivery",
-                )
-            },
-            preemptions=f("preemptions", 0, np.int64),
-            first_scheduled_ns=f("first_scheduled_ns", NO_NS, np.int64),
-            first_generated_ns=f("first_generated_ns", NO_NS, np.int64),
-            paired=f("paired", False, bool),
-            peer_request_id=[r.peer_request_id for r in records],
-        )
-
-    def records(self) -> list[RequestRecord]:
-        cols = self.scalar_columns()
-        names = list(cols)
-        out = []
-        st = self.event_start.tolist()
-        for i, values in enumerate(zip(*cols.values())):
-            a, b = st[i], st[i + 1]
-            out.append(
-                RequestRecord(
-                    **dict(zip(names, values)),
-                    event_offsets_ns=self.event_offsets_ns[a:b],
-                    event_tokens=self.event_tokens[a:b],
-                )
-            )
-        return out
+RequestRecord = make_dataclass(
+    "RequestRecord",
+    [(c.name, _row_type(c), field(default=_row_default(c))) for c in COLUMNS]
+    + [(name, Sequence[int], field(default_factory=list)) for name in EVENT_FIELDS],
+    bases=(_RecordMethods,),
+    namespace={"__module__": __name__},
+)
+RequestRecord.__doc__ = (
+    "One derived record, the row view of a :class:`RecordBatch`: one field per :data:`COLUMNS` entry "
+    "(None where unknown) plus its token events (offsets ns after submit, ascending; tokens per event)."
+)

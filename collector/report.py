@@ -4,34 +4,35 @@ from __future__ import annotations
 
 from otel_llm.report import grid
 
+from .compare import TTFT_PARTS, ComparisonSummary, RequestComparison
+
 
 def _ms(v) -> str:
     return "-" if v is None else f"{v * 1000:.1f}"
 
 
-def format_comparison(rows, summary: dict, top: int = 20, markdown: bool = False) -> str:
+def format_comparison(
+    rows: list[RequestComparison], summary: ComparisonSummary, top: int = 20, markdown: bool = False
+) -> str:
     h = (lambda t: f"### {t}") if markdown else (lambda t: f"== {t} ==")
     out = [h("Clock offset (engine - client)")]
-    o = summary["clock_offset"]
-    if o["low_s"] is None:
+    o = summary.offset
+    if o.low is None:
         out.append("no pairs to bound it")
     else:
         out.append(
-            f"applied {o['theta_s'] * 1000:.3f} ms ({o['source']}); bounds [{o['low_s'] * 1000:.3f}, "
-            f"{o['high_s'] * 1000:.3f}] ms, width {o['width_s'] * 1000:.3f} ms"
-            + ("" if o["consistent"] else "  (inconsistent: the bounds cross; timing jitter or clock drift)")
+            f"applied {o.theta * 1000:.3f} ms ({o.source}); bounds [{o.low * 1000:.3f}, "
+            f"{o.high * 1000:.3f}] ms, width {o.width * 1000:.3f} ms"
+            + ("" if o.consistent else "  (inconsistent: the bounds cross; timing jitter or clock drift)")
         )
-    out += ["", h(f"Client TTFT decomposition (ms; {summary['percentile_method']})")]
-    d = summary["distributions"]
-    keys = [k for k in next(iter(d.values())) if k[:1] == "p" and k[1:2].isdigit()]
+    out += ["", h(f"Client TTFT decomposition (ms; {summary.percentile_method})")]
+    d = summary.distributions
+    keys = list(next(iter(d.values())).percentiles)
     cols = ["part", "n", "mean", *keys, "max"]
     lines = []
     for k in (
         "client_ttft",
-        "network_in",
-        "queue",
-        "prefill",
-        "delivery",
+        *TTFT_PARTS,
         "engine_ttft",
         "client_itl",
         "engine_itl",
@@ -39,19 +40,18 @@ def format_comparison(rows, summary: dict, top: int = 20, markdown: bool = False
         "engine_itl_max",
     ):
         x = d[k]
-        lines.append([k, str(x["n"]), _ms(x["mean"]), *(_ms(x[p]) for p in keys), _ms(x["max"])])
+        lines.append([k, str(x.n), _ms(x.mean), *(_ms(x.percentiles[p]) for p in keys), _ms(x.max)])
     out += grid(cols, lines, markdown)
-    if "ttft_share" in summary:
-        s = summary["ttft_share"]
+    if summary.ttft_share is not None:
         out.append(
             "share of client TTFT: "
-            + ", ".join(f"{k} {v * 100:.1f}%" for k, v in s.items())
-            + f"  (parts sum to the TTFT within {summary['max_abs_parts_sum_error_s'] * 1e6:.1f} us)"
+            + ", ".join(f"{k} {v * 100:.1f}%" for k, v in summary.ttft_share.items())
+            + f"  (parts sum to the TTFT within {summary.max_abs_parts_sum_error_s * 1e6:.1f} us)"
         )
-    st = summary["stalls"]
+    st = summary.stalls
     out += [
         "",
-        f"paired requests: {summary['requests_paired']}, unpaired records: {summary['records_unpaired']}; "
+        f"paired requests: {summary.requests_paired}, unpaired records: {summary.records_unpaired}; "
         f"stalls: delivery {st['delivery']}, engine (preemption) {st['engine:preemption']}, "
         f"engine (other) {st['engine:other']}",
         "",

@@ -12,13 +12,10 @@ half the cost of a row), and it serves queries over a window of end times.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sqlite3
 import threading
-from array import array
-from dataclasses import fields
 from itertools import chain, pairwise
 
 import numpy as np
@@ -26,13 +23,12 @@ import numpy as np
 from otel_llm.metrics import segment_sum
 from otel_llm.timeline import TimelineBatch
 
-from .records import RecordBatch, RequestRecord, records_to_batch
+from .records import COLUMN_NAMES, COLUMNS, RecordBatch, RequestRecord, from_python
 
 log = logging.getLogger("collector")
 
-_SCALARS = [f.name for f in fields(RequestRecord) if f.name not in ("event_offsets_ns", "event_tokens")]
-_WIDTH = len(_SCALARS) + 2  # columns written per row
-_TYPES = {"int": "INTEGER", "float": "REAL", "str": "TEXT", "bool": "INTEGER"}
+_WIDTH = len(COLUMN_NAMES) + 2  # columns written per row: the scalars, then the two event blobs
+_QUOTED = ", ".join(f'"{c}"' for c in COLUMN_NAMES)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (
@@ -42,16 +38,7 @@ CREATE TABLE IF NOT EXISTS requests (
   event_tokens BLOB NOT NULL,
   UNIQUE (end_ns, trace_id, boundary, request_id)
 );
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 """
-
-
-def _coltype(name: str) -> str:
-    t = str(RequestRecord.__dataclass_fields__[name].type)
-    for k, v in _TYPES.items():
-        if t.startswith(k):
-            return v
-    return "REAL"
 
 
 def event_blobs(batch: RecordBatch) -> tuple[list, list]:
@@ -67,15 +54,17 @@ def event_blobs(batch: RecordBatch) -> tuple[list, list]:
     return ([offs[a:b] for a, b in pairs], [b"" if one else toks[a:b] for (a, b), one in zip(pairs, ones.tolist())])
 
 
-def decode_events(offsets: bytes, tokens: bytes) -> tuple[list[int], list[int]]:
-    """The inverse of :func:`event_blobs` for one row."""
-    ts = array("q")
-    ts.frombytes(offsets)
-    if not tokens:
-        return ts.tolist(), [1] * len(ts)
-    ks = array("q")
-    ks.frombytes(tokens)
-    return ts.tolist(), ks.tolist()
+def decode_events(offsets: list[bytes], tokens: list[bytes]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The inverse of :func:`event_blobs` for many rows at once: (events per row, offsets, tokens)."""
+    counts = [len(o) // 8 for o in offsets]
+    offs = np.frombuffer(b"".join(offsets), "<i8").astype(np.int64)
+    toks = np.ones(len(offs), np.int64)
+    at = 0
+    for k, blob in zip(counts, tokens):
+        if blob:
+            toks[at : at + k] = np.frombuffer(blob, "<i8")
+        at += k
+    return counts, offs, toks
 
 
 class RequestStore:
@@ -90,13 +79,13 @@ class RequestStore:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        cols = ",\n  ".join(f'"{c}" {_coltype(c)}' for c in _SCALARS)
+        cols = ",\n  ".join(f'"{c.name}" {c.kind.sqlite}' for c in COLUMNS)
         self._db.executescript(SCHEMA.format(cols=cols))
-        # a store written by an earlier version: add the columns it lacks (NULL in its rows)
+        # a store written by an earlier version: add the columns it lacks (NULL, unknown, in its rows)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(requests)")}
-        for c in _SCALARS:
-            if c not in have:
-                self._db.execute(f'ALTER TABLE requests ADD COLUMN "{c}" {_coltype(c)}')
+        for c in COLUMNS:
+            if c.name not in have:
+                self._db.execute(f'ALTER TABLE requests ADD COLUMN "{c.name}" {c.kind.sqlite}')
         self._lock = threading.Lock()
         max_vars = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._chunk = max(1, min(256, max_vars // _WIDTH))
@@ -125,9 +114,8 @@ class RequestStore:
 
     @staticmethod
     def _insert_rows(n: int) -> str:
-        names = ", ".join(f'"{c}"' for c in _SCALARS)
         row = "(" + ", ".join("?" * _WIDTH) + ")"
-        return f"INSERT OR IGNORE INTO requests ({names}, event_offsets_ns, event_tokens) VALUES " + ", ".join(
+        return f"INSERT OR IGNORE INTO requests ({_QUOTED}, event_offsets_ns, event_tokens) VALUES " + ", ".join(
             [row] * n
         )
 
@@ -139,7 +127,7 @@ class RequestStore:
         offs, toks = event_blobs(batch)
         # one flat parameter list: rows go in by the statement of many rows (one sqlite3_step,
         # run without the GIL, per chunk), not one step per row
-        params = list(chain.from_iterable(zip(*(cols[c] for c in _SCALARS), offs, toks)))
+        params = list(chain.from_iterable(zip(*cols.values(), offs, toks)))
         n_rows, width, chunk = len(batch), _WIDTH, self._chunk
         with self._lock:
             before = self._db.total_changes
@@ -159,8 +147,9 @@ class RequestStore:
         self.duplicates += n_rows - n
         return n
 
-    def records(self, boundary: str | None = None) -> list[RequestRecord]:
-        q = f"SELECT {', '.join(chr(34) + c + chr(34) for c in _SCALARS)}, event_offsets_ns, event_tokens FROM requests"
+    def batch(self, boundary: str | None = None) -> RecordBatch:
+        """Every stored record (at one boundary), in submit order, as a batch."""
+        q = f"SELECT {_QUOTED}, event_offsets_ns, event_tokens FROM requests"
         args: tuple = ()
         if boundary:
             q += " WHERE boundary = ?"
@@ -168,24 +157,26 @@ class RequestStore:
         q += " ORDER BY submit_ns, rowid"
         with self._lock:
             rows = self._db.execute(q, args).fetchall()
-        out = []
-        for row in rows:
-            kw = dict(zip(_SCALARS, row))
-            for b in ("estimated_tokens", "paired"):
-                kw[b] = bool(kw[b])
-            offs, toks = decode_events(row[-2], row[-1])
-            out.append(RequestRecord(**kw, event_offsets_ns=offs, event_tokens=toks))
-        return out
+        cols = list(zip(*rows)) if rows else [()] * _WIDTH
+        counts, offs, toks = decode_events(cols[-2], cols[-1])
+        start = np.zeros(len(rows) + 1, np.int64)
+        np.cumsum(counts, out=start[1:])
+        return RecordBatch(
+            **{c.name: from_python(c, v) for c, v in zip(COLUMNS, cols)},
+            event_start=start,
+            event_offsets_ns=offs,
+            event_tokens=toks,
+        )
+
+    def records(self, boundary: str | None = None) -> list[RequestRecord]:
+        """:meth:`batch` as row views."""
+        return self.batch(boundary).records()
 
     def count(self, boundary: str | None = None) -> int:
         with self._lock:
             if boundary:
                 return self._db.execute("SELECT COUNT(*) FROM requests WHERE boundary = ?", (boundary,)).fetchone()[0]
             return self._db.execute("SELECT COUNT(*) FROM requests").fetchone()[0]
-
-    def set_meta(self, key: str, value) -> None:
-        with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, json.dumps(value)))
 
     def close(self) -> None:
         self._closing.set()
@@ -195,14 +186,21 @@ class RequestStore:
             self._db.close()  # the last connection to close checkpoints what is left
 
 
+def open_existing(path: str) -> RequestStore:
+    """A store that must already exist (readers: analyze, compare). Raises FileNotFoundError, or
+    ValueError when the file is not a store."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such store")
+    try:
+        return RequestStore(path)
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"{path}: not an otel-llm store ({exc})") from None
+
+
 def load_timelines(path: str, boundary: str) -> TimelineBatch:
     """Entry point ``otel_llm.timeline_sources: store``: the store's records at one boundary."""
-    if not os.path.exists(path):
-        from otel_llm.cli import CLIError
-
-        raise CLIError(f"{path}: no such store")
-    store = RequestStore(path)
+    store = open_existing(path)
     try:
-        return records_to_batch(store.records(boundary))
+        return store.batch(boundary).timelines(epoch_ns=0)
     finally:
         store.close()

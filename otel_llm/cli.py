@@ -110,7 +110,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         raise CLIError("analyze: give one of a TIMELINES.jsonl file, --store PATH or --traces FILE")
     if args.store is not None or args.traces is not None:
         kind, path = ("store", args.store) if args.store is not None else ("traces", args.traces)
-        batch = load_source(kind)(path, args.boundary)
+        try:
+            batch = load_source(kind)(path, args.boundary)
+        except (OSError, ValueError) as exc:  # the data layer says what is wrong; this is the CLI's exit 2
+            raise CLIError(str(exc)) from None
         if len(batch) == 0:
             raise CLIError(f"{path}: no {args.boundary}-boundary requests in the {kind}")
     else:

@@ -36,6 +36,19 @@ def segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return csum[offsets[1:]] - csum[offsets[:-1]]
 
 
+def itl_samples(event_times: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """ITL samples (spec/metrics.md): each gap between consecutive token events of one request,
+    in request order, and the request each belongs to. Request ``i`` owns
+    ``event_times[offsets[i]:offsets[i + 1]]`` (ascending). The gaps keep the times' unit and dtype:
+    float seconds, or int64 ns, exactly, when given ns."""
+    counts = np.diff(offsets)
+    owner = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    if len(event_times) < 2:
+        return event_times[:0], owner[:0]
+    same = owner[1:] == owner[:-1]  # drop the gaps that cross requests
+    return np.diff(event_times)[same], owner[1:][same]
+
+
 def request_metrics(batch: TimelineBatch) -> RequestMetrics:
     """TTFT, TPOT, E2E, ITL samples and counts for every request of ``batch``."""
     off = batch.offsets
@@ -56,16 +69,7 @@ def request_metrics(batch: TimelineBatch) -> RequestMetrics:
     many = ntok > 1
     tpot[many] = (last[many] - first[many]) / (ntok[many] - 1)
 
-    # Pooled ITL: gaps between consecutive events, dropping the gaps that cross requests.
-    event_req = np.repeat(np.arange(n_req, dtype=np.int64), m)
-    if len(et) > 1:
-        gaps = np.diff(et)
-        same = event_req[1:] == event_req[:-1]
-        itl = gaps[same]
-        itl_req = event_req[1:][same]
-    else:
-        itl = np.zeros(0)
-        itl_req = np.zeros(0, np.int64)
+    itl, itl_req = itl_samples(et, off)
     itl_max = np.full(n_req, np.nan)
     if len(itl):
         # samples of one request are contiguous; reduceat over the start of each run

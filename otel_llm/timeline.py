@@ -93,16 +93,14 @@ class TimelineBatch:
         input_tokens: Sequence[int] | None = None,
     ) -> TimelineBatch:
         """Build from flat columns; events may come in any order (``event_request[j]`` is the
-        index of the request that event ``j`` belongs to). Sorts events by (request, time)."""
+        index of the request that event ``j`` belongs to); see :func:`clean_events`."""
         n = len(ids)
-        req = np.asarray(event_request, dtype=np.int64)
-        et = np.asarray(event_time, dtype=np.float64)
-        ek = np.asarray(event_tokens, dtype=np.int64)
-        order = np.lexsort((et, req))
-        req, et, ek = req[order], et[order], ek[order]
-        counts = np.bincount(req, minlength=n) if len(req) else np.zeros(n, np.int64)
-        offsets = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(counts, out=offsets[1:])
+        offsets, et, ek = clean_events(
+            np.asarray(event_request, dtype=np.int64),
+            np.asarray(event_time, dtype=np.float64),
+            np.asarray(event_tokens, dtype=np.int64),
+            n,
+        )
         it = np.full(n, -1, np.int64) if input_tokens is None else np.asarray(input_tokens, np.int64)
         return cls(
             list(ids),
@@ -141,25 +139,28 @@ class TimelineBatch:
             input_tokens=None if self.input_tokens[i] < 0 else int(self.input_tokens[i]),
         )
 
-    @staticmethod
-    def concat(batches: Sequence[TimelineBatch]) -> TimelineBatch:
-        if not batches:
-            return TimelineBatch.empty()
-        ids: list[str] = []
-        offs = [np.zeros(1, np.int64)]
-        base = 0
-        for b in batches:
-            ids.extend(b.ids)
-            offs.append(b.offsets[1:] + base)
-            base += int(b.offsets[-1])
-        cat = np.concatenate
-        return TimelineBatch(
-            ids,
-            cat([b.submit for b in batches]),
-            cat([b.end for b in batches]),
-            cat([b.status for b in batches]),
-            cat(offs),
-            cat([b.event_time for b in batches]),
-            cat([b.event_tokens for b in batches]),
-            cat([b.input_tokens for b in batches]),
-        )
+
+def clean_events(
+    owner: np.ndarray, times: np.ndarray, tokens: np.ndarray, n: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The one place token events are made what the metric math assumes (spec/metrics.md): each
+    request's events in time order, every event carrying at least one token (a chunk with none is
+    not a token event). ``owner[j]`` is the request (0..n-1) of event ``j``; ``times`` in any unit.
+    Events already in (owner, time) order with tokens >= 1 pass through without a copy; otherwise
+    a stable sort (equal times keep their order) and a filter.
+
+    Returns ``(start[n + 1], times, tokens)``: request ``i`` owns ``times[start[i]:start[i + 1]]``."""
+    if len(times) > 1:
+        d_owner = np.diff(owner)
+        disorder = (d_owner < 0).any() or ((d_owner == 0) & (np.diff(times) < 0)).any()
+    else:
+        disorder = False
+    if disorder or (tokens <= 0).any():
+        order = np.lexsort((times, owner))
+        owner, times, tokens = owner[order], times[order], tokens[order]
+        keep = tokens > 0
+        owner, times, tokens = owner[keep], times[keep], tokens[keep]
+    start = np.zeros(n + 1, np.int64)
+    if len(owner):
+        np.cumsum(np.bincount(owner, minlength=n), out=start[1:])
+    return start, times, tokens

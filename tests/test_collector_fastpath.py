@@ -251,7 +251,8 @@ def test_derive_cleans_token_events():
 
     offs, toks = event_blobs(batch)
     assert [len(o) for o in offs] == [16, 0, 0] and [len(k) for k in toks] == [16, 0, 0]
-    assert decode_events(bytes(offs[0]), bytes(toks[0])) == ([10 * ms, 30 * ms], [2, 1])
+    counts, d_offs, d_toks = decode_events([bytes(o) for o in offs], [bytes(k) for k in toks])
+    assert counts == [2, 0, 0] and d_offs.tolist() == [10 * ms, 30 * ms] and d_toks.tolist() == [2, 1]
 
 
 # -- the store writer process ---------------------------------------------------------------------
@@ -479,11 +480,13 @@ def test_store_written_by_an_earlier_version_gains_new_columns(tmp_path):
     import sqlite3
 
     from collector import store as st
+    from collector.records import COLUMNS
 
     path = str(tmp_path / "old.db")
-    old_cols = [c for c in st._SCALARS if c != "peer_request_id"]
+    old = [c for c in COLUMNS if c.name != "peer_request_id"]
+    old_cols = [c.name for c in old]
     db = sqlite3.connect(path)
-    db.executescript(st.SCHEMA.format(cols=",\n  ".join(f'"{c}" {st._coltype(c)}' for c in old_cols)))
+    db.executescript(st.SCHEMA.format(cols=",\n  ".join(f'"{c.name}" {c.kind.sqlite}' for c in old)))
     db.execute(
         f"INSERT INTO requests ({', '.join(old_cols)}, event_offsets_ns, event_tokens) VALUES "
         f"({', '.join('?' * len(old_cols))}, ?, ?)",
