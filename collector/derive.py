@@ -263,6 +263,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
             same.setdefault(m, m) if type(m) is str and m else _model(m, svc)
             for m, svc in zip(cols[sp.MODEL], cols[sp.SERVICE])
         ],
+        service=[same.setdefault(v, v) if type(v) is str and v else None for v in cols[sp.SERVICE]],
         status=status,
         submit_ns=submit,
         end_ns=end,

@@ -75,6 +75,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("boundary", TEXT, "", "client | engine"),
     Column("request_id", TEXT, "", "the engine's request id (client: the id it sent or got back)"),
     Column("model", TEXT, "", "gen_ai.request.model, else the service name, else 'unknown'"),
+    Column("service", TEXT, "", "service.name of the process that sent the span (None: not given)"),
     Column("status", TEXT, "", "ok | error | cancelled | rejected"),
     Column("submit_ns", NS, "ns", "Unix ns. client: sent; engine: arrived at the front end"),
     Column("end_ns", NS, "ns", "Unix ns. client: stream closed; engine: finished or aborted"),

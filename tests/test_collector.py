@@ -61,6 +61,7 @@ def test_both_boundaries_and_decomposition(make_collector, transport):
     assert (cl.network_in, cl.queue, cl.prefill, cl.delivery) == pytest.approx((0.010, 0.020, 0.050, 0.020), abs=US)
     assert cl.network_in + cl.queue + cl.prefill + cl.delivery == pytest.approx(cl.ttft, abs=1e-9)
     assert cl.paired and en.paired and cl.model == "tiny"
+    assert cl.service == en.service == "test"  # the resource's service.name, carried into the record
     assert en.ttft <= cl.ttft
 
 

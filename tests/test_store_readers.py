@@ -55,4 +55,5 @@ def test_the_store_round_trips_through_the_batch(store):
     assert batch.event_offsets_ns.tolist() == again.event_offsets_ns.tolist()
     assert batch.event_tokens.tolist() == again.event_tokens.tolist()
     assert s.add(again) == 0  # nothing new: every row is already there
+    assert set(batch.service) == {None}  # a column this store's writer did not have: unknown in its rows
     s.close()
