@@ -29,15 +29,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from . import spans as sp
-
-
-@dataclass
-class AssemblyConfig:
-    grace_s: float = 1.0  # wait after the last request span of a trace
-    peer_wait_s: float = 10.0  # an engine span whose caller sent a traceparent waits this long for the client's span
-    timeout_s: float = 30.0  # longest wait after a trace's first span
-    max_traces: int = 100_000  # traces in flight (ring buffer)
-    remember_released: int = 100_000  # released trace ids remembered, to count late spans
+from .config import AssemblyConfig
 
 
 @dataclass

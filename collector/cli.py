@@ -8,12 +8,41 @@ import signal
 import sys
 import threading
 
-from .assembly import AssemblyConfig
-from .config import CollectorConfig, env_default, parse_slos
+from otel_llm import environment
+
+from .config import AssemblyConfig, CollectorConfig, options_of, parse_slos
 
 
-def _off(v: str | None) -> str | None:
-    return None if v is None or v.strip().lower() in ("", "off", "none", "0") else v
+def _add_option(p: argparse.ArgumentParser, f) -> None:
+    """One option from a configuration field (:func:`collector.config.option`): the command line
+    converts with the field's parser (a usage error when it fails); its variable
+    ``OTEL_LLM_COLLECTOR_<OPTION>`` gives the default (logged and ignored when it does not parse)."""
+    m = f.metadata
+    parse, low = m["parse"], m["minimum"]
+
+    def check(text: str):
+        v = parse(text)
+        if low is not None and v is not None and v < low:
+            raise ValueError(f"must be >= {low}")
+        return v
+
+    def convert(text: str):
+        try:
+            return check(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
+
+    var = environment.collector_variable(m["flag"])
+    default = environment.parsed(var, f.default, check)
+    shown = "off" if default is None else default
+    p.add_argument(
+        m["flag"],
+        dest=f.name,
+        type=convert,
+        default=default,
+        metavar=m["metavar"],
+        help=f"{m['help']} (default {shown}; ${var})",
+    )
 
 
 def register(sub) -> None:
@@ -23,152 +52,53 @@ def register(sub) -> None:
         description="Receive spans from engines (engine_hooks) and clients over OTLP, assemble each "
         "request's trace, derive TTFT/ITL/TPOT/E2E at both boundaries and the client TTFT "
         "decomposition, store one record per request and boundary, and export metrics.",
-        epilog="Every option can also be set as OTEL_LLM_COLLECTOR_<OPTION> (e.g. OTEL_LLM_COLLECTOR_STORE). "
-        "Addresses take 'off' to disable. Receivers bind to loopback by default.",
+        epilog="Every option can also be set as OTEL_LLM_COLLECTOR_<OPTION> (e.g. OTEL_LLM_COLLECTOR_STORE, "
+        "OTEL_LLM_COLLECTOR_MAX_TRACES); the command line wins. Addresses, URLs and paths take 'off' to "
+        "disable. Receivers bind to loopback by default. SIGINT / SIGTERM flush what was accepted to the store.",
     )
-    d = CollectorConfig()
-    a = AssemblyConfig()
-    p.add_argument(
-        "--otlp-grpc",
-        default=env_default("otlp_grpc", d.otlp_grpc),
-        metavar="HOST:PORT",
-        help=f"OTLP/gRPC receiver (default {d.otlp_grpc})",
-    )
-    p.add_argument(
-        "--otlp-http",
-        default=env_default("otlp_http", d.otlp_http),
-        metavar="HOST:PORT",
-        help=f"OTLP/HTTP receiver, /v1/traces, protobuf or JSON, gzip (default {d.otlp_http})",
-    )
-    p.add_argument(
-        "--prometheus",
-        default=env_default("prometheus", d.prometheus),
-        metavar="HOST:PORT",
-        help=f"Prometheus /metrics endpoint (default {d.prometheus})",
-    )
-    p.add_argument(
-        "--forward-metrics",
-        default=env_default("forward_metrics", None),
-        metavar="URL",
-        help="push metrics over OTLP: http://HOST:4318 or grpc://HOST:4317",
-    )
-    p.add_argument(
-        "--metrics-interval",
-        type=float,
-        default=float(env_default("metrics_interval", 10.0)),
-        metavar="S",
-        help="seconds between OTLP metric pushes (default 10)",
-    )
-    p.add_argument(
-        "--forward-traces",
-        default=env_default("forward_traces", None),
-        metavar="URL",
-        help="send every received span on, unchanged, e.g. to Jaeger: http://HOST:4318 or grpc://HOST:4317",
-    )
-    p.add_argument(
-        "--store",
-        default=env_default("store", d.store),
-        metavar="PATH",
-        help=f"per-request SQLite store, appended across restarts (default {d.store}; 'off' to disable)",
-    )
-    p.add_argument(
-        "--trace-grace",
-        type=float,
-        default=float(env_default("trace_grace", a.grace_s)),
-        metavar="S",
-        help=f"wait after a trace's last request span before deriving it (default {a.grace_s} s)",
-    )
-    p.add_argument(
-        "--peer-wait",
-        type=float,
-        default=float(env_default("peer_wait", a.peer_wait_s)),
-        metavar="S",
-        help="an engine span whose caller sent a traceparent waits this long for the client's span "
-        f"(default {a.peer_wait_s} s)",
-    )
-    p.add_argument(
-        "--trace-timeout",
-        type=float,
-        default=float(env_default("trace_timeout", a.timeout_s)),
-        metavar="S",
-        help=f"derive a trace at the latest this long after its first span (default {a.timeout_s} s)",
-    )
-    p.add_argument(
-        "--max-traces",
-        type=int,
-        default=int(env_default("max_traces", a.max_traces)),
-        metavar="N",
-        help=f"traces held in flight; the oldest is derived early beyond this (default {a.max_traces})",
-    )
-    p.add_argument(
-        "--max-message-bytes",
-        type=int,
-        default=int(env_default("max_message_bytes", d.max_message_bytes)),
-        metavar="N",
-        help=f"largest accepted export request, decompressed (default {d.max_message_bytes})",
-    )
+    for f in options_of(CollectorConfig):
+        _add_option(p, f)
+    for f in options_of(AssemblyConfig):
+        _add_option(p, f)
+    slo_var, tpot_var = environment.collector_variable("slo"), environment.collector_variable("tpot-undefined")
+    env_slo = environment.env_str(slo_var)
     p.add_argument(
         "--slo",
         action="append",
-        default=[],
+        default=None,
         metavar="[NAME:]BOUNDS",
         help="an SLO whose good requests are counted (llm_slo_good_requests_total{slo=NAME}); "
-        "bounds in seconds, e.g. ttft=1,tpot=0.05,itl_max=0.5,e2e=10; repeatable",
+        f"bounds in seconds, e.g. ttft=1,tpot=0.05,itl_max=0.5,e2e=10; repeatable (${slo_var}: SLOs "
+        "separated by ';')",
     )
+    p.set_defaults(env_slo=[v for v in (env_slo or "").split(";") if v.strip()])
     p.add_argument(
         "--tpot-undefined",
         choices=("pass", "fail"),
-        default="pass",
-        help="whether requests with <= 1 output token pass a tpot bound (default pass)",
+        default=environment.parsed(tpot_var, "pass", _pass_or_fail),
+        help=f"whether requests with <= 1 output token pass a tpot bound (default pass; ${tpot_var})",
     )
-    p.add_argument(
-        "--auth-token",
-        default=env_default("auth_token", None),
-        metavar="TOKEN",
-        help="require 'Authorization: Bearer TOKEN' on both receivers",
-    )
-    p.add_argument(
-        "--tls-cert", default=env_default("tls_cert", None), metavar="PEM", help="TLS certificate for both receivers"
-    )
-    p.add_argument("--tls-key", default=env_default("tls_key", None), metavar="PEM", help="TLS private key")
     p.set_defaults(func=run)
 
 
+def _pass_or_fail(v: str) -> str:
+    if v not in ("pass", "fail"):
+        raise ValueError("expected pass or fail")
+    return v
+
+
 def config_from_args(args: argparse.Namespace) -> CollectorConfig:
+    """The configuration the parsed options describe (CLIError when it is not a usable one)."""
     from otel_llm.cli import CLIError
 
-    env_slo = env_default("slo", None)
     try:
-        slos = parse_slos(args.slo or ([env_slo] if env_slo else []), args.tpot_undefined)
+        slos = parse_slos(args.slo or args.env_slo, args.tpot_undefined)
+        assembly = AssemblyConfig(**{f.name: getattr(args, f.name) for f in options_of(AssemblyConfig)})
+        return CollectorConfig(
+            **{f.name: getattr(args, f.name) for f in options_of(CollectorConfig)}, assembly=assembly, slos=slos
+        )
     except ValueError as exc:
-        raise CLIError(f"--slo: {exc}") from None
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise CLIError("--tls-cert and --tls-key go together")
-    for name in ("trace_grace", "trace_timeout", "peer_wait"):
-        if getattr(args, name) < 0:
-            raise CLIError(f"--{name.replace('_', '-')} must be >= 0")
-    if args.max_traces < 1 or args.max_message_bytes < 1024:
-        raise CLIError("--max-traces must be >= 1 and --max-message-bytes >= 1024")
-    return CollectorConfig(
-        otlp_grpc=_off(args.otlp_grpc),
-        otlp_http=_off(args.otlp_http),
-        prometheus=_off(args.prometheus),
-        forward_traces=_off(args.forward_traces),
-        forward_metrics=_off(args.forward_metrics),
-        metrics_interval_s=args.metrics_interval,
-        store=_off(args.store),
-        assembly=AssemblyConfig(
-            grace_s=args.trace_grace,
-            peer_wait_s=args.peer_wait,
-            timeout_s=args.trace_timeout,
-            max_traces=args.max_traces,
-        ),
-        slos=slos,
-        max_message_bytes=args.max_message_bytes,
-        auth_token=args.auth_token,
-        tls_cert=args.tls_cert,
-        tls_key=args.tls_key,
-    )
+        raise CLIError(f"collector: {exc}") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,48 +1,162 @@
-"""The collector's configuration: one dataclass, every option also settable by an
-``OTEL_LLM_COLLECTOR_*`` environment variable (the command line wins)."""
+"""The collector's configuration: dataclasses whose fields declare their command-line options.
+
+Each field made with :func:`option` is an ``otel-llm collector`` option and an
+``OTEL_LLM_COLLECTOR_<OPTION>`` environment variable (the command line wins); :mod:`collector.cli`
+builds the parser from these fields, so no option exists without its variable. The dataclasses
+validate themselves (``ValueError``): built from code, from the environment or from the command
+line, a configuration that exists is a usable one.
+"""
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from otel_llm.slo import SLO
 
-from .assembly import AssemblyConfig
+OFF = ("", "off", "none", "0")
+
+
+def host_port(addr: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:4317`` too) -> (host, port); an empty host is loopback."""
+    host, sep, port = addr.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"bad address {addr!r}: expected HOST:PORT with a port from 0 to 65535")
+    return (host.strip("[]") or "127.0.0.1"), int(port)
+
+
+def address(text: str) -> str | None:
+    """An address option: ``HOST:PORT``, or ``off``."""
+    if text.strip().lower() in OFF:
+        return None
+    host_port(text)
+    return text.strip()
+
+
+def text_or_off(text: str) -> str | None:
+    """A URL or path option, or ``off``."""
+    return None if text.strip().lower() in OFF else text
+
+
+def option(default: Any, flag: str, metavar: str, help: str, parse: Callable[[str], Any] = str, minimum=None):
+    """A configuration field that is also a command-line option (``flag``) and an environment
+    variable. ``parse`` turns the option's text into the field's value (ValueError: bad text);
+    ``minimum`` bounds a number."""
+    meta = {"flag": flag, "metavar": metavar, "help": help, "parse": parse, "minimum": minimum}
+    return field(default=default, metadata=meta)
+
+
+def options_of(cls) -> list:
+    """The fields of a configuration dataclass that are options."""
+    return [f for f in fields(cls) if "flag" in f.metadata]
+
+
+def _check_minimums(obj) -> None:
+    for f in options_of(type(obj)):
+        low, v = f.metadata["minimum"], getattr(obj, f.name)
+        if low is not None and v is not None and v < low:
+            raise ValueError(f"{f.metadata['flag']} must be >= {low}, got {v}")
+
+
+@dataclass
+class AssemblyConfig:
+    """Trace assembly (:mod:`collector.assembly`). Seconds are monotonic-clock seconds."""
+
+    grace_s: float = option(
+        1.0, "--trace-grace", "S", "wait after a trace's last request span before deriving it", float, 0.0
+    )
+    peer_wait_s: float = option(
+        10.0,
+        "--peer-wait",
+        "S",
+        "an engine span whose caller sent a traceparent waits this long for the client's span",
+        float,
+        0.0,
+    )
+    timeout_s: float = option(
+        30.0, "--trace-timeout", "S", "derive a trace at the latest this long after its first span", float, 0.0
+    )
+    max_traces: int = option(
+        100_000, "--max-traces", "N", "traces held in flight; the oldest is derived early beyond this", int, 1
+    )
+    remember_released: int = 100_000  # released trace ids remembered, to count late spans
+
+    def __post_init__(self) -> None:
+        _check_minimums(self)
+        if self.remember_released < 0:
+            raise ValueError("remember_released must be >= 0")
+
+
+@dataclass
+class ReceiverSettings:
+    """What each OTLP receiver needs of the configuration, and nothing else."""
+
+    max_message_bytes: int
+    auth_token: str | None = None  # bearer token required, when set
+    tls_cert: str | None = None
+    tls_key: str | None = None
 
 
 @dataclass
 class CollectorConfig:
-    otlp_grpc: str | None = "127.0.0.1:4317"  # None: off
-    otlp_http: str | None = "127.0.0.1:4318"
-    prometheus: str | None = "127.0.0.1:9464"
-    forward_traces: str | None = None
-    forward_metrics: str | None = None
-    metrics_interval_s: float = 10.0
-    store: str | None = "otel-llm.db"
+    otlp_grpc: str | None = option("127.0.0.1:4317", "--otlp-grpc", "HOST:PORT", "OTLP/gRPC receiver", address)
+    otlp_http: str | None = option(
+        "127.0.0.1:4318", "--otlp-http", "HOST:PORT", "OTLP/HTTP receiver, /v1/traces, protobuf or JSON, gzip", address
+    )
+    prometheus: str | None = option(
+        "127.0.0.1:9464", "--prometheus", "HOST:PORT", "Prometheus /metrics endpoint", address
+    )
+    forward_traces: str | None = option(
+        None,
+        "--forward-traces",
+        "URL",
+        "send every received span on, unchanged, e.g. to Jaeger: http://HOST:4318 or grpc://HOST:4317",
+        text_or_off,
+    )
+    forward_metrics: str | None = option(
+        None, "--forward-metrics", "URL", "push metrics over OTLP: http://HOST:4318 or grpc://HOST:4317", text_or_off
+    )
+    metrics_interval_s: float = option(
+        10.0, "--metrics-interval", "S", "seconds between OTLP metric pushes", float, 0.1
+    )
+    store: str | None = option(
+        "otel-llm.db", "--store", "PATH", "per-request SQLite store, appended across restarts", text_or_off
+    )
     assembly: AssemblyConfig = field(default_factory=AssemblyConfig)
     slos: dict[str, SLO] = field(default_factory=dict)
-    max_message_bytes: int = 4 * 2**20
-    max_backlog: int = 50_000  # released traces waiting for derivation before receivers answer UNAVAILABLE
-    auth_token: str | None = None  # bearer token both receivers require, when set
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tick_s: float = 0.1
+    max_message_bytes: int = option(
+        4 * 2**20, "--max-message-bytes", "N", "largest accepted export request, decompressed", int, 1024
+    )
+    max_backlog: int = option(
+        50_000,
+        "--max-backlog",
+        "N",
+        "released traces waiting for derivation before the receivers answer UNAVAILABLE / 503",
+        int,
+        1,
+    )
+    auth_token: str | None = option(
+        None, "--auth-token", "TOKEN", "require 'Authorization: Bearer TOKEN' on both receivers", text_or_off
+    )
+    tls_cert: str | None = option(None, "--tls-cert", "PEM", "TLS certificate for both receivers", text_or_off)
+    tls_key: str | None = option(None, "--tls-key", "PEM", "TLS private key", text_or_off)
+    tick_s: float = 0.1  # how often the derivation thread releases assembled traces
 
+    def __post_init__(self) -> None:
+        _check_minimums(self)
+        for name in ("otlp_grpc", "otlp_http", "prometheus"):
+            v = getattr(self, name)
+            if v is not None:
+                host_port(v)
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("--tls-cert and --tls-key go together")
+        if self.tick_s <= 0:
+            raise ValueError("tick_s must be > 0")
 
-ENV_PREFIX = "OTEL_LLM_COLLECTOR_"
-
-
-def env_default(name: str, default):
-    """``OTEL_LLM_COLLECTOR_<NAME>`` if set, else ``default``."""
-    return os.environ.get(ENV_PREFIX + name.upper().replace("-", "_"), default)
-
-
-def host_port(addr: str) -> tuple[str, int]:
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"bad address {addr!r}: expected HOST:PORT")
-    return (host.strip("[]") or "127.0.0.1"), int(port)
+    @property
+    def receiver(self) -> ReceiverSettings:
+        return ReceiverSettings(self.max_message_bytes, self.auth_token, self.tls_cert, self.tls_key)
 
 
 def parse_slos(values: list[str], tpot_undefined: str = "pass") -> dict[str, SLO]:
@@ -63,4 +177,13 @@ def parse_slos(values: list[str], tpot_undefined: str = "pass") -> dict[str, SLO
     return out
 
 
-__all__ = ["CollectorConfig", "env_default", "host_port", "parse_slos"]
+__all__ = [
+    "AssemblyConfig",
+    "CollectorConfig",
+    "ReceiverSettings",
+    "address",
+    "host_port",
+    "option",
+    "options_of",
+    "parse_slos",
+]

@@ -11,39 +11,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from .assembly import ReleasedTrace, TraceAssembler
 from .config import CollectorConfig, host_port
 from .derive import derive
 from .metrics import MetricsRegistry
 from .receivers.decode import WalkResult, decode_payload
+from .receivers.intake import AcceptResult, Overloaded, ReceiverCounters
 from .store import RequestStore
 from .store_writer import StoreWriter
 
 log = logging.getLogger("collector")
-
-
-class Overloaded(Exception):
-    """Derivation is behind: receivers answer UNAVAILABLE / 503 with a retry delay."""
-
-    retry_after_s = 1
-
-
-@dataclass
-class ReceiverCounters:
-    requests: int = 0
-    spans: int = 0
-    spans_rejected: int = 0
-    payloads_invalid: int = 0
-    payloads_refused_overload: int = 0
-    unauthenticated: int = 0
-
-
-@dataclass
-class AcceptResult:
-    rejected: int
-    message: str | None
 
 
 class Collector:
@@ -150,9 +129,13 @@ class Collector:
 
             self.forwarder = TraceForwarder(cfg.forward_traces).start()
         if cfg.otlp_grpc:
-            self.receivers.append(GrpcReceiver(self, *host_port(cfg.otlp_grpc)).start())
+            self.receivers.append(
+                GrpcReceiver(self, cfg.receiver, self.receiver_counters, *host_port(cfg.otlp_grpc)).start()
+            )
         if cfg.otlp_http:
-            self.receivers.append(HttpReceiver(self, *host_port(cfg.otlp_http)).start())
+            self.receivers.append(
+                HttpReceiver(self, cfg.receiver, self.receiver_counters, *host_port(cfg.otlp_http)).start()
+            )
         if cfg.prometheus:
             from .exporters.prometheus import PrometheusEndpoint
 

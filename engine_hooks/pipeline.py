@@ -1,8 +1,9 @@
 """The tracing pipeline of one process: recorder -> tracker -> span factory -> exporter.
 
 The engine's threads only touch the :class:`~engine_hooks.recorder.Recorder`. A daemon thread
-wakes every ``interval_s`` (``OTEL_BSP_SCHEDULE_DELAY`` ms, default 200), drains the recorder,
-builds spans with explicit times and exports them in batches of at most
+wakes every ``interval_s`` (``OTEL_LLM_SCHEDULE_DELAY`` ms, default 200: not the SDK's
+``OTEL_BSP_SCHEDULE_DELAY``, whose default is 5000 ms; see :mod:`otel_llm.environment`), drains
+the recorder, builds spans with explicit times and exports them in batches of at most
 ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512). Nothing here raises into the engine: failures
 are counted in :class:`PipelineCounters` and warned about once. Spans are flushed at exit.
 """
@@ -11,18 +12,19 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import threading
 import weakref
 from dataclasses import dataclass
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
+from otel_llm import environment
 from otel_llm.clock import WallAnchor, monotonic_ns
 from otel_llm.export import SafeSpanExporter, exporter_from_env
+from otel_llm.tracing import make_resource
 
 from .recorder import Recorder
-from .spans import SpanFactory, make_resource
+from .spans import SpanFactory
 from .tracker import RequestTracker
 
 log = logging.getLogger("engine_hooks")
@@ -40,13 +42,6 @@ class PipelineCounters:
     hook_errors: int = 0
 
 
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 class TracingPipeline:
     def __init__(
         self,
@@ -62,13 +57,14 @@ class TracingPipeline:
         gpu_elapsed=None,
         resource_attrs: dict | None = None,
     ):
-        self.recorder = Recorder(capacity or _env_int("OTEL_BSP_MAX_QUEUE_SIZE", 1 << 18))
+        self.recorder = Recorder(capacity or environment.env_int(environment.MAX_QUEUE_SIZE, 1 << 18, minimum=1))
         self.anchor = WallAnchor()
         self.tracker = RequestTracker(self.anchor, max_in_flight, gpu_elapsed=gpu_elapsed)
         self.factory = SpanFactory(make_resource(service_name, resource_attrs), boundary, engine, model)
         self.exporter = SafeSpanExporter(exporter, "engine_hooks") if exporter is not None else None
-        self.interval_s = interval_s if interval_s is not None else _env_int("OTEL_BSP_SCHEDULE_DELAY", 200) / 1000
-        self.batch_size = max(1, _env_int("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", 512))
+        delay_ms = environment.env_int(environment.SCHEDULE_DELAY, 200, minimum=1)
+        self.interval_s = interval_s if interval_s is not None else delay_ms / 1000
+        self.batch_size = environment.env_int(environment.BSP_MAX_EXPORT_BATCH_SIZE, 512, minimum=1)
         self.counters = PipelineCounters()
         self._lock = threading.Lock()  # one builder at a time (thread vs flush)
         self._wake = threading.Event()

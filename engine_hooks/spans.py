@@ -9,7 +9,6 @@ one ``llm.engine.step`` child per iteration.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
 from opentelemetry import trace as trace_api
@@ -28,16 +27,6 @@ from .tracker import FinishedRequest, StepRecord
 _SCOPE = InstrumentationScope("engine_hooks", "0.1.0")
 _PROPAGATOR = TraceContextTextMapPropagator()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
-
-
-def make_resource(default_service: str, attrs: Mapping[str, object] | None = None) -> Resource:
-    """A resource from ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, defaulting the
-    service name to ``default_service`` when neither sets one."""
-    extra = dict(attrs or {})
-    env_attrs = os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "")
-    if not os.environ.get("OTEL_SERVICE_NAME") and "service.name=" not in env_attrs:
-        extra["service.name"] = default_service
-    return Resource.create(extra)
 
 
 def parent_from_headers(headers: Mapping[str, str] | None) -> SpanContext | None:

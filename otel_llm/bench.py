@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import environment
 from .client import ClientResult, TracedClient
 from .timeline import TimelineBatch
 from .timeline_file import timeline_to_json
@@ -343,7 +344,9 @@ def register(sub) -> None:
     )
     p.add_argument("--base-url", required=True, help="server API root, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True, help="model name to request")
-    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="bearer token (default $OPENAI_API_KEY)")
+    p.add_argument(
+        "--api-key", default=environment.raw(environment.OPENAI_API_KEY), help="bearer token (default $OPENAI_API_KEY)"
+    )
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--rate", type=float, help="open loop: arrivals per second")
     g.add_argument("--concurrency", type=int, help="closed loop: workers sending back to back")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +28,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from . import environment
 from . import semconv as sc
 from .clock import WallAnchor
 from .timeline import Timeline
@@ -38,7 +38,7 @@ REJECTED_HTTP = (429, 503)
 
 
 def capture_content_default() -> bool:
-    return os.environ.get("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "").lower() in ("1", "true", "yes")
+    return environment.env_bool(environment.CAPTURE_MESSAGE_CONTENT)
 
 
 @dataclass

@@ -22,11 +22,11 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from . import otlp_encode
+from . import environment, otlp_encode
 
 log = logging.getLogger("otel_llm")
 
-ENV_TRACES_FILE = "OTEL_LLM_TRACES_FILE"
+ENV_TRACES_FILE = environment.TRACES_FILE
 
 
 class FileSpanExporter(SpanExporter):
@@ -110,18 +110,18 @@ class SafeSpanExporter(SpanExporter):
 
 def otlp_protocol() -> str:
     return (
-        os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-        or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+        environment.raw(environment.OTLP_TRACES_PROTOCOL)
+        or environment.raw(environment.OTLP_PROTOCOL)
         or "http/protobuf"
     ).strip()
 
 
 def exporter_from_env() -> SpanExporter | None:
     """The exporter the environment asks for, or None when tracing export is off."""
-    path = os.environ.get(ENV_TRACES_FILE)
+    path = environment.raw(environment.TRACES_FILE)
     if path:
         return FileSpanExporter(path)
-    kind = (os.environ.get("OTEL_TRACES_EXPORTER") or "otlp").split(",")[0].strip().lower()
+    kind = (environment.raw(environment.TRACES_EXPORTER) or "otlp").split(",")[0].strip().lower()
     if kind == "none":
         return None
     if kind == "console":

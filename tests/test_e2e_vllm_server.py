@@ -19,7 +19,8 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
     otlp = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
         "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",  # the client's BatchSpanProcessor
+        "OTEL_LLM_SCHEDULE_DELAY": "100",  # the engine hooks' span builder
     }
     server, base_url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp})
     try:

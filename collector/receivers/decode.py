@@ -13,7 +13,6 @@ which gives the same tuples.
 
 from __future__ import annotations
 
-import os
 import zlib
 from dataclasses import dataclass
 
@@ -21,6 +20,7 @@ import numpy as np
 from google.protobuf.message import DecodeError as _PBDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
+from otel_llm import environment
 from otel_llm.otlp_json import from_json
 
 from .. import spans as sp
@@ -37,7 +37,7 @@ _MAX_NS = 2**63 - 1  # times are int64 ns from here on
 
 def accelerated() -> bool:
     """Whether protobuf payloads are walked by the C accelerator."""
-    return _otlp_walk is not None and os.environ.get("OTEL_LLM_PURE_PYTHON", "") in ("", "0")
+    return _otlp_walk is not None and not environment.env_bool(environment.PURE_PYTHON)
 
 
 class DecodeError(ValueError):

@@ -15,7 +15,8 @@ from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from .decode import DecodeError, PayloadTooLarge
+from ..config import ReceiverSettings
+from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -28,9 +29,11 @@ def retry_trailer(message: str, seconds: int) -> tuple:
 
 
 class GrpcReceiver:
-    def __init__(self, collector, host: str, port: int, workers: int = 4):
-        self.collector = collector
-        cfg = collector.config
+    def __init__(
+        self, intake: Intake, settings: ReceiverSettings, counters: ReceiverCounters, host: str, port: int, workers=4
+    ):
+        self.intake, self.settings, self.counters = intake, settings, counters
+        cfg = settings
         opts = [("grpc.max_receive_message_length", cfg.max_message_bytes)]
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers), options=opts)
         handler = grpc.method_handlers_generic_handler(
@@ -54,22 +57,19 @@ class GrpcReceiver:
         self.address = (host, self.port)
 
     def _export(self, body: bytes, context):
-        from ..service import Overloaded
-
-        c = self.collector
-        token = c.config.auth_token
+        token = self.settings.auth_token
         if token:
             md = dict(context.invocation_metadata())
             if md.get("authorization") != f"Bearer {token}":
-                c.receiver_counters.unauthenticated += 1
+                self.counters.unauthenticated += 1
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:
-            res = c.accept(body)
+            res = self.intake.accept(body)
         except PayloadTooLarge as exc:
-            c.receiver_counters.payloads_invalid += 1
+            self.counters.payloads_invalid += 1
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
         except DecodeError as exc:
-            c.receiver_counters.payloads_invalid += 1
+            self.counters.payloads_invalid += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except Overloaded as exc:
             context.set_trailing_metadata(retry_trailer(str(exc), Overloaded.retry_after_s))

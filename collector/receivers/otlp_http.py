@@ -16,18 +16,19 @@ from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from .decode import DecodeError, PayloadTooLarge
+from ..config import ReceiverSettings
+from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters
 
 PATH = "/v1/traces"
 
 
 class HttpReceiver:
-    def __init__(self, collector, host: str, port: int):
-        self.collector = collector
+    def __init__(self, intake: Intake, settings: ReceiverSettings, counters: ReceiverCounters, host: str, port: int):
+        self.intake, self.settings, self.counters = intake, settings, counters
         handler = self._handler_class()
         self.server = ThreadingHTTPServer((host, port), handler)
         self.server.daemon_threads = True
-        cfg = collector.config
+        cfg = settings
         if cfg.tls_cert and cfg.tls_key:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
@@ -36,7 +37,7 @@ class HttpReceiver:
         self._thread = threading.Thread(target=self.server.serve_forever, name="otlp-http", daemon=True)
 
     def _handler_class(self):
-        collector = self.collector
+        intake, settings, counters = self.intake, self.settings, self.counters
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -63,8 +64,6 @@ class HttpReceiver:
                     self._reply(http_code, st.SerializeToString(), "application/x-protobuf", extra)
 
             def do_POST(self):
-                from ..service import Overloaded
-
                 ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
                 as_json = ctype == "application/json"
                 length = self.headers.get("Content-Length")
@@ -77,15 +76,15 @@ class HttpReceiver:
                     self._status(3, 411, "Content-Length required", as_json)
                     return
                 n = int(length)
-                limit = collector.config.max_message_bytes
+                limit = settings.max_message_bytes
                 if n > limit:
                     self.close_connection = True
                     self._status(8, 413, f"body of {n} bytes is over the {limit}-byte limit", as_json)
                     return
                 body = self.rfile.read(n)
-                token = collector.config.auth_token
+                token = settings.auth_token
                 if token and self.headers.get("Authorization") != f"Bearer {token}":
-                    collector.receiver_counters.unauthenticated += 1
+                    counters.unauthenticated += 1
                     self._status(16, 401, "missing or wrong bearer token", as_json, {"WWW-Authenticate": "Bearer"})
                     return
                 if ctype not in ("application/x-protobuf", "application/json"):
@@ -101,13 +100,13 @@ class HttpReceiver:
                     self._status(3, 415, f"unsupported Content-Encoding {enc!r}", as_json)
                     return
                 try:
-                    res = collector.accept(body, json_body=as_json, gzipped=enc == "gzip")
+                    res = intake.accept(body, json_body=as_json, gzipped=enc == "gzip")
                 except PayloadTooLarge as exc:
-                    collector.receiver_counters.payloads_invalid += 1
+                    counters.payloads_invalid += 1
                     self._status(8, 413, str(exc), as_json)
                     return
                 except DecodeError as exc:
-                    collector.receiver_counters.payloads_invalid += 1
+                    counters.payloads_invalid += 1
                     self._status(3, 400, str(exc), as_json)
                     return
                 except Overloaded as exc:

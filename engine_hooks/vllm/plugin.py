@@ -12,16 +12,17 @@ with ``OTEL_LLM_FRONTEND=0`` so that only that engine's front end is hooked.
 from __future__ import annotations
 
 import logging
-import os
+
+from otel_llm import environment
 
 log = logging.getLogger("engine_hooks")
 
-ENV_ENABLE = "OTEL_LLM_ENABLE"
-ENV_FRONTEND = "OTEL_LLM_FRONTEND"
+ENV_ENABLE = environment.ENABLE
+ENV_FRONTEND = environment.FRONTEND
 
 
 def enabled() -> bool:
-    return os.environ.get(ENV_ENABLE, "").strip().lower() in ("1", "true", "yes", "on")
+    return environment.env_bool(ENV_ENABLE)
 
 
 def register() -> None:
@@ -31,7 +32,7 @@ def register() -> None:
         from .core import instrument_scheduler_class
 
         instrument_scheduler_class()
-        if os.environ.get(ENV_FRONTEND, "1") != "0":
+        if environment.env_bool(ENV_FRONTEND, True):
             from . import instrument_frontend_classes
 
             instrument_frontend_classes()

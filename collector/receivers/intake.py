@@ -1,0 +1,45 @@
+"""The contract between a receiver and the rest of the collector: what a receiver may call, and
+what it may be told. A receiver gets an :class:`Intake` (its next consumer, as a groupbytrace
+processor gets only its next consumer), its :class:`~collector.config.ReceiverSettings` and the
+:class:`ReceiverCounters` it adds to; never the whole service."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from .decode import DecodeError, PayloadTooLarge
+
+
+class Overloaded(Exception):
+    """The collector cannot take more now (derivation is behind): receivers answer UNAVAILABLE /
+    503 with a retry delay."""
+
+    retry_after_s = 1
+
+
+@dataclass
+class AcceptResult:
+    rejected: int  # spans of the request refused (partial success)
+    message: str | None  # why, for the partial-success message
+
+
+@dataclass
+class ReceiverCounters:
+    requests: int = 0
+    spans: int = 0
+    spans_rejected: int = 0
+    payloads_invalid: int = 0
+    payloads_refused_overload: int = 0
+    unauthenticated: int = 0
+
+
+class Intake(Protocol):
+    def accept(self, body: bytes, *, json_body: bool = False, gzipped: bool = False) -> AcceptResult:
+        """Take one OTLP export request (protobuf, or OTLP/JSON; gzip-compressed or not). Raises
+        :class:`DecodeError` (malformed), :class:`PayloadTooLarge` (decompressed over the limit)
+        or :class:`Overloaded`."""
+        ...
+
+
+__all__ = ["AcceptResult", "DecodeError", "Intake", "Overloaded", "PayloadTooLarge", "ReceiverCounters"]

@@ -1,0 +1,104 @@
+"""Every environment variable the project reads: the names, and the parsing, in one place.
+
+Standard OpenTelemetry variables keep their standard meaning (the SDK and the OTLP exporters
+read most of them themselves); the project's own start with ``OTEL_LLM_``. A value that does not
+parse is logged with the variable's name and the default is used, like the SDK's own
+``_get_*_env`` helpers: a bad environment never stops a process that traces.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+log = logging.getLogger("otel_llm")
+
+T = TypeVar("T")
+
+# -- standard OpenTelemetry (https://opentelemetry.io/docs/specs/otel/configuration/sdk-environment-variables/)
+SERVICE_NAME = "OTEL_SERVICE_NAME"
+RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"  # otlp (default) | console | none
+OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+BSP_MAX_EXPORT_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"  # spans per export call (standard: 512)
+CAPTURE_MESSAGE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+
+# -- the project's own
+TRACES_FILE = "OTEL_LLM_TRACES_FILE"  # a path: OTLP JSON lines instead of OTLP export
+ENABLE = "OTEL_LLM_ENABLE"  # trace vLLM through its plugin entry point
+FRONTEND = "OTEL_LLM_FRONTEND"  # "0": the plugin leaves this process's vLLM front ends alone
+# The engine hooks' span builder is not the SDK's BatchSpanProcessor, so it does not reuse the
+# OTEL_BSP_* names whose defaults differ: it wakes every 200 ms (the BSP's default is 5000 ms)
+# and its buffer holds raw hook events, not spans.
+SCHEDULE_DELAY = "OTEL_LLM_SCHEDULE_DELAY"  # ms between span-building rounds (default 200)
+MAX_QUEUE_SIZE = "OTEL_LLM_MAX_QUEUE_SIZE"  # hook events buffered between rounds (default 262144)
+PURE_PYTHON = "OTEL_LLM_PURE_PYTHON"  # the collector parses with protobuf, not its C walk
+COLLECTOR_PREFIX = "OTEL_LLM_COLLECTOR_"  # + an `otel-llm collector` option, e.g. _STORE, _MAX_TRACES
+OPENAI_API_KEY = "OPENAI_API_KEY"  # bench's --api-key default
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("", "0", "false", "no", "off")
+
+
+def raw(name: str) -> str | None:
+    """The variable as set, None when unset or blank."""
+    v = os.environ.get(name)
+    return v if v is not None and v.strip() else None
+
+
+def parsed(name: str, default: T, convert: Callable[[str], T], expected: str = "") -> T:
+    """``convert(value)`` of the variable, else ``default``: unset, or (logged) not parseable."""
+    v = raw(name)
+    if v is None:
+        return default
+    try:
+        return convert(v.strip())
+    except (ValueError, TypeError) as exc:
+        why = expected or str(exc)
+        log.warning("otel-llm: ignoring %s=%r (%s); using the default %r", name, v, why, default)
+        return default
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    return parsed(name, default, str)
+
+
+def env_bool(name: str, default: bool = False) -> bool:
+    def convert(v: str) -> bool:
+        low = v.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError("expected true or false")
+
+    return parsed(name, default, convert)
+
+
+def env_int(name: str, default: int, minimum: int | None = None) -> int:
+    def convert(v: str) -> int:
+        n = int(v)
+        if minimum is not None and n < minimum:
+            raise ValueError(f"expected an integer >= {minimum}")
+        return n
+
+    return parsed(name, default, convert, "" if minimum is None else f"expected an integer >= {minimum}")
+
+
+def env_float(name: str, default: float, minimum: float | None = None) -> float:
+    def convert(v: str) -> float:
+        x = float(v)
+        if x != x or (minimum is not None and x < minimum):
+            raise ValueError(f"expected a number >= {minimum}")
+        return x
+
+    return parsed(name, default, convert)
+
+
+def collector_variable(option: str) -> str:
+    """The variable of an ``otel-llm collector`` option: ``--max-traces`` ->
+    ``OTEL_LLM_COLLECTOR_MAX_TRACES``."""
+    return COLLECTOR_PREFIX + option.lstrip("-").upper().replace("-", "_")
