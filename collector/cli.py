@@ -9,6 +9,8 @@ import sys
 import threading
 
 from otel_llm import environment
+from otel_llm.cli_options import percentile_list
+from otel_llm.percentiles import METHODS
 
 from .config import AssemblyConfig, CollectorConfig, options_of, parse_slos
 
@@ -89,7 +91,7 @@ def _pass_or_fail(v: str) -> str:
 
 def config_from_args(args: argparse.Namespace) -> CollectorConfig:
     """The configuration the parsed options describe (CLIError when it is not a usable one)."""
-    from otel_llm.cli import CLIError
+    from otel_llm.cli_options import CLIError
 
     try:
         slos = parse_slos(args.slo or args.env_slo, args.tpot_undefined)
@@ -102,7 +104,7 @@ def config_from_args(args: argparse.Namespace) -> CollectorConfig:
 
 
 def run(args: argparse.Namespace) -> int:
-    from otel_llm.cli import CLIError
+    from otel_llm.cli_options import CLIError
 
     from .service import Collector
 
@@ -165,8 +167,14 @@ def register_compare(sub) -> None:
         metavar="S",
         help="a client inter-token gap above this is a stall (default 0.1 s)",
     )
-    p.add_argument("--percentiles", default="50,90,99", help="percentiles of the distributions (default 50,90,99)")
-    p.add_argument("--percentile-method", choices=("nearest-rank", "linear"), default="nearest-rank")
+    p.add_argument(
+        "--percentiles",
+        type=percentile_list,
+        default=["50", "90", "99"],
+        metavar="P,P,...",
+        help="percentiles of the distributions (default 50,90,99)",
+    )
+    p.add_argument("--percentile-method", choices=METHODS, default="nearest-rank")
     p.add_argument("--top", type=int, default=20, help="table/markdown: requests listed, slowest client TTFT first")
     p.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     p.set_defaults(func=run_compare)
@@ -175,7 +183,7 @@ def register_compare(sub) -> None:
 def run_compare(args: argparse.Namespace) -> int:
     import json
 
-    from otel_llm.cli import CLIError
+    from otel_llm.cli_options import CLIError
 
     from .compare import compare, summarize_comparison, to_json
     from .report import format_comparison
@@ -185,7 +193,6 @@ def run_compare(args: argparse.Namespace) -> int:
         offset = None if args.clock_offset == "auto" else float(args.clock_offset)
     except ValueError:
         raise CLIError("--clock-offset: 'auto' or a number of seconds") from None
-    ps = [p.strip() for p in args.percentiles.split(",") if p.strip()]
     try:
         store = open_existing(args.store)
     except (OSError, ValueError) as exc:
@@ -197,7 +204,7 @@ def run_compare(args: argparse.Namespace) -> int:
     cmp = compare(records, offset, args.stall)
     if not cmp.rows:
         raise CLIError(f"{args.store}: no request seen at both boundaries ({len(records)} records)")
-    summary = summarize_comparison(cmp, ps, args.percentile_method)
+    summary = summarize_comparison(cmp, args.percentiles, args.percentile_method)
     if args.format == "json":
         print(json.dumps(to_json(cmp, summary), indent=2))
     else:

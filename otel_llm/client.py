@@ -167,7 +167,8 @@ class TracedClient:
     async def __aexit__(self, *exc) -> None:
         await self.aclose()
 
-    def _now(self) -> int:
+    def now_ns(self) -> int:
+        """The client's clock: Unix ns, from one wall-clock anchor and the monotonic clock."""
         return self._anchor.wall_ns(time.monotonic_ns())
 
     async def completion(
@@ -224,7 +225,7 @@ class TracedClient:
         if self.continuous_usage:
             so.setdefault("continuous_usage_stats", True)
         body["stream_options"] = so
-        submit = self._now()
+        submit = self.now_ns()
         span = self._tracer.start_span(
             sc.SPAN_CLIENT_REQUEST,
             kind=SpanKind.CLIENT,
@@ -258,7 +259,7 @@ class TracedClient:
                     res.error = f"HTTP {resp.status_code}: {detail}"
                 else:
                     async for line in resp.aiter_lines():
-                        t = self._now()
+                        t = self.now_ns()
                         if not line.startswith("data:"):
                             continue
                         data = line[5:].strip()
@@ -284,7 +285,7 @@ class TracedClient:
         return res
 
     def _close(self, span, res: ClientResult, rec: _StreamRecorder, body: dict) -> None:
-        finish_span(span, res, rec, body, self._now(), self.capture_content)
+        finish_span(span, res, rec, body, self.now_ns(), self.capture_content)
 
 
 def finish_span(span, res: ClientResult, rec: _StreamRecorder, body: dict, end_ns: int, capture_content: bool) -> None:

@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, run_cli
 from fake_openai import FakeOpenAI
 
-from otel_llm.bench import LengthDist, LoadSpec, arrival_offsets
+from otel_llm.load import LengthDist, LoadSpec, arrival_offsets
 from otel_llm.otlp_spans import read_trace_file
 
 

@@ -9,7 +9,8 @@ from conftest import run_cli
 from collector.cli import config_from_args
 from collector.config import AssemblyConfig, CollectorConfig, address, options_of, text_or_off
 from otel_llm import environment
-from otel_llm.cli import CLIError, build_parser
+from otel_llm.cli import build_parser
+from otel_llm.cli_options import CLIError
 
 
 def _sample(f) -> tuple[str, object]:

@@ -1,0 +1,91 @@
+"""What every ``otel-llm`` subcommand shares: the user-error exception, and the options (and their
+parsing) of the commands that summarise. Subcommands in other packages import this module, not
+the command itself."""
+
+from __future__ import annotations
+
+import argparse
+
+from .percentiles import METHODS, as_fraction
+from .report import FORMATS, format_summary
+from .slo import SLO
+from .summary import DEFAULT_PERCENTILES, summarize
+from .timeline import TimelineBatch
+from .window import Window
+
+EXIT_USAGE = 2
+
+
+class CLIError(Exception):
+    """A user error: printed as ``otel-llm: message`` with exit code 2."""
+
+
+def percentile_list(text: str) -> list[str]:
+    """``--percentiles 50,90,99.9``: each a number in [0, 100] (an argparse type)."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        try:
+            as_fraction(part)
+        except (ValueError, ZeroDivisionError):
+            raise argparse.ArgumentTypeError(f"bad percentile {part!r}: expected numbers in [0, 100]") from None
+        out.append(part)
+    if not out:
+        raise argparse.ArgumentTypeError("no percentiles given")
+    return out
+
+
+def _window(text: str) -> Window:
+    try:
+        return Window.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_analysis_options(p: argparse.ArgumentParser) -> None:
+    """The window / SLO / percentile / format options shared by every command that summarises."""
+    g = p.add_argument_group("analysis")
+    g.add_argument(
+        "--window",
+        type=_window,
+        metavar="W0,W1",
+        help="observation window in seconds on the data's clock, edges inclusive "
+        "(default: earliest submit to latest end)",
+    )
+    g.add_argument(
+        "--slo",
+        metavar="BOUNDS",
+        default=None,
+        help="goodput SLO, upper bounds in seconds, any subset of ttft=,tpot=,itl_max=,e2e= (e.g. ttft=1,tpot=0.05)",
+    )
+    g.add_argument(
+        "--percentiles",
+        type=percentile_list,
+        default=list(DEFAULT_PERCENTILES),
+        metavar="P,P,...",
+        help="percentiles to report (default: 50,90,95,99)",
+    )
+    g.add_argument(
+        "--percentile-method",
+        choices=METHODS,
+        default="nearest-rank",
+        help="nearest-rank (exact, default) or linear interpolation (numpy's default)",
+    )
+    g.add_argument(
+        "--tpot-undefined",
+        choices=("pass", "fail"),
+        default="pass",
+        help="whether a request with <= 1 output token passes a tpot bound (default: pass)",
+    )
+    g.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
+
+
+def analysis_text(batch: TimelineBatch, args: argparse.Namespace, extra: dict | None = None) -> str:
+    """Summarise ``batch`` with the options of :func:`add_analysis_options` and format it."""
+    try:
+        slo = SLO.parse(args.slo, args.tpot_undefined) if args.slo else None
+    except ValueError as exc:
+        raise CLIError(f"--slo: {exc}") from None
+    s = summarize(batch, window=args.window, slo=slo, ps=args.percentiles, method=args.percentile_method)
+    if extra:
+        s.extra.update(extra)
+    return format_summary(s, args.format)
