@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
 
-from engine_hooks.spans import SpanFactory
+from engine_hooks.span_factory import SpanFactory
 from engine_hooks.tracker import FinishedRequest
 from otel_llm import otlp_encode
 from otel_llm.otlp_json import to_json

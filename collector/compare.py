@@ -18,7 +18,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from otel_llm.metrics import itl_samples
+from otel_llm.request_math import itl_samples
 from otel_llm.summary import Distribution
 
 from .records import RecordBatch, RequestRecord

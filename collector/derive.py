@@ -5,7 +5,7 @@ Per request span (``llm.request``: engine, ``llm.client.request``: client): subm
 the span, token events from ``llm.token_event.offsets_ns`` / ``.tokens`` (int64 bytes from the
 walk, joined and read for the whole batch at once); engine phases from its child spans (queue,
 prefill, decode, preemptions). Per-request metrics (TTFT, TPOT, E2E, largest ITL) come from the
-core's vectorised :func:`otel_llm.metrics.request_metrics`, one call per batch.
+core's vectorised :func:`otel_llm.request_math.request_metrics`, one call per batch.
 
 When a trace holds both boundaries of a request, the client TTFT is decomposed exactly, in
 integer ns: ``network_in`` (engine arrival - client send) + ``queue`` + ``prefill`` (to the
@@ -26,10 +26,10 @@ from itertools import repeat
 
 import numpy as np
 
-from otel_llm.metrics import RequestMetrics, request_metrics
+from otel_llm.request_math import RequestMetrics, request_metrics
 from otel_llm.timeline import STATUS_CODE, clean_events
 
-from . import spans as sp
+from . import walked_span as sp
 from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch, timeline_batch
 

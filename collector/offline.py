@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from otel_llm.otlp_spans import read_trace_requests
 from otel_llm.timeline import TimelineBatch
+from otel_llm.trace_file import read_trace_requests
 
 from .assembly import AssemblyConfig, TraceAssembler
 from .derive import derive
@@ -19,7 +19,7 @@ from .records import RecordBatch
 
 def batch_from_trace_file(path: str) -> RecordBatch:
     """Every record derived from a traces file. Raises FileNotFoundError, or
-    :class:`~otel_llm.otlp_spans.TraceFileError` (a ValueError naming the line) for a bad line."""
+    :class:`~otel_llm.trace_file.TraceFileError` (a ValueError naming the line) for a bad line."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such traces file")
     asm = TraceAssembler(AssemblyConfig(max_traces=10**9))

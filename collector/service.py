@@ -16,7 +16,7 @@ from dataclasses import asdict
 from .assembly import ReleasedTrace, TraceAssembler
 from .config import CollectorConfig, host_port
 from .derive import derive
-from .metrics import MetricsRegistry
+from .metrics_registry import MetricsRegistry
 from .receivers.decode import WalkResult, decode_payload
 from .receivers.intake import AcceptResult, Overloaded, ReceiverCounters
 from .store import RequestStore

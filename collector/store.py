@@ -20,7 +20,7 @@ from itertools import chain, pairwise
 
 import numpy as np
 
-from otel_llm.metrics import segment_sum
+from otel_llm.request_math import segment_sum
 from otel_llm.timeline import TimelineBatch
 
 from .records import COLUMN_NAMES, COLUMNS, RecordBatch, RequestRecord, from_python

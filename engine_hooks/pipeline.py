@@ -24,7 +24,7 @@ from otel_llm.export import SafeSpanExporter, exporter_from_env
 from otel_llm.tracing import make_resource
 
 from .recorder import Recorder
-from .spans import SpanFactory
+from .span_factory import SpanFactory
 from .tracker import RequestTracker
 
 log = logging.getLogger("engine_hooks")

@@ -79,11 +79,16 @@ def main() -> None:
         env={**ENV, "OTEL_LLM_TRACES_FILE": traces},
         cwd=OUT,
     )
-    from otel_llm.otlp_spans import read_trace_file
+    from otel_llm.trace_file import read_trace_requests
 
-    spans = read_trace_file(traces)
-    counts = collections.Counter(s.name for s in spans)
-    print(f"trace file: {os.path.relpath(traces, ROOT)} ({len(spans)} spans)")
+    counts = collections.Counter(
+        s.name
+        for _, req in read_trace_requests(traces)
+        for rs in req.resource_spans
+        for ss in rs.scope_spans
+        for s in ss.spans
+    )
+    print(f"trace file: {os.path.relpath(traces, ROOT)} ({sum(counts.values())} spans)")
     print("spans: " + ", ".join(f"{n} {c}" for n, c in sorted(counts.items())))
     otel_llm("analyze", "--traces", os.path.relpath(traces, ROOT), "--boundary", "engine")
 

@@ -4,8 +4,8 @@ The core package: semantic conventions, the timeline model, the metric math of s
 client-side instrumentation and the ``otel-llm`` command.
 """
 
-from .metrics import RequestMetrics, request_metrics, single_request_metrics
 from .percentiles import percentiles
+from .request_math import RequestMetrics, request_metrics, single_request_metrics
 from .slo import SLO
 from .summary import Summary, summarize
 from .timeline import Timeline, TimelineBatch

@@ -7,9 +7,9 @@ from __future__ import annotations
 import argparse
 
 from .percentiles import METHODS, as_fraction
-from .report import FORMATS, format_summary
 from .slo import SLO
 from .summary import DEFAULT_PERCENTILES, summarize
+from .summary_format import FORMATS, format_summary
 from .timeline import TimelineBatch
 from .window import Window
 

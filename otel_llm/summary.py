@@ -1,5 +1,5 @@
 """Window statistics over many requests (spec/metrics.md: "Many requests", "Percentiles",
-"Goodput"). Plain dataclasses for what is measured; formatting lives in :mod:`otel_llm.report`.
+"Goodput"). Plain dataclasses for what is measured; formatting lives in :mod:`otel_llm.summary_format`.
 
 Units: seconds, requests/s, tokens/s; TPOT in seconds per token.
 """
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .metrics import RequestMetrics, request_metrics
 from .percentiles import Percent, percentile_key, percentiles
+from .request_math import RequestMetrics, request_metrics
 from .slo import SLO
 from .timeline import CANCELLED, ERROR, OK, REJECTED, TimelineBatch
 from .window import Window

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_cli
 from fake_openai import FakeOpenAI
+from span_records import read_trace_file
 
 from otel_llm.load import LengthDist, LoadSpec, arrival_offsets
-from otel_llm.otlp_spans import read_trace_file
 
 
 @pytest.fixture

@@ -20,10 +20,10 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from otlp_helpers import Req, free_port, sample_request
 
-from collector import spans as sp
+from collector import walked_span as sp
 from collector.assembly import AssemblyConfig, TraceAssembler
 from collector.receivers.decode import DecodeError, decode_payload
-from collector.spans import make_span
+from collector.walked_span import make_span
 from otel_llm import semconv as sc
 from otel_llm.otlp_json import to_json
 

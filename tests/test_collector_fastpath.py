@@ -17,12 +17,12 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyVa
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from otlp_helpers import Req, sample_request
 
-from collector import spans as sp
+from collector import walked_span as sp
 from collector.assembly import ReleasedTrace
 from collector.derive import derive
 from collector.receivers import decode
 from collector.receivers.decode import DecodeError, parse_request, walk_message
-from collector.spans import make_span
+from collector.walked_span import make_span
 from otel_llm import semconv as sc
 
 needs_ext = pytest.mark.skipif(decode._otlp_walk is None, reason="C accelerator not built (no compiler)")
@@ -327,7 +327,7 @@ def test_store_writer_survives_its_process_dying(tmp_path):
 def test_histogram_buckets_agree_for_few_and_many_samples():
     """The two bucketing paths (binary search for a few values, one compare per bound for many)
     put every value in the same bucket: le = the first bound >= the value."""
-    from collector.metrics import ITL_BUCKETS, Histogram
+    from collector.metrics_registry import ITL_BUCKETS, Histogram
 
     rnd = np.random.default_rng(7)
     values = np.concatenate([rnd.uniform(0, 0.2, 20_000), np.array(ITL_BUCKETS), [0.0, 11.0, np.nan]])

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from ..metrics import Counter, Histogram
+from ..metrics_registry import Counter, Histogram
 
 UNIT_SUFFIX = {"s": "seconds", "ms": "milliseconds", "By": "bytes"}
 

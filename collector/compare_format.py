@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from otel_llm.report import grid
+from otel_llm.summary_format import grid
 
 from .compare import TTFT_PARTS, ComparisonSummary, RequestComparison
 

@@ -1,12 +1,9 @@
-"""Flat span records decoded from OTLP (protobuf or the OTLP JSON-lines file format).
-
-Used by the collector's receivers and by anything that reads a traces file. Ids are lowercase
-hex; times are Unix ns; attribute values are plain Python (arrays as lists).
-"""
+"""Flat span records from OTLP trace files, for the tests to assert on (ids lowercase hex, times
+Unix ns, attribute values plain Python with arrays as lists). The benchmarks use them too, as the
+cost of a straightforward reader that sees every attribute value."""
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -15,7 +12,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from .otlp_json import from_dict
+from otel_llm.trace_file import read_trace_requests
 
 
 @dataclass(slots=True)
@@ -68,28 +65,6 @@ def spans_from_request(req: ExportTraceServiceRequest) -> Iterator[SpanRecord]:
                     status_code=int(s.status.code),
                     resource=res,
                 )
-
-
-class TraceFileError(ValueError):
-    """A bad line in a traces file."""
-
-    def __init__(self, path, line: int, problem: str):
-        self.path, self.line, self.problem = str(path), line, problem
-        super().__init__(f"{path}:{line}: {problem}")
-
-
-def read_trace_requests(path: str | os.PathLike) -> Iterator[tuple[int, ExportTraceServiceRequest]]:
-    """``(line number, request)`` for each line of an OTLP JSON-lines file (one
-    ExportTraceServiceRequest per line; blank lines skipped). A bad line raises
-    :class:`TraceFileError` naming the file and the line."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    req = from_dict(json.loads(line))
-                except (ValueError, json.JSONDecodeError) as exc:
-                    raise TraceFileError(path, lineno, f"not an OTLP JSON trace export: {exc}") from None
-                yield lineno, req
 
 
 def read_trace_file(path: str | os.PathLike) -> list[SpanRecord]:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from otel_llm.metrics import RequestMetrics
+from otel_llm.request_math import RequestMetrics
 from otel_llm.slo import SLO
 from otel_llm.summary import bound_checks
 
