@@ -186,8 +186,8 @@ def run_compare(args: argparse.Namespace) -> int:
     from otel_llm.cli_options import CLIError
 
     from .compare import compare, summarize_comparison, to_json
-    from .store import open_existing
     from .compare_format import format_comparison
+    from .store import open_existing
 
     try:
         offset = None if args.clock_offset == "auto" else float(args.clock_offset)

@@ -33,7 +33,7 @@ CODES = {
 NAMES = {v: k for k, v in CODES.items()}
 BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine"}
 
-QUEUE_INCOMPLETE = "llm.queue.incomplete"  # the engine never saw the request scheduled
+QUEUE_INCOMPLETE = sc.QUEUE_INCOMPLETE
 
 # attribute slots, in tuple order: (name in make_span, attribute key)
 _ATTRIBUTES = (

@@ -9,11 +9,12 @@ from .api import EngineHooks
 from .pipeline import TracingPipeline, default_pipeline, flush
 
 
-def instrument(target, **kwargs):
-    """Trace a vLLM engine class (``vllm.LLM``, ``AsyncLLM``) or an engine already built."""
+def instrument(target):
+    """Trace a vLLM engine: ``vllm.LLM``, ``AsyncLLM`` or ``LLMEngine`` (a class: returns a traced
+    subclass; an engine already built: hooks it in place). See :func:`engine_hooks.vllm.instrument`."""
     from .vllm import instrument as _instrument
 
-    return _instrument(target, **kwargs)
+    return _instrument(target)
 
 
 __all__ = ["EngineHooks", "TracingPipeline", "default_pipeline", "flush", "instrument"]

@@ -108,8 +108,7 @@ class EngineHooks:
                 self.pipeline.hook_failed(exc)
             return result
 
-        wrapper.__otel_llm_hooked__ = True  # type: ignore[attr-defined]
-        return wrapper
+        return mark_hooked(wrapper)
 
     # -- the six lifecycle decorators ------------------------------------------------------------
     def arrival(
@@ -274,6 +273,15 @@ class EngineHooks:
         return deco
 
 
+_HOOKED = "__otel_llm_hooked__"
+
+
+def mark_hooked(fn: Callable) -> Callable:
+    """Mark a function as one of ours (a hook wrapper, a traced constructor); returns it."""
+    setattr(fn, _HOOKED, True)
+    return fn
+
+
 def hooked(fn: Callable) -> bool:
     """Whether ``fn`` already carries an otel-llm hook (hooks are never applied twice)."""
-    return bool(getattr(fn, "__otel_llm_hooked__", False))
+    return bool(getattr(fn, _HOOKED, False))

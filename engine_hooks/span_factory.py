@@ -104,7 +104,7 @@ class SpanFactory:
         if r.finish_reason:
             attrs[sc.FINISH_REASONS] = [r.finish_reason]
         if r.incomplete:
-            attrs["llm.request.incomplete"] = True
+            attrs[sc.REQUEST_INCOMPLETE] = True
         if r.attrs:
             attrs.update(r.attrs)
         status = None
@@ -120,7 +120,7 @@ class SpanFactory:
             sc.SPAN_QUEUE,
             s0,
             sched if sched is not None else s1,
-            None if sched is not None else {"llm.queue.incomplete": True},
+            None if sched is not None else {sc.QUEUE_INCOMPLETE: True},
         )
         if sched is not None and r.first_generated_ns is not None:
             child(sc.SPAN_PREFILL, sched, r.first_generated_ns)
@@ -129,7 +129,7 @@ class SpanFactory:
         for t0, t1, mode in r.preemptions:
             child(sc.SPAN_PREEMPTION, t0, t1, {sc.PREEMPTION_MODE: mode})
         if r.out_times_ns:
-            child(sc.SPAN_STREAM, r.out_times_ns[0], r.out_times_ns[-1], {"llm.stream.events": len(r.out_times_ns)})
+            child(sc.SPAN_STREAM, r.out_times_ns[0], r.out_times_ns[-1], {sc.STREAM_EVENTS: len(r.out_times_ns)})
         return out
 
     def step_spans(self, steps: list[StepRecord]) -> list[ReadableSpan]:
@@ -147,7 +147,7 @@ class SpanFactory:
                 None,
                 steps[0].start_ns,
                 max(s.end_ns for s in steps),
-                {**b, "llm.steps.count": len(steps), "llm.steps.first_index": steps[0].index},
+                {**b, sc.STEPS_COUNT: len(steps), sc.STEPS_FIRST_INDEX: steps[0].index},
             )
         ]
         for s in steps:

@@ -15,6 +15,7 @@ import signal
 import sys
 
 from . import environment
+from . import semconv as sc
 from .cli_options import CLIError, add_analysis_options, analysis_text
 from .client import TracedClient
 from .load import BenchRun, LengthDist, LoadRunner, LoadSpec, Progress, Sent, conditions, measured
@@ -94,19 +95,16 @@ def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDis
 
 def run_resource(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: LengthDist) -> dict:
     """The resource attributes of every client span: the conditions known before the run."""
-    resource = {f"llm.bench.{k}": v for k, v in spec.describe().items() if v is not None}
-    resource.update(
-        {
-            "llm.bench.model": args.model,
-            "llm.bench.input_tokens": inp.describe(),
-            "llm.bench.output_tokens": out.describe(),
-            "llm.bench.engine": args.engine,
-            "llm.bench.hardware": args.hardware,
-            "llm.bench.seed": args.seed,
-            "service.name": "otel-llm-bench",
-        }
-    )
-    return resource
+    known = {
+        **spec.describe(),
+        "model": args.model,
+        "input_tokens": inp.describe(),
+        "output_tokens": out.describe(),
+        "engine": args.engine,
+        "hardware": args.hardware,
+        "seed": args.seed,
+    }
+    return {**{sc.BENCH_PREFIX + k: v for k, v in known.items() if v is not None}, "service.name": "otel-llm-bench"}
 
 
 def send_load(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: LengthDist, provider) -> BenchRun:
@@ -184,11 +182,11 @@ def record_run_span(provider, run: BenchRun, cond: dict) -> None:
     attrs = {}
     for k, v in cond.items():
         if isinstance(v, dict):
-            attrs.update({f"llm.bench.{k}.{a}": b for a, b in v.items() if b is not None})
+            attrs.update({f"{sc.BENCH_PREFIX}{k}.{a}": b for a, b in v.items() if b is not None})
         elif v is not None:
-            attrs[f"llm.bench.{k}"] = v
+            attrs[sc.BENCH_PREFIX + k] = v
     span = provider.get_tracer("otel_llm.bench", "0.1.0").start_span(
-        "llm.bench.run", start_time=run.start_ns, attributes=attrs
+        sc.SPAN_BENCH_RUN, start_time=run.start_ns, attributes=attrs
     )
     span.end(end_time=max(run.end_ns, run.start_ns))
 

@@ -312,8 +312,8 @@ def finish_span(span, res: ClientResult, rec: _StreamRecorder, body: dict, end_n
     if res.http_status is not None:
         a["http.response.status_code"] = res.http_status
     if capture_content:
-        a["llm.prompt.text"] = json.dumps(body.get("prompt") or body.get("messages"))
-        a["llm.completion.text"] = res.text
+        a[sc.PROMPT_TEXT] = json.dumps(body.get("prompt") or body.get("messages"))
+        a[sc.COMPLETION_TEXT] = res.text
     span.set_attributes(a)
     if res.status != "ok":
         span.set_attribute(

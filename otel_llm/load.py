@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import semconv as sc
 from .client import ClientResult, TracedClient
 from .timeline import STATUSES
 
@@ -201,7 +202,7 @@ class LoadRunner:
                 n_out,
                 request_id=f"bench-{self.spec.seed}-{i}",
                 extra=self._extra,
-                attributes={"llm.bench.warmup": warmup},
+                attributes={sc.BENCH_WARMUP: warmup},
                 on_cancel=lambda r: sent.append(Sent(r, intended_ns, warmup)),
             )
         finally:

@@ -67,11 +67,6 @@ def int_arrays_bytes(arrays: Sequence) -> list[bytes]:
     return [buf[a:b] for a, b in zip(byte_start.tolist(), byte_end.tolist())]
 
 
-def int_array_bytes(values) -> bytes:
-    """:func:`int_arrays_bytes` for one array."""
-    return int_arrays_bytes([values])[0]
-
-
 def _set_value(av: AnyValue, value, pending: list) -> bool:
     """Fill ``av`` (integer arrays are queued on ``pending`` to be encoded in one batch); False
     for a value this encoder leaves to the SDK."""

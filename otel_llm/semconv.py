@@ -13,7 +13,7 @@ SPAN_STREAM = "llm.stream"
 SPAN_STEP = "llm.engine.step"
 SPAN_STEPS = "llm.engine.steps"  # parent of a run of step spans (one trace per export batch)
 
-REQUEST_SPANS = (SPAN_REQUEST, SPAN_CLIENT_REQUEST)
+SPAN_BENCH_RUN = "llm.bench.run"  # one per otel-llm bench run, carrying its conditions
 
 # attributes
 BOUNDARY = "llm.boundary"  # "client" | "engine"
@@ -27,7 +27,6 @@ REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_ID = "gen_ai.response.id"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
 OPERATION_NAME = "gen_ai.operation.name"
-SYSTEM = "gen_ai.system"
 ERROR_TYPE = "error.type"
 STATUS = "llm.request.status"  # ok | error | cancelled | rejected
 PREEMPTIONS = "llm.request.preemptions"
@@ -42,4 +41,19 @@ STEP_PREEMPTED = "llm.step.preempted"
 STEP_KV_USAGE = "llm.step.kv_cache_usage"  # fraction 0..1
 STEP_GPU_TIME_NS = "llm.step.gpu_time_ns"  # CUDA only
 
-STATUS_VALUES = ("ok", "error", "cancelled", "rejected")
+REQUEST_INTERNAL_ID = "llm.request.internal_id"  # the engine's own id, where it differs from llm.request.id
+REQUEST_INCOMPLETE = "llm.request.incomplete"  # exported at shutdown before it finished
+QUEUE_INCOMPLETE = "llm.queue.incomplete"  # on llm.queue: the engine never saw the request scheduled
+STREAM_EVENTS = "llm.stream.events"  # on llm.stream: outputs handed to the transport
+STEPS_COUNT = "llm.steps.count"  # on llm.engine.steps: the step spans below it
+STEPS_FIRST_INDEX = "llm.steps.first_index"
+
+# opt-in content (OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT / capture_content=True)
+PROMPT_TEXT = "llm.prompt.text"
+COMPLETION_TEXT = "llm.completion.text"
+
+# otel-llm bench: run conditions, as resource attributes of its spans (llm.bench.<condition>)
+BENCH_PREFIX = "llm.bench."
+BENCH_WARMUP = "llm.bench.warmup"  # on llm.client.request: a warm-up request, excluded from results
+
+# The values of llm.request.status are otel_llm.timeline.STATUSES: ok | error | cancelled | rejected.

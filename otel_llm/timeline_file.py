@@ -15,7 +15,6 @@ import json
 import math
 import os
 from collections.abc import Iterable
-from typing import IO
 
 from .timeline import STATUS_CODE, STATUSES, Timeline, TimelineBatch
 
@@ -123,12 +122,3 @@ def timeline_to_json(tl: Timeline) -> dict:
     if tl.input_tokens is not None:
         d["input_tokens"] = tl.input_tokens
     return d
-
-
-def write_timelines(timelines: Iterable[Timeline], fh: IO[str]) -> int:
-    """Write timelines as JSON lines; returns how many were written."""
-    n = 0
-    for tl in timelines:
-        fh.write(json.dumps(timeline_to_json(tl)) + "\n")
-        n += 1
-    return n

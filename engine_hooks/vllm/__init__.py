@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import logging
 import os
 from typing import Any
 
-from ..api import EngineHooks
+from ..api import EngineHooks, hooked, mark_hooked
 from .frontend import capture_trace_headers, instrument_output_processor
 from .plugin import ENV_ENABLE, ENV_FRONTEND
 
@@ -89,50 +90,66 @@ def _engine_of(obj: Any) -> Any:
     return getattr(obj, "llm_engine", None) or obj
 
 
-def instrument(target: Any, **_: Any) -> Any:
-    """Trace a vLLM engine class (returns a traced subclass) or an engine instance (returns it)."""
-    if isinstance(target, type):
-        return _instrument_class(target)
-    engine = _engine_of(target)
-    attach(engine)
-    _warn_once(
-        "instance",
-        "otel-llm: instrument() was given an engine that is already running: its engine-core "
-        "process started without the otel-llm hooks, so there are no llm.engine.step spans (batch size, "
-        "prefill/decode tokens, KV usage). Use instrument(%s) before building it, or set OTEL_LLM_ENABLE=1, "
-        "for those.",
-        type(target).__name__,
-    )
-    return target
-
-
-def _instrument_class(cls: type) -> type:
+def _vllm_classes() -> tuple[type, type, type]:
+    """(vllm.LLM, AsyncLLM, LLMEngine): what :func:`instrument` takes."""
+    from vllm.entrypoints.llm import LLM
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.llm_engine import LLMEngine
 
-    is_async = issubclass(cls, (AsyncLLM, LLMEngine))  # these take log_stats; vllm.LLM takes disable_log_stats
+    return LLM, AsyncLLM, LLMEngine
+
+
+def instrument(target: Any) -> Any:
+    """Trace a vLLM engine: ``vllm.LLM``, ``AsyncLLM`` or ``LLMEngine`` (or a subclass) gives a
+    traced subclass with the same constructor; an engine already built is hooked in place and
+    returned (with less detail: it says which, once). Anything else is a TypeError; a class or
+    engine already traced is returned as it is."""
+    llm, async_llm, llm_engine = _vllm_classes()
+    accepted = "vllm.LLM, AsyncLLM or LLMEngine (a class, or an engine built from one)"
+    if isinstance(target, type):
+        if not issubclass(target, (llm, async_llm, llm_engine)):
+            raise TypeError(
+                f"instrument() takes {accepted}, not the class {target.__qualname__}; "
+                "trace another engine with engine_hooks.EngineHooks (docs/engine_hooks.md)"
+            )
+        return target if hooked(target.__init__) else _instrument_class(target, issubclass(target, llm))
+    if not isinstance(target, (llm, async_llm, llm_engine)):
+        raise TypeError(f"instrument() takes {accepted}, not a {type(target).__qualname__}")
+    engine = _engine_of(target)
+    if attach(engine):
+        _warn_once(
+            "instance",
+            "otel-llm: instrument() was given an engine that is already running: its engine-core "
+            "process started without the otel-llm hooks, so there are no llm.engine.step spans (batch size, "
+            "prefill/decode tokens, KV usage). Use instrument(%s) before building it, or set OTEL_LLM_ENABLE=1, "
+            "for those.",
+            type(target).__name__,
+        )
+    return target
+
+
+def _instrument_class(cls: type, is_llm: bool) -> type:
+    """A subclass whose constructor turns vLLM's statistics on (``disable_log_stats=False`` for
+    ``vllm.LLM``, ``log_stats=True`` for the engines, given by keyword or by position), lets the
+    engine-core process load the step hooks, then hooks the front end it built."""
+    sig = inspect.signature(cls.__init__)
 
     def __init__(self, *args, **kwargs):
-        if is_async:
-            kwargs["log_stats"] = True
-            if len(args) >= 3:  # (vllm_config, executor_class, log_stats, ...)
-                args = (*args[:2], True, *args[3:])
+        bound = sig.bind(self, *args, **kwargs)  # the caller's TypeError, as the class would raise it
+        if is_llm:
+            if "disable_log_stats" in sig.parameters:
+                bound.arguments["disable_log_stats"] = False
+            else:  # vllm.LLM takes it through **kwargs (EngineArgs)
+                kwargs_param = next(p for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
+                bound.arguments.setdefault(kwargs_param.name, {})["disable_log_stats"] = False
         else:
-            kwargs["disable_log_stats"] = False
+            bound.arguments["log_stats"] = True
         with _core_plugin_env():
-            cls.__init__(self, *args, **kwargs)
+            cls.__init__(*bound.args, **bound.kwargs)
         attach(_engine_of(self))
 
-    traced = type(
-        cls.__name__,
-        (cls,),
-        {
-            "__init__": functools.wraps(cls.__init__)(__init__),
-            "__doc__": cls.__doc__,
-            "__module__": cls.__module__,
-            "__otel_llm_traced__": True,
-        },
-    )
+    __init__ = mark_hooked(functools.wraps(cls.__init__)(__init__))
+    traced = type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": cls.__doc__, "__module__": cls.__module__})
     traced.__qualname__ = cls.__qualname__
     return traced
 
@@ -144,7 +161,7 @@ def instrument_frontend_classes() -> None:
 
     for cls in (AsyncLLM, LLMEngine):
         init = cls.__init__
-        if getattr(init, "__otel_llm_hooked__", False):
+        if hooked(init):
             continue
 
         def make(init):
@@ -156,7 +173,6 @@ def instrument_frontend_classes() -> None:
                 except Exception as exc:
                     _warn_once("attach", "otel-llm: could not hook the vLLM front end (%s); untraced", exc)
 
-            __init__.__otel_llm_hooked__ = True
-            return __init__
+            return mark_hooked(__init__)
 
         cls.__init__ = make(init)

@@ -22,7 +22,7 @@ from typing import Any
 
 from otel_llm import semconv as sc
 
-from ..api import EngineHooks, hooked
+from ..api import EngineHooks, hooked, mark_hooked
 from ..tracker import RequestTracker
 
 #: trace headers of the request being added on this task (AsyncLLM drops them unless vLLM's own
@@ -87,7 +87,7 @@ def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) 
 
     def attributes(res, self, request, *a, **k):
         ext = getattr(request, "external_req_id", None) or request.request_id
-        return {**attrs, sc.REQUEST_ID: ext, "llm.request.internal_id": request.request_id}
+        return {**attrs, sc.REQUEST_ID: ext, sc.REQUEST_INTERNAL_ID: request.request_id}
 
     # bound to the instance: engines built without instrument() in this process stay untouched
     op.add_request = hooks.arrival(
@@ -119,7 +119,7 @@ def capture_trace_headers(engine: Any) -> None:
     import functools
     import inspect
 
-    if add is None or getattr(add, "__otel_llm_hooked__", False) or not inspect.iscoroutinefunction(add):
+    if add is None or hooked(add) or not inspect.iscoroutinefunction(add):
         return  # LLMEngine (sync) passes trace_headers through to the request already
 
     @functools.wraps(add)
@@ -130,5 +130,4 @@ def capture_trace_headers(engine: Any) -> None:
         finally:
             incoming_trace_headers.reset(token)
 
-    add_request.__otel_llm_hooked__ = True  # type: ignore[attr-defined]
-    engine.add_request = add_request
+    engine.add_request = mark_hooked(add_request)
