@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from . import environment, otlp_encode
+from . import environment, otlp_encode, sdk_internals
 
 log = logging.getLogger("otel_llm")
 
@@ -141,47 +141,10 @@ def exporter_from_env() -> SpanExporter | None:
 def grpc_exporter(**kwargs) -> SpanExporter:
     """The SDK's OTLP/gRPC span exporter (configured by the standard variables) with the fast
     encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-    class FastOTLPSpanExporter(OTLPSpanExporter):
-        def _translate_data(self, data):
-            return otlp_encode.encode_spans(data)
-
-    return FastOTLPSpanExporter(**kwargs)
-
-
-class _Encoded(list):
-    """Spans that carry their request already encoded (see :func:`http_exporter`)."""
-
-    request = None
-
-
-def _install_http_shim(module) -> None:
-    """Let the SDK's HTTP exporter take a pre-encoded batch: its module-level ``encode_spans`` is
-    wrapped once so that an :class:`_Encoded` batch passes through; any other caller gets the
-    SDK's own encoding, unchanged."""
-    original = module.encode_spans
-    if getattr(original, "__otel_llm_shim__", False):
-        return
-
-    def encode_spans(spans):
-        return spans.request if isinstance(spans, _Encoded) else original(spans)
-
-    encode_spans.__otel_llm_shim__ = True
-    module.encode_spans = encode_spans
+    return sdk_internals.grpc_span_exporter(otlp_encode.encode_spans, **kwargs)
 
 
 def http_exporter(**kwargs) -> SpanExporter:
     """The SDK's OTLP/HTTP (protobuf) span exporter (standard variables, retries, compression)
     with the fast encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
-    import opentelemetry.exporter.otlp.proto.http.trace_exporter as sdk_http
-
-    _install_http_shim(sdk_http)
-
-    class FastHTTPSpanExporter(sdk_http.OTLPSpanExporter):
-        def export(self, spans):
-            batch = _Encoded(spans)
-            batch.request = otlp_encode.encode_spans(spans)
-            return super().export(batch)
-
-    return FastHTTPSpanExporter(**kwargs)
+    return sdk_internals.http_span_exporter(otlp_encode.encode_spans, **kwargs)

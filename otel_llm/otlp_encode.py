@@ -24,6 +24,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.status import StatusCode
 
+from .sdk_internals import encode_attributes, sdk_encode_spans
+
 _KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
 _STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
@@ -131,9 +133,6 @@ def _encode_span(s: ReadableSpan, pb: PBSpan, pending: list) -> bool:
 def encode_spans(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
     """Same as the SDK's ``encode_spans``, fast for integer arrays (falls back to the SDK's
     encoding for spans with events, links or attribute types it does not cover)."""
-    from opentelemetry.exporter.otlp.proto.common._internal import _encode_attributes
-    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
-
     req = ExportTraceServiceRequest()
     resources: dict = {}
     scopes: dict = {}
@@ -145,7 +144,7 @@ def encode_spans(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
             rs = resources.get(id(res))
             if rs is None:
                 rs = resources[id(res)] = req.resource_spans.add()
-                rs.resource.attributes.extend(_encode_attributes(res.attributes) or [])
+                rs.resource.attributes.extend(encode_attributes(res.attributes))
                 if res.schema_url:
                     rs.schema_url = res.schema_url
             ss = scopes[(id(res), scope)] = rs.scope_spans.add()
@@ -156,13 +155,13 @@ def encode_spans(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
                 if scope.schema_url:
                     ss.schema_url = scope.schema_url
                 if scope.attributes:
-                    ss.scope.attributes.extend(_encode_attributes(scope.attributes))
+                    ss.scope.attributes.extend(encode_attributes(scope.attributes))
         pb = ss.spans.add()
         mark = len(pending)
         if not _encode_span(s, pb, pending):
             del pending[mark:]
             pb.Clear()
-            pb.CopyFrom(sdk_encode([s]).resource_spans[0].scope_spans[0].spans[0])
+            pb.CopyFrom(sdk_encode_spans([s]).resource_spans[0].scope_spans[0].spans[0])
     for (av, _), blob in zip(pending, int_arrays_bytes([vals for _, vals in pending])):
         av.array_value.MergeFromString(blob)
     return req

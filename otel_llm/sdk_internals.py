@@ -1,0 +1,86 @@
+"""Every use of the OpenTelemetry SDK's internals, in one module.
+
+The OTLP exporters encode each attribute value as one protobuf message built in Python, which
+costs a request span with two 256-entry token arrays about 0.7 ms; :mod:`otel_llm.otlp_encode`
+does it in one vectorised pass. Plugging that encoder into the SDK's own exporters (so that their
+configuration, retries and compression stay the SDK's) takes three things the SDK does not promise:
+
+* ``opentelemetry.exporter.otlp.proto.common._internal._encode_attributes`` (resource and scope
+  attributes, encoded exactly as the SDK does);
+* the gRPC span exporter's ``_translate_data(spans) -> ExportTraceServiceRequest`` hook;
+* the HTTP span exporter's module-level ``encode_spans``, which its ``export`` calls by name.
+
+``pyproject.toml`` bounds the OpenTelemetry packages above, just past the newest release these
+were checked on (1.45), and ``tests/test_sdk_internals.py`` checks each assumption by name, so an SDK that changes under
+them fails there, loudly, rather than exporting slowly or wrongly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from opentelemetry.sdk.trace.export import SpanExporter
+
+
+def encode_attributes(attributes) -> list:
+    """The SDK's own encoding of an attribute mapping (a list of ``KeyValue``)."""
+    from opentelemetry.exporter.otlp.proto.common._internal import _encode_attributes
+
+    return _encode_attributes(attributes) or []
+
+
+def sdk_encode_spans(spans: Sequence):
+    """The SDK's (public) span encoder: the reference, and the fallback for what ours leaves out."""
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    return encode_spans(spans)
+
+
+def grpc_span_exporter(encode: Callable, **kwargs) -> SpanExporter:
+    """The SDK's OTLP/gRPC span exporter, encoding with ``encode(spans)``."""
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    class FastOTLPSpanExporter(OTLPSpanExporter):
+        def _translate_data(self, data):
+            return encode(data)
+
+    return FastOTLPSpanExporter(**kwargs)
+
+
+class _Encoded(list):
+    """Spans that carry their request already encoded (see :func:`http_span_exporter`)."""
+
+    request = None
+
+
+_SHIM = "__otel_llm_shim__"
+
+
+def _install_http_shim(module) -> None:
+    """Let the SDK's HTTP exporter take a pre-encoded batch: its module-level ``encode_spans`` is
+    wrapped once so that an :class:`_Encoded` batch passes through; any other caller gets the
+    SDK's own encoding, unchanged."""
+    original = module.encode_spans
+    if getattr(original, _SHIM, False):
+        return
+
+    def encode_spans(spans):
+        return spans.request if isinstance(spans, _Encoded) else original(spans)
+
+    setattr(encode_spans, _SHIM, True)
+    module.encode_spans = encode_spans
+
+
+def http_span_exporter(encode: Callable, **kwargs) -> SpanExporter:
+    """The SDK's OTLP/HTTP (protobuf) span exporter, encoding with ``encode(spans)``."""
+    import opentelemetry.exporter.otlp.proto.http.trace_exporter as sdk_http
+
+    _install_http_shim(sdk_http)
+
+    class FastHTTPSpanExporter(sdk_http.OTLPSpanExporter):
+        def export(self, spans):
+            batch = _Encoded(spans)
+            batch.request = encode(spans)
+            return super().export(batch)
+
+    return FastHTTPSpanExporter(**kwargs)

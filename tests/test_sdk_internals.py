@@ -1,0 +1,76 @@
+"""The OpenTelemetry SDK internals otel_llm relies on (otel_llm/sdk_internals.py), each checked by
+name: when an SDK release changes one, this file fails and says which, before anything exports
+slowly or wrongly. pyproject.toml bounds the SDK to the versions this passed on."""
+
+import inspect
+from importlib.metadata import version
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
+
+from otel_llm import otlp_encode, sdk_internals
+
+SDK = f"opentelemetry-sdk {version('opentelemetry-sdk')}, exporters {version('opentelemetry-exporter-otlp-proto-grpc')}"
+
+
+def test_encode_attributes_is_the_sdks_resource_encoding():
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+    from tests_support_spans import one_span
+
+    res = Resource.create({"service.name": "x", "n": 3, "ok": True, "ids": [1, 2]})
+    span = one_span(res)
+    want = list(encode_spans([span]).resource_spans[0].resource.attributes)
+    assert sdk_internals.encode_attributes(res.attributes) == want, f"_encode_attributes changed in {SDK}"
+
+
+def test_the_grpc_exporter_still_translates_through_translate_data():
+    from opentelemetry.exporter.otlp.proto.grpc.exporter import OTLPExporterMixin
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+    assert callable(getattr(OTLPSpanExporter, "_translate_data", None)), f"no _translate_data in {SDK}"
+    assert "_translate_data(" in inspect.getsource(OTLPExporterMixin), f"the gRPC export path changed in {SDK}"
+    seen = []
+    exp = sdk_internals.grpc_span_exporter(lambda spans: seen.append(spans) or ExportTraceServiceRequest())
+    assert isinstance(exp._translate_data([]), ExportTraceServiceRequest) and seen == [[]]
+
+
+def test_the_http_exporter_still_encodes_through_its_module_function():
+    import opentelemetry.exporter.otlp.proto.http.trace_exporter as sdk_http
+
+    assert callable(getattr(sdk_http, "encode_spans", None)), f"no module-level encode_spans in {SDK}"
+    assert "encode_spans(spans)" in inspect.getsource(sdk_http.OTLPSpanExporter.export), (
+        f"the HTTP exporter's export() no longer calls encode_spans(spans) in {SDK}"
+    )
+
+
+def test_the_http_shim_passes_our_encoding_and_leaves_everyone_elses():
+    import opentelemetry.exporter.otlp.proto.http.trace_exporter as sdk_http
+    from tests_support_spans import one_span
+
+    calls = []
+
+    def ours(spans):
+        calls.append(len(spans))
+        return otlp_encode.encode_spans(spans)
+
+    exp = sdk_internals.http_span_exporter(ours, endpoint="http://127.0.0.1:9/v1/traces", timeout=1)
+    span = one_span(Resource.create({"service.name": "x"}))
+    # someone else's HTTP exporter (not ours) still gets the SDK's own encoding through the shim
+    plain = sdk_http.encode_spans([span])
+    assert plain == sdk_internals.sdk_encode_spans([span]) and calls == []
+    batch = sdk_internals._Encoded([span])
+    batch.request = ours([span])
+    assert sdk_http.encode_spans(batch) is batch.request
+    exp.shutdown()
+
+
+@pytest.mark.parametrize("pkg", ["opentelemetry-sdk", "opentelemetry-api", "opentelemetry-exporter-otlp-proto-http"])
+def test_the_installed_sdk_is_inside_the_declared_range(pkg):
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    reqs = {Requirement(r).name: Requirement(r) for r in requires("otel-llm") if "extra ==" not in r}
+    assert reqs[pkg].specifier.contains(version(pkg)), f"{pkg} {version(pkg)} is outside {reqs[pkg].specifier}"
+    assert any(s.operator == "<" for s in reqs[pkg].specifier), f"{pkg} has no upper bound"
