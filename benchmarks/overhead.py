@@ -9,7 +9,7 @@ vllm-tracing/plain ratios, and the hook cost per engine step in microseconds (ho
 on the real wrapped scheduler methods; and the span-building thread's CPU time per step).
 
 Run: ``.venv/bin/python benchmarks/overhead.py [--rounds 5] [--requests 128] [--tokens 256]``
-Target (DESIGN.md): instrumented/plain >= 0.98 here.
+Target (docs/architecture.md, "The hot path"): instrumented/plain >= 0.98 here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ per sample). The Prometheus endpoint and the OTLP metrics push both read :meth:`
 
 Names follow the GenAI semantic conventions with their advisory buckets where one exists; the
 rest are under ``llm.``. Latency histograms hold completed requests only (status ok), as
-spec/metrics.md's distributions do; ``llm.requests`` counts every status. Goodput over any window
+docs/metrics/spec.md's distributions do; ``llm.requests`` counts every status. Goodput over any window
 is a PromQL rate of ``llm.slo.good_requests`` (one series per configured SLO), and attainment is
 its ratio to ``llm.requests{status="ok"}``.
 """

@@ -82,7 +82,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("input_tokens", INT, "tokens", "prompt tokens", unknown=-1),
     Column("output_tokens", INT, "tokens", "N = sum of the tokens of every event"),
     Column("estimated_tokens", FLAG, "", "the client counted tokens itself rather than from usage"),
-    # per-request metrics (spec/metrics.md)
+    # per-request metrics (docs/metrics/spec.md)
     Column("ttft", SECONDS, "s", "first token event - submit; unknown without a token"),
     Column("tpot", SECONDS, "s", "(last - first token event) / (N - 1); unknown for N <= 1, never 0"),
     Column("e2e", SECONDS, "s", "end - submit"),

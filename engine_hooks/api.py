@@ -1,4 +1,4 @@
-"""The generic hook API: mark an engine's lifecycle methods, get the spans of DESIGN.md.
+"""The generic hook API: mark an engine's lifecycle methods, get the spans of docs/architecture.md.
 
 One decorator per lifecycle method::
 

@@ -1,6 +1,6 @@
 """Building OpenTelemetry spans from finished-request and step records, with explicit times.
 
-Runs off the engine's thread. Span layout (DESIGN.md): ``llm.request`` (SERVER) with children
+Runs off the engine's thread. Span layout (docs/architecture.md): ``llm.request`` (SERVER) with children
 ``llm.queue``, ``llm.prefill``, ``llm.decode``, one ``llm.preemption`` per preemption and
 ``llm.stream``; the token-event arrays ride on ``llm.request``. Children are clamped inside
 their parent. Engine steps go into one trace per export batch: an ``llm.engine.steps`` span with

@@ -1,6 +1,6 @@
 """otel-llm: OpenTelemetry tracing and exact latency metrics for LLM inference engines.
 
-The core package: semantic conventions, the timeline model, the metric math of spec/metrics.md,
+The core package: semantic conventions, the timeline model, the metric math of docs/metrics/spec.md,
 client-side instrumentation and the ``otel-llm`` command.
 """
 

@@ -2,7 +2,7 @@
 
 The command: options, their validation, the tracer provider, the run (the load generator is
 :mod:`otel_llm.load`), and what it writes and prints. Warm-up requests run first and are excluded.
-The conditions of spec/metrics.md travel with the run: as resource attributes of every client
+The conditions of docs/metrics/spec.md travel with the run: as resource attributes of every client
 span, on an ``llm.bench.run`` span, in the summary, and in ``--output``.
 """
 

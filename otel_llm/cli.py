@@ -46,7 +46,7 @@ def _register_analyze(sub) -> None:
     p = sub.add_parser(
         "analyze",
         help="latency, throughput and goodput from request timelines",
-        description="Compute TTFT, ITL, TPOT, E2E, throughput and goodput (spec/metrics.md) from "
+        description="Compute TTFT, ITL, TPOT, E2E, throughput and goodput (docs/metrics/spec.md) from "
         "per-request timelines: a JSON-lines file, or the collector's store.",
         epilog='Input line: {"id": "a", "submit": 0.0, "end": 0.18, "status": "ok", '
         '"events": [[0.1, 1], [0.13, 1], [0.17, 1]], "input_tokens": 12} (seconds; status ok, '

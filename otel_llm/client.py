@@ -1,7 +1,7 @@
 """Client-side tracing for OpenAI-compatible streaming over HTTP: what the caller saw.
 
 One ``llm.client.request`` span (CLIENT) per request, from the moment the request is sent to the
-moment the stream closes, carrying the token-event arrays of DESIGN.md. A W3C ``traceparent`` is
+moment the stream closes, carrying the token-event arrays of docs/architecture.md. A W3C ``traceparent`` is
 injected, so the engine's spans (engine_hooks) join the same trace.
 
 Token events: each streamed chunk that carries output is one event. Its token count comes from

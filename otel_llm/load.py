@@ -1,5 +1,5 @@
 """The load generator behind ``otel-llm bench``: what a run asks for, sending it, and the
-conditions that must travel with its result (spec/metrics.md, "Conditions").
+conditions that must travel with its result (docs/metrics/spec.md, "Conditions").
 
 Open loop: arrivals at a rate (requests/s), Poisson, constant, or gamma with a burstiness (shape;
 < 1 burstier than Poisson), optionally capped in concurrency. Closed loop: a number of workers

@@ -1,4 +1,4 @@
-"""Per-request metric math of spec/metrics.md, vectorised over a :class:`TimelineBatch`.
+"""Per-request metric math of docs/metrics/spec.md, vectorised over a :class:`TimelineBatch`.
 
 Every function is pure. Inputs and outputs are in **seconds** (TPOT: seconds per token).
 Undefined values are ``NaN`` (never 0): TTFT when a request has no token event, TPOT when it has
@@ -37,7 +37,7 @@ def segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 
 
 def itl_samples(event_times: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """ITL samples (spec/metrics.md): each gap between consecutive token events of one request,
+    """ITL samples (docs/metrics/spec.md): each gap between consecutive token events of one request,
     in request order, and the request each belongs to. Request ``i`` owns
     ``event_times[offsets[i]:offsets[i + 1]]`` (ascending). The gaps keep the times' unit and dtype:
     float seconds, or int64 ns, exactly, when given ns."""

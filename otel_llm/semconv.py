@@ -1,5 +1,5 @@
 """Span names and attribute keys: the contract between engine_hooks, the client side and the
-collector (DESIGN.md, "Span conventions"). GenAI semantic-convention names where one exists;
+collector (docs/architecture.md, "Span conventions"). GenAI semantic-convention names where one exists;
 engine internals under ``llm.``. Add keys freely; change none of these silently."""
 
 # span names

@@ -1,4 +1,4 @@
-"""Window statistics over many requests (spec/metrics.md: "Many requests", "Percentiles",
+"""Window statistics over many requests (docs/metrics/spec.md: "Many requests", "Percentiles",
 "Goodput"). Plain dataclasses for what is measured; formatting lives in :mod:`otel_llm.summary_format`.
 
 Units: seconds, requests/s, tokens/s; TPOT in seconds per token.
@@ -167,7 +167,7 @@ def summarize(
     method: str = "nearest-rank",
     rm: RequestMetrics | None = None,
 ) -> Summary:
-    """All window statistics of spec/metrics.md for ``batch``.
+    """All window statistics of docs/metrics/spec.md for ``batch``.
 
     ``window`` defaults to :meth:`Window.of` (earliest submit to latest end). Latency
     distributions are over the completed requests (status ok, end in window).

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-#: The statuses of spec/metrics.md, in code order (``TimelineBatch.status`` holds the index).
+#: The statuses of docs/metrics/spec.md, in code order (``TimelineBatch.status`` holds the index).
 STATUSES: tuple[str, ...] = ("ok", "error", "cancelled", "rejected")
 STATUS_CODE: dict[str, int] = {name: i for i, name in enumerate(STATUSES)}
 OK, ERROR, CANCELLED, REJECTED = range(4)
@@ -143,7 +143,7 @@ class TimelineBatch:
 def clean_events(
     owner: np.ndarray, times: np.ndarray, tokens: np.ndarray, n: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The one place token events are made what the metric math assumes (spec/metrics.md): each
+    """The one place token events are made what the metric math assumes (docs/metrics/spec.md): each
     request's events in time order, every event carrying at least one token (a chunk with none is
     not a token event). ``owner[j]`` is the request (0..n-1) of event ``j``; ``times`` in any unit.
     Events already in (owner, time) order with tokens >= 1 pass through without a copy; otherwise

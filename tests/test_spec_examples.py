@@ -1,4 +1,4 @@
-"""The worked examples of spec/metrics.md (figures 1 to 5), reproduced through the CLI."""
+"""The worked examples of docs/metrics/spec.md (figures 1 to 5), reproduced through the CLI."""
 
 import pytest
 from conftest import analyze_json, run_cli
