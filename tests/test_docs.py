@@ -19,10 +19,15 @@ def _tracked(*patterns: str) -> list[str]:
     return [f for f in out.stdout.split() if os.path.exists(os.path.join(ROOT, f))]
 
 
+def _read(path: str) -> str:
+    with open(os.path.join(ROOT, path), encoding="utf-8") as fh:
+        return fh.read()
+
+
 def test_every_named_file_exists():
     missing = []
     for f in _tracked("*.py", "*.md", "*.c", "Makefile"):
-        text = open(os.path.join(ROOT, f), encoding="utf-8").read()
+        text = _read(f)
         for m in PATH.finditer(text):
             p = m.group(1)
             if not any(
@@ -35,7 +40,7 @@ def test_every_named_file_exists():
 def test_markdown_links_resolve():
     broken = []
     for f in _tracked("*.md"):
-        text = open(os.path.join(ROOT, f), encoding="utf-8").read()
+        text = _read(f)
         for m in LINK.finditer(text):
             target = m.group(1)
             if "://" in target or target.startswith("mailto:"):
@@ -46,4 +51,4 @@ def test_markdown_links_resolve():
 
 
 def test_the_readme_links_the_architecture():
-    assert "(docs/architecture.md)" in open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    assert "(docs/architecture.md)" in _read("README.md")
