@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import signal
 import sys
 
@@ -33,7 +34,8 @@ def register(sub) -> None:
         "injected, so engine spans join), and print the client-boundary summary with the conditions.",
         epilog="Spans go where the standard OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, "
         "OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME) or to OTEL_LLM_TRACES_FILE. Ctrl-C cancels what "
-        "is in flight, counts it, and still prints the summary.",
+        "is in flight, counts it, still prints the summary and exits 130. A run in which no request "
+        "succeeded exits 1; a bad option exits 2.",
     )
     p.add_argument("--base-url", required=True, help="server API root, e.g. http://127.0.0.1:8000/v1")
     p.add_argument("--model", required=True, help="model name to request")
@@ -59,7 +61,7 @@ def register(sub) -> None:
     p.add_argument("--output-tokens", default="128", help="N, uniform:LO:HI or normal:MEAN:SD (default 128)")
     p.add_argument("--vocab-size", type=int, default=500, help="prompt token ids are drawn below this (default 500)")
     p.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early (default: ignore_eos)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the arrival times and lengths (default 0)")
     p.add_argument("--engine", default="unknown", help="engine and version, recorded with the run")
     p.add_argument("--hardware", default="unknown", help="server hardware, recorded with the run")
     p.add_argument("--output", metavar="FILE", help="write per-request timelines (the analyze input format)")
@@ -73,10 +75,19 @@ def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDis
         inp, out = LengthDist.parse(args.input_tokens), LengthDist.parse(args.output_tokens)
     except ValueError as exc:
         raise CLIError(str(exc)) from None
-    if args.rate is not None and args.rate <= 0:
-        raise CLIError("--rate must be > 0")
-    if args.concurrency is not None and args.concurrency < 1:
-        raise CLIError("--concurrency must be >= 1")
+    checks = (
+        ("--rate", args.rate, "> 0", lambda v: math.isfinite(v) and v > 0),
+        ("--concurrency", args.concurrency, ">= 1", lambda v: v >= 1),
+        ("--num-requests", args.num_requests, ">= 1", lambda v: v >= 1),
+        ("--duration", args.duration, "> 0 seconds", lambda v: math.isfinite(v) and v > 0),
+        ("--burstiness", args.burstiness, "> 0 (the gamma shape)", lambda v: math.isfinite(v) and v > 0),
+        ("--max-concurrency", args.max_concurrency, ">= 1", lambda v: v >= 1),
+        ("--warmup", args.warmup, ">= 0", lambda v: v >= 0),
+        ("--vocab-size", args.vocab_size, ">= 11 (prompt ids are drawn from 10 up)", lambda v: v >= 11),
+    )
+    for flag, value, want, ok in checks:
+        if value is not None and not ok(value):
+            raise CLIError(f"{flag} must be {want}, got {value}")
     if args.max_concurrency is not None and args.concurrency:
         raise CLIError("--max-concurrency caps an open loop (--rate); a closed loop is --concurrency alone")
     spec = LoadSpec(
@@ -85,7 +96,7 @@ def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDis
         burstiness=args.burstiness,
         concurrency=args.concurrency,
         max_concurrency=args.max_concurrency,
-        num_requests=None if args.duration else (args.num_requests or 100),
+        num_requests=None if args.duration else (100 if args.num_requests is None else args.num_requests),
         duration_s=args.duration,
         warmup=args.warmup,
         seed=args.seed,
@@ -173,7 +184,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not ms:
         raise CLIError("no request was sent")
     print_summary(args, ms, cond)
-    return 130 if run.interrupted else 0
+    if run.interrupted:
+        return 130
+    if not any(s.result.status == "ok" for s in ms):
+        counts = ", ".join(f"{v} {k}" for k, v in cond["statuses"].items() if v)
+        print(f"otel-llm bench: no request succeeded ({counts})", file=sys.stderr)
+        return 1
+    return 0
 
 
 def record_run_span(provider, run: BenchRun, cond: dict) -> None:

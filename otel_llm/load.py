@@ -273,8 +273,8 @@ class LoadRunner:
             while tasks and not self.stop.is_set():
                 await asyncio.wait(set(tasks), timeout=0.2)
         finally:
+            run.interrupted = self.stop.is_set()
             if tasks:  # interrupted: cancel what is in flight; the client records them as cancelled
-                run.interrupted = self.stop.is_set()
                 for t in list(tasks):
                     t.cancel()
                 await asyncio.gather(*tasks, return_exceptions=True)

@@ -159,3 +159,53 @@ def test_bad_flags():
     assert proc.returncode == 2 and "--rate must be > 0" in proc.stderr
     proc = run_cli("bench", "--base-url", "http://x/v1", "--model", "m", check=False)
     assert proc.returncode == 2 and "--rate" in proc.stderr
+
+
+BENCH = ["bench", "--base-url", "http://127.0.0.1:9/v1", "--model", "m"]
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--rate", "-3"], "--rate must be > 0, got -3.0"),
+        (["--rate", "nan"], "--rate must be > 0"),
+        (["--concurrency", "0"], "--concurrency must be >= 1, got 0"),
+        (["--rate", "1", "--num-requests", "0"], "--num-requests must be >= 1, got 0"),
+        (["--rate", "1", "--num-requests", "-5"], "--num-requests must be >= 1, got -5"),
+        (["--rate", "1", "--arrival", "gamma", "--burstiness", "0"], "--burstiness must be > 0"),
+        (["--rate", "1", "--arrival", "gamma", "--burstiness", "-2"], "--burstiness must be > 0"),
+        (["--rate", "1", "--duration", "0"], "--duration must be > 0 seconds"),
+        (["--rate", "1", "--max-concurrency", "0"], "--max-concurrency must be >= 1"),
+        (["--rate", "1", "--warmup", "-1"], "--warmup must be >= 0"),
+        (["--rate", "1", "--vocab-size", "3"], "--vocab-size must be >= 11"),
+    ],
+)
+def test_every_numeric_option_is_checked(flags, message):
+    proc = run_cli(*BENCH, *flags, check=False)
+    assert proc.returncode == 2 and message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_run_in_which_nothing_succeeded_exits_non_zero():
+    proc = run_cli(*BENCH, "--rate", "50", "--num-requests", "3", "--output-tokens", "2", check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "no request succeeded (3 error)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_ctrl_c_in_an_idle_open_loop_says_interrupted(server):
+    p = subprocess.Popen(
+        [sys.executable, "-m", "otel_llm", *BENCH[:2], server.base_url, "--model", "m"]
+        + ["--rate", "0.5", "--num-requests", "20", "--output-tokens", "2", "--arrival", "constant"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**__import__("os").environ, "OTEL_TRACES_EXPORTER": "none"},
+    )
+    t0 = time.monotonic()
+    while not server.requests and time.monotonic() - t0 < 60:  # the first request went out...
+        time.sleep(0.05)
+    time.sleep(0.5)  # ...and is done: nothing in flight until the next arrival, 2 s later
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, err
+    assert "interrupted: True" in out
