@@ -9,7 +9,7 @@ import sys
 import threading
 
 from otel_llm import environment
-from otel_llm.cli_options import percentile_list
+from otel_llm.cli_options import number, percentile_list
 from otel_llm.percentiles import METHODS
 
 from .config import AssemblyConfig, CollectorConfig, options_of, parse_slos
@@ -162,7 +162,7 @@ def register_compare(sub) -> None:
     )
     p.add_argument(
         "--stall",
-        type=float,
+        type=number(float, 0, strict=True),
         default=0.1,
         metavar="S",
         help="a client inter-token gap above this is a stall (default 0.1 s)",
@@ -175,7 +175,9 @@ def register_compare(sub) -> None:
         help="percentiles of the distributions (default 50,90,99)",
     )
     p.add_argument("--percentile-method", choices=METHODS, default="nearest-rank")
-    p.add_argument("--top", type=int, default=20, help="table/markdown: requests listed, slowest client TTFT first")
+    p.add_argument(
+        "--top", type=number(int, 0), default=20, help="table/markdown: requests listed, slowest client TTFT first"
+    )
     p.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     p.set_defaults(func=run_compare)
 

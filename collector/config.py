@@ -26,6 +26,15 @@ def host_port(addr: str) -> tuple[str, int]:
     return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
+def listen(server_cls, host: str, port: int, handler, what: str):
+    """``server_cls((host, port), handler)``; an address that cannot be bound is an OSError that
+    names the listener and the address (not only "Address already in use")."""
+    try:
+        return server_cls((host, port), handler)
+    except OSError as exc:
+        raise OSError(exc.errno, f"{what} cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def address(text: str) -> str | None:
     """An address option: ``HOST:PORT``, or ``off``."""
     if text.strip().lower() in OFF:

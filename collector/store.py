@@ -75,9 +75,13 @@ class RequestStore:
     def __init__(self, path: str, background_checkpoints: bool = False, checkpoint_interval_s: float = 0.5):
         self.path = path
         d = os.path.dirname(os.path.abspath(path))
-        os.makedirs(d, exist_ok=True)
-        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        if not os.path.isdir(d):  # a typo must not create directories: only the file is made here
+            raise FileNotFoundError(f"{path}: the directory {d} does not exist")
+        try:
+            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.DatabaseError as exc:
+            raise ValueError(f"{path}: not an otel-llm store ({exc})") from None
         self._db.execute("PRAGMA synchronous=NORMAL")
         cols = ",\n  ".join(f'"{c.name}" {c.kind.sqlite}' for c in COLUMNS)
         self._db.executescript(SCHEMA.format(cols=cols))
@@ -191,10 +195,7 @@ def open_existing(path: str) -> RequestStore:
     ValueError when the file is not a store."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such store")
-    try:
-        return RequestStore(path)
-    except sqlite3.DatabaseError as exc:
-        raise ValueError(f"{path}: not an otel-llm store ({exc})") from None
+    return RequestStore(path)
 
 
 def load_timelines(path: str, boundary: str) -> TimelineBatch:

@@ -20,6 +20,22 @@ class CLIError(Exception):
     """A user error: printed as ``otel-llm: message`` with exit code 2."""
 
 
+def number(kind: type, low: float, *, strict: bool = False):
+    """An argparse type: a ``kind`` (int or float) >= ``low`` (> ``low`` when ``strict``)."""
+
+    def convert(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {'an integer' if kind is int else 'a number'}") from None
+        if v != v or (v <= low if strict else v < low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low}, got {text}")
+        return v
+
+    convert.__name__ = kind.__name__
+    return convert
+
+
 def percentile_list(text: str) -> list[str]:
     """``--percentiles 50,90,99.9``: each a number in [0, 100] (an argparse type)."""
     out = []

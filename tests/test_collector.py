@@ -174,7 +174,8 @@ def test_prometheus_metrics_and_slo_counter(make_collector):
     assert 'llm_requests_total{boundary="client",model="tiny",status="ok"} 4' in text
     assert "gen_ai_server_time_per_output_token_seconds_bucket" in text
     assert "llm_inter_token_latency_seconds_count" in text and "llm_queue_duration_seconds_count" in text
-    assert "otel_llm_collector_receiver_spans" in text
+    assert "# TYPE otel_llm_collector_receiver_spans_total counter" in text  # Prometheus naming: counters
+    assert "# TYPE otel_llm_collector_assembly_traces_in_flight gauge" in text  # a level stays a gauge
 
 
 def test_store_survives_restart_and_appends(make_collector, tmp_path):
@@ -214,6 +215,7 @@ def test_forward_traces_unchanged(make_collector):
     front = make_collector(forward_traces=f"grpc://127.0.0.1:{target.receivers[0].port}")
     send(http_exporter(front.receivers[1].address[1]), [Req("fwd")])
     wait_for(lambda: target.store.count() >= 2, what="forwarded records")
+    wait_for(lambda: front.store.count() >= 2, what="the front collector's own records")  # it writes too
     a = {(r.boundary, r.request_id): r for r in front.store.records()}
     b = {(r.boundary, r.request_id): r for r in target.store.records()}
     assert a.keys() == b.keys()

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from ..config import listen
 from ..metrics_registry import Counter, Histogram
 
 UNIT_SUFFIX = {"s": "seconds", "ms": "milliseconds", "By": "bytes"}
@@ -44,6 +45,10 @@ def _num(v: float) -> str:
     return repr(float(v)) if isinstance(v, float) else str(v)
 
 
+#: The collector's own values that are levels, not counts (the rest are counters, ``_total``).
+SELF_GAUGES = frozenset({"assembly_traces_in_flight", "derivation_backlog_traces"})
+
+
 def render(families: list, self_counters: dict[str, float] | None = None) -> str:
     out: list[str] = []
     for f in families:
@@ -64,9 +69,10 @@ def render(families: list, self_counters: dict[str, float] | None = None) -> str
             out.append(f"# TYPE {n} counter")
             for labels, v in sorted(f.series.items()):
                 out.append(f"{n}{_labels(f.label_names, labels)} {_num(v)}")
-    for key, v in sorted((self_counters or {}).items()):
-        n = "otel_llm_collector_" + key
-        out.append(f"# TYPE {n} gauge")
+    for key, v in sorted((self_counters or {}).items()):  # the collector's own health
+        gauge = key in SELF_GAUGES
+        n = "otel_llm_collector_" + key + ("" if gauge else "_total")
+        out.append(f"# TYPE {n} {'gauge' if gauge else 'counter'}")
         out.append(f"{n} {_num(v)}")
     return "\n".join(out) + "\n"
 
@@ -92,7 +98,7 @@ class PrometheusEndpoint:
             def log_message(self, *a):
                 pass
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = listen(ThreadingHTTPServer, host, port, Handler, "Prometheus endpoint")
         self.server.daemon_threads = True
         self.address = self.server.server_address
         self._thread = threading.Thread(target=self.server.serve_forever, name="prometheus", daemon=True)

@@ -46,14 +46,19 @@ class GrpcReceiver:
         )
         self.server.add_generic_rpc_handlers((handler,))
         addr = f"{host}:{port}"
+        creds = None
         if cfg.tls_cert and cfg.tls_key:
             with open(cfg.tls_key, "rb") as k, open(cfg.tls_cert, "rb") as c:
                 creds = grpc.ssl_server_credentials([(k.read(), c.read())])
-            self.port = self.server.add_secure_port(addr, creds)
-        else:
-            self.port = self.server.add_insecure_port(addr)
+        try:
+            if creds is not None:
+                self.port = self.server.add_secure_port(addr, creds)
+            else:
+                self.port = self.server.add_insecure_port(addr)
+        except RuntimeError:  # grpc raises this when the port cannot be bound (older releases returned 0)
+            self.port = 0
         if not self.port:
-            raise OSError(f"OTLP/gRPC receiver: cannot listen on {addr}")
+            raise OSError(f"OTLP/gRPC receiver cannot listen on {addr} (in use, or not an address of this host)")
         self.address = (host, self.port)
 
     def _export(self, body: bytes, context):

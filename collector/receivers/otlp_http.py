@@ -16,7 +16,7 @@ from google.protobuf import json_format
 from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
-from ..config import ReceiverSettings
+from ..config import ReceiverSettings, listen
 from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters
 
 PATH = "/v1/traces"
@@ -26,7 +26,7 @@ class HttpReceiver:
     def __init__(self, intake: Intake, settings: ReceiverSettings, counters: ReceiverCounters, host: str, port: int):
         self.intake, self.settings, self.counters = intake, settings, counters
         handler = self._handler_class()
-        self.server = ThreadingHTTPServer((host, port), handler)
+        self.server = listen(ThreadingHTTPServer, host, port, handler, "OTLP/HTTP receiver")
         self.server.daemon_threads = True
         cfg = settings
         if cfg.tls_cert and cfg.tls_key:
