@@ -23,6 +23,9 @@ SPEC = {
     "num_key_value_heads": 2,
     "max_position_embeddings": 1024,
     "seed": 0,
+    # the messages' contents joined by spaces: enough for /v1/chat/completions to run (the
+    # weights are random, so no template would make the answers mean anything)
+    "chat_template": "{% for m in messages %}{{ m['content'] }} {% endfor %}",
 }
 
 
@@ -70,6 +73,7 @@ def build_tiny_model(path: str) -> str:
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="<pad>"
     )
+    fast.chat_template = SPEC["chat_template"]
     fast.save_pretrained(path)
     torch.manual_seed(SPEC["seed"])
     cfg = LlamaConfig(

@@ -1,9 +1,10 @@
 """A small OpenAI-compatible streaming server for client tests (loopback only).
 
 Request body extensions: ``fake_usage``: ``continuous`` (usage on every chunk), ``final`` (a
-usage-only chunk at the end), ``none``; ``fake_gap_ms``: time between chunks; ``fake_status``:
-answer with this HTTP status instead; ``fake_multi``: tokens per chunk. It records each
-request's headers.
+usage-only chunk at the end, sent only when the request asks for ``stream_options.include_usage``
+as a real server does), ``none``; ``fake_gap_ms``: time between chunks; ``fake_status``: answer
+with this HTTP status instead; ``fake_multi``: tokens per chunk. ``stream`` false: one JSON
+response. It records each request's headers, and each stream the client hung up on.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class FakeOpenAI:
     def __init__(self):
         self.requests: list[dict] = []
+        self.disconnects: list[str] = []  # paths of streams the client closed before their end
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -37,15 +39,40 @@ class FakeOpenAI:
                     self.end_headers()
                     self.wfile.write(msg)
                     return
+                n, gap = body.get("max_tokens", 4), body.get("fake_gap_ms", 5) / 1000
+                prompt_tokens = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 7
+                if not body.get("stream"):
+                    time.sleep(gap * n)
+                    chat = self.path.endswith("/chat/completions")
+                    choice = (
+                        {"index": 0, "message": {"role": "assistant", "content": "x" * n}, "finish_reason": "length"}
+                        if chat
+                        else {"index": 0, "text": "x" * n, "finish_reason": "length"}
+                    )
+                    msg = json.dumps(
+                        {
+                            "id": "cmpl-whole",
+                            "object": "chat.completion" if chat else "text_completion",
+                            "created": 0,
+                            "model": body.get("model", "m"),
+                            "choices": [choice],
+                            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n, "total_tokens": n + 7},
+                        }
+                    ).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(msg)))
+                    self.end_headers()
+                    self.wfile.write(msg)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 chat = self.path.endswith("/chat/completions")
-                n, gap = body.get("max_tokens", 4), body.get("fake_gap_ms", 5) / 1000
                 multi = body.get("fake_multi", 1)
                 usage = body.get("fake_usage", "continuous")
-                prompt_tokens = len(body["prompt"]) if isinstance(body.get("prompt"), list) else 7
+                asked = (body.get("stream_options") or {}).get("include_usage")
 
                 def send(obj):
                     data = f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()
@@ -65,7 +92,7 @@ class FakeOpenAI:
                         if usage == "continuous":
                             obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
                         send(obj)
-                    if usage in ("final", "continuous"):
+                    if usage in ("final", "continuous") and asked:
                         send(
                             {
                                 "id": "cmpl-fake",
@@ -76,7 +103,7 @@ class FakeOpenAI:
                     send("[DONE]")
                     self.wfile.write(b"0\r\n\r\n")
                 except (BrokenPipeError, ConnectionResetError):
-                    pass
+                    outer.disconnects.append(self.path)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
         self.server.daemon_threads = True

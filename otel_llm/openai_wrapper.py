@@ -1,0 +1,257 @@
+"""Tracing the official ``openai`` SDK without changing anything its caller sees.
+
+:func:`instrument` patches one client's ``completions.create`` and ``chat.completions.create``
+(sync or async) so that each call records one ``llm.client.request`` span, and injects the W3C
+``traceparent`` through ``extra_headers``. What the caller gets back is what the SDK returns:
+
+* ``stream=True``: the SDK's own ``Stream`` / ``AsyncStream`` object (its class becomes a
+  subclass of the SDK's, so ``isinstance``, ``.response``, ``with``, ``async with``, ``close()``
+  and iteration behave as the SDK's do). To count tokens exactly the call asks for
+  ``stream_options.include_usage``; when the caller did not ask for it, the usage-only chunk
+  (``choices == []``) is consumed here and never reaches the caller.
+* a stream closed or abandoned before its end closes the HTTP response (the server sees the
+  disconnect and aborts the request) and is recorded ``cancelled``;
+* ``stream=False``: the response object, unchanged; the span has E2E, tokens from ``usage`` and
+  the status, but no token events (nothing arrives before the whole response: no TTFT, no ITL);
+* ``with_raw_response`` / ``with_streaming_response``: the SDK's response object, whose
+  ``parse()`` result is traced as above; ``with_options(...)`` / ``copy(...)`` return a client
+  that is traced too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import weakref
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.trace import SpanKind
+
+from . import semconv as sc
+from .client import REJECTED_HTTP, ClientResult, _StreamRecorder, capture_content_default, finish_span
+from .clock import WallAnchor
+
+_INSTRUMENTED = "_otel_llm_instrumented"
+
+
+def _chunk_dict(chunk) -> dict:
+    return chunk.model_dump() if hasattr(chunk, "model_dump") else dict(chunk)
+
+
+class _Call:
+    """One traced call: its span, what the client saw, and whether it has ended."""
+
+    def __init__(self, tracer, now, capture: bool, kwargs: dict, op: str):
+        from .client import _PROPAGATOR
+
+        self.now, self.capture, self.kwargs = now, capture, kwargs
+        self.streaming = bool(kwargs.get("stream"))
+        submit = now()
+        self.span = tracer.start_span(
+            sc.SPAN_CLIENT_REQUEST,
+            kind=SpanKind.CLIENT,
+            start_time=submit,
+            attributes={
+                sc.BOUNDARY: "client",
+                sc.OPERATION_NAME: op,
+                sc.STREAMING: self.streaming,
+                **({sc.REQUEST_MODEL: kwargs["model"]} if kwargs.get("model") else {}),
+            },
+        )
+        headers = dict(kwargs.get("extra_headers") or {})
+        _PROPAGATOR.inject(headers, context=trace_api.set_span_in_context(self.span))
+        kwargs["extra_headers"] = headers
+        self.hide_usage = False
+        if self.streaming:
+            so = dict(kwargs.get("stream_options") or {})
+            self.hide_usage = not so.get("include_usage")
+            so["include_usage"] = True
+            kwargs["stream_options"] = so
+        self.res = ClientResult(request_id="", status="ok", submit_ns=submit, end_ns=submit)
+        self.rec = _StreamRecorder()
+        self.done = False
+
+    def chunk(self, chunk) -> bool:
+        """Record one streamed chunk; False for the usage-only chunk the caller did not ask for."""
+        d = _chunk_dict(chunk)
+        self.rec.chunk(d, self.now())
+        return not (self.hide_usage and not d.get("choices") and d.get("usage") is not None)
+
+    def response(self, obj) -> None:
+        """A whole (non-streamed) response: its usage and id, then the end."""
+        d = _chunk_dict(obj) if obj is not None else {}
+        self.rec.response_id = d.get("id")
+        if d.get("usage"):
+            self.rec.final_usage = d["usage"]
+        self.end()
+
+    def fail(self, exc: BaseException) -> None:
+        code = getattr(exc, "status_code", None)
+        self.res.http_status = code
+        self.res.status = "rejected" if code in REJECTED_HTTP else "error"
+        self.res.error = f"{type(exc).__name__}: {exc}"[:500]
+        self.end()
+
+    def end(self, status: str | None = None) -> None:
+        if self.done:
+            return
+        self.done = True
+        if status is not None and self.res.status == "ok":
+            self.res.status = status
+            self.res.error = "the stream was closed before its end" if status == "cancelled" else None
+        finish_span(self.span, self.res, self.rec, self.kwargs, self.now(), self.capture)
+
+
+def _sync_chunks(orig, call: _Call):
+    try:
+        for chunk in orig:
+            if call.chunk(chunk):
+                yield chunk
+    except GeneratorExit:  # closed or abandoned before its end
+        call.end("cancelled")
+        orig.close()  # the SDK's own generator closes the HTTP response
+        raise
+    except BaseException as exc:
+        call.fail(exc)
+        raise
+    call.end()
+
+
+async def _async_chunks(orig, call: _Call):
+    try:
+        async for chunk in orig:
+            if call.chunk(chunk):
+                yield chunk
+    except (GeneratorExit, asyncio.CancelledError):
+        call.end("cancelled")
+        await orig.aclose()
+        raise
+    except BaseException as exc:
+        call.fail(exc)
+        raise
+    call.end()
+
+
+_traced_classes: dict[type, type] = {}
+
+
+def _traced_class(cls: type, is_async: bool) -> type:
+    """A subclass of the SDK's stream class (same layout, so an instance can take it) whose
+    ``close()`` ends the span first (cancelled, unless the stream was read to its end)."""
+    t = _traced_classes.get(cls)
+    if t is not None:
+        return t
+    if is_async:
+
+        async def close(self) -> None:
+            try:
+                await self._iterator.aclose()
+            finally:
+                await cls.close(self)
+
+    else:
+
+        def close(self) -> None:
+            try:
+                self._iterator.close()
+            finally:
+                cls.close(self)
+
+    close.__doc__ = cls.close.__doc__
+    ns = {"close": close, "__module__": cls.__module__, "__doc__": cls.__doc__, _INSTRUMENTED: True}
+    t = _traced_classes[cls] = type(cls.__name__, (cls,), ns)
+    t.__qualname__ = cls.__qualname__
+    return t
+
+
+def _is_stream(obj) -> tuple[bool, bool]:
+    """(is an SDK stream, is async)."""
+    import openai
+
+    return isinstance(obj, (openai.Stream, openai.AsyncStream)), isinstance(obj, openai.AsyncStream)
+
+
+def _trace_result(obj, call: _Call):
+    """The SDK's return value, traced in place (see the module docstring)."""
+    stream, is_async = _is_stream(obj)
+    if stream:
+        if not getattr(type(obj), _INSTRUMENTED, False):
+            obj._iterator = (_async_chunks if is_async else _sync_chunks)(obj._iterator, call)
+            obj.__class__ = _traced_class(type(obj), is_async)
+        return obj
+    parse = getattr(obj, "parse", None)
+    if parse is not None and hasattr(obj, "http_response"):  # with_raw_response / with_streaming_response
+        _trace_parse(obj, parse, call)
+        weakref.finalize(obj, call.end, "cancelled")  # never parsed: ends when the response goes
+        return obj
+    call.response(obj)
+    return obj
+
+
+def _trace_parse(resp, parse, call: _Call) -> None:
+    if inspect.iscoroutinefunction(parse):
+
+        async def traced_parse(*a, **k):
+            return _trace_result(await parse(*a, **k), call)
+
+    else:
+
+        def traced_parse(*a, **k):
+            return _trace_result(parse(*a, **k), call)
+
+    resp.parse = traced_parse
+
+
+def instrument(client: Any, *, tracer_provider=None, capture_content: bool | None = None) -> Any:
+    """Trace ``client`` (``openai.OpenAI`` or ``openai.AsyncOpenAI``) in place; returns it. A client
+    instrumented already is returned as it is."""
+    if getattr(client, _INSTRUMENTED, False):
+        return client
+    from .tracing import default_provider
+
+    tracer = (tracer_provider or default_provider()).get_tracer("otel_llm.client", "0.1.0")
+    anchor = WallAnchor()
+    capture = capture_content_default() if capture_content is None else capture_content
+    now = lambda: anchor.wall_ns(time.monotonic_ns())
+    import openai
+
+    is_async = isinstance(client, openai.AsyncOpenAI)  # its create() methods are coroutine functions
+
+    def wrap(create, op: str):
+        if is_async:
+
+            async def traced(*args, **kwargs):
+                call = _Call(tracer, now, capture, kwargs, op)
+                try:
+                    result = await create(*args, **kwargs)
+                except BaseException as exc:
+                    call.fail(exc)
+                    raise
+                return _trace_result(result, call)
+
+        else:
+
+            def traced(*args, **kwargs):
+                call = _Call(tracer, now, capture, kwargs, op)
+                try:
+                    result = create(*args, **kwargs)
+                except BaseException as exc:
+                    call.fail(exc)
+                    raise
+                return _trace_result(result, call)
+
+        traced.__wrapped__ = create
+        return traced
+
+    client.completions.create = wrap(client.completions.create, "text_completion")
+    client.chat.completions.create = wrap(client.chat.completions.create, "chat")
+    copy = client.copy
+
+    def traced_copy(*args, **kwargs):
+        return instrument(copy(*args, **kwargs), tracer_provider=tracer_provider, capture_content=capture_content)
+
+    client.copy = client.with_options = traced_copy
+    setattr(client, _INSTRUMENTED, True)
+    return client

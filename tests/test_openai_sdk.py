@@ -1,0 +1,282 @@
+"""The openai SDK, instrumented, is the openai SDK: every idiom a caller uses behaves as it does
+without tracing (types, ``with``, ``.response``, ``close()``, async forms, raw and streamed
+responses, ``with_options``), and each call is recorded as what it was (ok, cancelled, error).
+
+The fast tests run against a small fake server that speaks the wire format (tests/fake_openai.py);
+the slow ones against a real vLLM server, where a closed stream must abort the engine's request."""
+
+import asyncio
+import json
+import os
+import time
+
+import pytest
+from fake_openai import FakeOpenAI
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from otel_llm import semconv as sc
+from otel_llm.client import instrument_openai
+from otel_llm.tracing import make_provider
+
+openai = pytest.importorskip("openai")
+
+
+@pytest.fixture
+def server():
+    s = FakeOpenAI()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def mem():
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def tp(mem):
+    return make_provider(exporter=mem)
+
+
+def client_spans(tp, mem, n=1, timeout=5.0):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        tp.force_flush()
+        got = [s for s in mem.get_finished_spans() if s.name == sc.SPAN_CLIENT_REQUEST]
+        if len(got) >= n:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"{n} client spans expected, got {len(got)}")
+
+
+def sync_client(server, tp):
+    return instrument_openai(openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0), tracer_provider=tp)
+
+
+def async_client(server, tp):
+    return instrument_openai(
+        openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0), tracer_provider=tp
+    )
+
+
+SLOW = {"fake_gap_ms": 30, "fake_usage": "final"}
+
+
+def test_the_common_loop_sees_what_it_would_see_untraced(server, tp, mem):
+    c = sync_client(server, tp)
+    stream = c.completions.create(model="m", prompt="hi", max_tokens=5, stream=True, extra_body={"fake_usage": "final"})
+    assert isinstance(stream, openai.Stream) and stream.response.status_code == 200
+    text = "".join(chunk.choices[0].text for chunk in stream)  # no IndexError on a usage-only chunk
+    assert text == "xxxxx"
+    (s,) = client_spans(tp, mem)
+    a = s.attributes
+    assert a[sc.STATUS] == "ok" and len(a[sc.TOKEN_EVENT_OFFSETS]) == 5 and a[sc.TOKEN_EVENT_ESTIMATED] is False
+    assert a[sc.OUTPUT_TOKENS] == 5 and a[sc.STREAMING] is True
+    sent = server.requests[-1]
+    assert sent["body"]["stream_options"] == {"include_usage": True}  # asked for, to count tokens exactly
+    assert sent["headers"]["traceparent"].split("-")[1] == format(s.context.trace_id, "032x")
+
+
+def test_a_caller_that_asked_for_usage_gets_the_usage_chunk(server, tp, mem):
+    c = sync_client(server, tp)
+    chunks = list(
+        c.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"fake_usage": "final"},
+        )
+    )
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 3
+    assert client_spans(tp, mem)[0].attributes[sc.OUTPUT_TOKENS] == 3
+
+
+@pytest.mark.parametrize("how", ["with", "close", "abandon"])
+def test_a_stream_left_before_its_end_is_closed_and_cancelled(server, tp, mem, how):
+    c = sync_client(server, tp)
+    stream = c.completions.create(model="m", prompt="hi", max_tokens=50, stream=True, extra_body=SLOW)
+    if how == "with":
+        with stream as s:
+            assert isinstance(s, openai.Stream)
+            for i, _ in enumerate(s):
+                if i == 2:
+                    break
+    elif how == "close":
+        next(stream)
+        stream.close()
+    else:
+        for i, _ in enumerate(stream):
+            if i == 1:
+                break
+        del stream, _
+        import gc
+
+        gc.collect()
+    (s,) = client_spans(tp, mem)
+    assert s.attributes[sc.STATUS] == "cancelled" and 1 <= len(s.attributes[sc.TOKEN_EVENT_OFFSETS]) < 50
+    t0 = time.monotonic()
+    while not server.disconnects and time.monotonic() - t0 < 5:
+        time.sleep(0.05)
+    assert server.disconnects  # the server saw the client hang up
+
+
+def test_async_idioms(server, tp, mem):
+    async def go():
+        c = async_client(server, tp)
+        stream = await c.completions.create(model="m", prompt="hi", max_tokens=4, stream=True, extra_body=SLOW)
+        assert isinstance(stream, openai.AsyncStream) and stream.response.status_code == 200
+        assert [chunk.choices[0].text async for chunk in stream] == ["x"] * 4
+        async with await c.completions.create(
+            model="m", prompt="hi", max_tokens=40, stream=True, extra_body=SLOW
+        ) as stream:
+            async for _ in stream:
+                break
+        stream = await c.completions.create(model="m", prompt="hi", max_tokens=40, stream=True, extra_body=SLOW)
+        async for _ in stream:
+            break
+        await stream.close()  # no "aclose(): asynchronous generator is already running"
+        await c.close()
+
+    asyncio.run(go())
+    spans = sorted(client_spans(tp, mem, 3), key=lambda s: s.start_time)
+    assert [s.attributes[sc.STATUS] for s in spans] == ["ok", "cancelled", "cancelled"]
+    assert len(spans[0].attributes[sc.TOKEN_EVENT_OFFSETS]) == 4
+
+
+@pytest.mark.parametrize("is_async", [False, True])
+def test_a_call_that_does_not_stream_is_traced_without_token_events(server, tp, mem, is_async):
+    kw = {"model": "m", "prompt": "hi", "max_tokens": 6}
+    if is_async:
+
+        async def go():
+            c = async_client(server, tp)
+            return await c.completions.create(**kw)
+
+        resp = asyncio.run(go())
+    else:
+        resp = sync_client(server, tp).completions.create(**kw)
+    assert isinstance(resp, openai.types.Completion) and resp.choices[0].text == "x" * 6
+    (s,) = client_spans(tp, mem)
+    a = s.attributes
+    assert a[sc.STATUS] == "ok" and a[sc.STREAMING] is False and a[sc.OUTPUT_TOKENS] == 6
+    assert a[sc.TOKEN_EVENT_OFFSETS] == () and a[sc.INPUT_TOKENS] == 7
+    assert s.end_time - s.start_time >= 6 * 5_000_000  # the whole response's time (6 x 5 ms)
+
+
+def test_with_options_raw_and_streamed_responses_stay_traced(server, tp, mem):
+    c = sync_client(server, tp)
+    faster = c.with_options(timeout=30)
+    assert (
+        "".join(
+            ch.choices[0].text for ch in faster.completions.create(model="m", prompt="a", max_tokens=2, stream=True)
+        )
+        == "xx"
+    )
+    raw = c.completions.with_raw_response.create(model="m", prompt="b", max_tokens=3)
+    assert raw.http_response.status_code == 200 and raw.parse().choices[0].text == "xxx"
+    with c.completions.with_streaming_response.create(model="m", prompt="c", max_tokens=4, stream=True) as resp:
+        assert [ch.choices[0].text for ch in resp.parse()] == ["x"] * 4
+    spans = sorted(client_spans(tp, mem, 3), key=lambda s: s.start_time)
+    assert [s.attributes[sc.OUTPUT_TOKENS] for s in spans] == [2, 3, 4]
+    assert all(s.attributes[sc.STATUS] == "ok" for s in spans)
+    assert instrument_openai(c, tracer_provider=tp) is c  # once is enough
+
+
+def test_errors_are_recorded_and_raised_unchanged(server, tp, mem):
+    c = sync_client(server, tp)
+    with pytest.raises(openai.RateLimitError):
+        c.completions.create(model="m", prompt="hi", max_tokens=2, stream=True, extra_body={"fake_status": 429})
+    (s,) = client_spans(tp, mem)
+    assert s.attributes[sc.STATUS] == "rejected" and s.attributes[sc.ERROR_TYPE] == "429"
+
+
+# -- against a real vLLM server ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model, tmp_path_factory):
+    from conftest import start_vllm_server
+
+    traces = str(tmp_path_factory.mktemp("vllm-openai") / "engine-traces.jsonl")
+    proc, base_url = start_vllm_server(
+        tiny_model, {"OTEL_LLM_ENABLE": "1", "OTEL_LLM_TRACES_FILE": traces, "OTEL_LLM_SCHEDULE_DELAY": "50"}
+    )
+    yield base_url, traces
+    proc.terminate()
+    proc.wait(30)
+
+
+def engine_span_of(traces: str, trace_id: int, timeout: float = 10.0) -> dict:
+    """The engine's llm.request span in the given trace, from the server's trace file."""
+    from span_records import read_trace_file
+
+    want = format(trace_id, "032x")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if os.path.exists(traces):
+            for s in read_trace_file(traces):
+                if s.name == sc.SPAN_REQUEST and s.trace_id == want:
+                    return s.attributes
+        time.sleep(0.1)
+    raise AssertionError(f"no engine span in trace {want}")
+
+
+@pytest.mark.slow
+def test_real_vllm_sync_idioms(vllm_server, tiny_model, tp, mem):
+    base_url, traces = vllm_server
+    c = instrument_openai(openai.OpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)
+    from engine_hooks.tiny_model import prompt
+
+    kw = {"model": tiny_model, "prompt": prompt(32), "max_tokens": 12, "extra_body": {"ignore_eos": True}}
+    text = "".join(ch.choices[0].text for ch in c.completions.create(stream=True, **kw))
+    assert isinstance(text, str)
+    with c.completions.create(stream=True, **{**kw, "max_tokens": 400}) as stream:
+        for i, _ in enumerate(stream):
+            if i == 3:
+                break
+    whole = c.completions.create(**kw)
+    assert whole.usage.completion_tokens == 12
+    ok, cut, plain = sorted(client_spans(tp, mem, 3), key=lambda s: s.start_time)
+    assert ok.attributes[sc.STATUS] == "ok" and ok.attributes[sc.OUTPUT_TOKENS] == 12
+    assert ok.attributes[sc.TOKEN_EVENT_ESTIMATED] is False
+    assert cut.attributes[sc.STATUS] == "cancelled"
+    assert plain.attributes[sc.STATUS] == "ok" and plain.attributes[sc.OUTPUT_TOKENS] == 12
+    # the engine saw the hang-up: it aborted the request long before its 400 tokens
+    e = engine_span_of(traces, cut.context.trace_id)
+    assert e[sc.STATUS] == "cancelled" and e[sc.OUTPUT_TOKENS] < 400
+    assert engine_span_of(traces, ok.context.trace_id)[sc.OUTPUT_TOKENS] == 12
+
+
+@pytest.mark.slow
+def test_real_vllm_async_break_and_close(vllm_server, tiny_model, tp, mem):
+    from engine_hooks.tiny_model import prompt
+
+    base_url, traces = vllm_server
+
+    async def go():
+        c = instrument_openai(openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)
+        stream = await c.chat.completions.create(
+            model=tiny_model,
+            messages=[{"role": "user", "content": prompt(32)}],
+            max_tokens=400,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        n = 0
+        async for chunk in stream:
+            n += bool(chunk.choices)
+            if n == 2:
+                break
+        await stream.close()
+        await c.close()
+
+    try:
+        asyncio.run(go())
+    except openai.BadRequestError as exc:  # the tiny model has no chat template: say so, not skip silently
+        pytest.fail(f"chat completions refused by the server: {json.dumps(exc.body)[:200]}")
+    (s,) = client_spans(tp, mem)
+    assert s.attributes[sc.STATUS] == "cancelled"
+    e = engine_span_of(traces, s.context.trace_id)
+    assert e[sc.STATUS] == "cancelled" and e[sc.OUTPUT_TOKENS] < 400
