@@ -9,7 +9,7 @@ import sys
 import threading
 
 from otel_llm import environment
-from otel_llm.cli_options import number, percentile_list
+from otel_llm.cli_options import add_selection_options, number, percentile_list, selection_of
 from otel_llm.percentiles import METHODS
 
 from .config import AssemblyConfig, CollectorConfig, options_of, parse_slos
@@ -179,6 +179,7 @@ def register_compare(sub) -> None:
         "--top", type=number(int, 0), default=20, help="table/markdown: requests listed, slowest client TTFT first"
     )
     p.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    add_selection_options(p)
     p.set_defaults(func=run_compare)
 
 
@@ -200,7 +201,7 @@ def run_compare(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         raise CLIError(str(exc)) from None
     try:
-        records = store.records()
+        records = store.batch().selected(selection_of(args)).records()
     finally:
         store.close()
     cmp = compare(records, offset, args.stall)

@@ -253,8 +253,13 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     input_tokens = np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64)
     rm = request_metrics(timeline_batch(request_id, submit, end, status, start, offs, toks, input_tokens))
     peer: list = [None] * n
+    run_id = [same.setdefault(v, v) if type(v) is str and v else None for v in cols[sp.RUN_ID]]
+    warmup = np.fromiter((v is True for v in cols[sp.WARMUP]), bool, n)
     for c, e in rq.pairs:
         peer[c], peer[e] = request_id[e], request_id[c]
+        if run_id[e] is None:  # the engine does not know the bench run: its client does
+            run_id[e] = run_id[c]
+        warmup[e] |= warmup[c]
     batch = RecordBatch(
         trace_id=[same.setdefault(t, t.hex()) for t in cols[sp.TRACE_ID]],
         boundary=[sp.BOUNDARY_OF[c] for c in cols[sp.CODE]],
@@ -265,6 +270,8 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         ],
         service=[same.setdefault(v, v) if type(v) is str and v else None for v in cols[sp.SERVICE]],
         status=status,
+        run_id=run_id,
+        warmup=warmup,
         submit_ns=submit,
         end_ns=end,
         event_start=start,

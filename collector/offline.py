@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from otel_llm.selection import Selection
 from otel_llm.timeline import TimelineBatch
 from otel_llm.trace_file import read_trace_requests
 
@@ -29,6 +30,6 @@ def batch_from_trace_file(path: str) -> RecordBatch:
     return batch
 
 
-def load_timelines(path: str, boundary: str) -> TimelineBatch:
-    """The records of one boundary as timelines, in Unix seconds."""
-    return batch_from_trace_file(path).at_boundary(boundary).timelines(epoch_ns=0)
+def load_timelines(path: str, boundary: str, selection: Selection | None = None) -> TimelineBatch:
+    """The records of one boundary that ``selection`` keeps, as timelines in Unix seconds."""
+    return batch_from_trace_file(path).at_boundary(boundary).selected(selection).timelines(epoch_ns=0)

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from otel_llm.selection import Selection
 from otel_llm.timeline import STATUS_CODE, TimelineBatch
 
 NO_NS = np.iinfo(np.int64).min  # an unknown point in time in an int64 ns column
@@ -77,6 +78,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("model", TEXT, "", "gen_ai.request.model, else the service name, else 'unknown'"),
     Column("service", TEXT, "", "service.name of the process that sent the span (None: not given)"),
     Column("status", TEXT, "", "ok | error | cancelled | rejected"),
+    Column("run_id", TEXT, "", "the otel-llm bench run (llm.bench.run_id; an engine record: its client's)"),
+    Column("warmup", FLAG, "", "a bench warm-up request: left out of every result unless asked for"),
     Column("submit_ns", NS, "ns", "Unix ns. client: sent; engine: arrived at the front end"),
     Column("end_ns", NS, "ns", "Unix ns. client: stream closed; engine: finished or aborted"),
     Column("input_tokens", INT, "tokens", "prompt tokens", unknown=-1),
@@ -209,6 +212,23 @@ class _BatchMethods:
         return type(self)(
             **cols, event_start=start, event_offsets_ns=self.event_offsets_ns[ev], event_tokens=self.event_tokens[ev]
         )
+
+    def selected(self, sel: Selection | None) -> RecordBatch:
+        """The records ``sel`` keeps (warm-ups left out unless it includes them)."""
+        if sel is None:
+            sel = Selection()
+        keep = np.ones(len(self), bool)
+        if not sel.include_warmup:
+            keep &= ~self.warmup
+        if sel.runs:
+            keep &= np.fromiter((r in sel.runs for r in self.run_id), bool, len(self))
+        if sel.services:
+            keep &= np.fromiter((s in sel.services for s in self.service), bool, len(self))
+        if sel.since_ns is not None:
+            keep &= self.submit_ns >= sel.since_ns
+        if sel.until_ns is not None:
+            keep &= self.submit_ns <= sel.until_ns
+        return self if keep.all() else self.take(np.flatnonzero(keep))
 
     def at_boundary(self, boundary: str) -> RecordBatch:
         """The records of one boundary."""

@@ -21,6 +21,7 @@ from itertools import chain, pairwise
 import numpy as np
 
 from otel_llm.request_math import segment_sum
+from otel_llm.selection import Selection
 from otel_llm.timeline import TimelineBatch
 
 from .records import COLUMN_NAMES, COLUMNS, RecordBatch, RequestRecord, from_python
@@ -198,10 +199,11 @@ def open_existing(path: str) -> RequestStore:
     return RequestStore(path)
 
 
-def load_timelines(path: str, boundary: str) -> TimelineBatch:
-    """Entry point ``otel_llm.timeline_sources: store``: the store's records at one boundary."""
+def load_timelines(path: str, boundary: str, selection: Selection | None = None) -> TimelineBatch:
+    """Entry point ``otel_llm.timeline_sources: store``: the store's records at one boundary that
+    ``selection`` keeps (default: every run, warm-ups left out), in Unix seconds."""
     store = open_existing(path)
     try:
-        return store.batch(boundary).timelines(epoch_ns=0)
+        return store.batch(boundary).selected(selection).timelines(epoch_ns=0)
     finally:
         store.close()

@@ -45,13 +45,17 @@ _ATTRIBUTES = (
     ("offsets", sc.TOKEN_EVENT_OFFSETS),
     ("tokens", sc.TOKEN_EVENT_TOKENS),
     ("incomplete", QUEUE_INCOMPLETE),
+    ("run_id", sc.BENCH_RUN_ID),
+    ("warmup", sc.BENCH_WARMUP),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
 
 # tuple layout
 TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = range(9)
-REQUEST_ID, MODEL, STATUS, INPUT_TOKENS, ESTIMATED, OFFSETS, TOKENS, INCOMPLETE = range(9, 9 + len(ATTRIBUTE_SLOTS))
+REQUEST_ID, MODEL, STATUS, INPUT_TOKENS, ESTIMATED, OFFSETS, TOKENS, INCOMPLETE, RUN_ID, WARMUP = range(
+    9, 9 + len(ATTRIBUTE_SLOTS)
+)
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 
 

@@ -62,6 +62,12 @@ def register(sub) -> None:
     p.add_argument("--vocab-size", type=int, default=500, help="prompt token ids are drawn below this (default 500)")
     p.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early (default: ignore_eos)")
     p.add_argument("--seed", type=int, default=0, help="seed of the arrival times and lengths (default 0)")
+    p.add_argument(
+        "--run-id",
+        metavar="ID",
+        help="this run's id, on every span it sends and every record derived from them (default: UTC start "
+        "time and random hex); select it later with analyze/compare --run ID",
+    )
     p.add_argument("--engine", default="unknown", help="engine and version, recorded with the run")
     p.add_argument("--hardware", default="unknown", help="server hardware, recorded with the run")
     p.add_argument("--output", metavar="FILE", help="write per-request timelines (the analyze input format)")
@@ -100,6 +106,7 @@ def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDis
         duration_s=args.duration,
         warmup=args.warmup,
         seed=args.seed,
+        **({"run_id": args.run_id} if args.run_id else {}),
     )
     return spec, inp, out
 

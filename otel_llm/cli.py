@@ -13,7 +13,15 @@ import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
 
-from .cli_options import EXIT_USAGE, CLIError, add_analysis_options, analysis_text
+from .cli_options import (
+    EXIT_USAGE,
+    CLIError,
+    add_analysis_options,
+    add_selection_options,
+    analysis_text,
+    selection_given,
+    selection_of,
+)
 from .timeline import BOUNDARIES
 from .timeline_file import TimelineFormatError, read_timelines
 
@@ -28,17 +36,24 @@ def load_source(name: str):
 def _cmd_analyze(args: argparse.Namespace) -> int:
     if sum(x is not None for x in (args.file, args.store, args.traces)) != 1:
         raise CLIError("analyze: give one of a TIMELINES.jsonl file, --store PATH or --traces FILE")
+    extra = None
     if args.store is not None or args.traces is not None:
         kind, path = ("store", args.store) if args.store is not None else ("traces", args.traces)
+        sel = selection_of(args)
         try:
-            batch = load_source(kind)(path, args.boundary)
+            batch = load_source(kind)(path, args.boundary, sel)
         except (OSError, ValueError) as exc:  # the data layer says what is wrong; this is the CLI's exit 2
             raise CLIError(str(exc)) from None
         if len(batch) == 0:
-            raise CLIError(f"{path}: no {args.boundary}-boundary requests in the {kind}")
+            raise CLIError(f"{path}: no {args.boundary}-boundary requests in the {kind} match the selection")
+        if args.window is not None and args.window.relative:  # --window 0,60: from the selection's start
+            args.window = args.window.after(float(batch.submit.min()))
+        extra = {"selection": sel.describe()} if selection_given(args) else None
     else:
+        if selection_given(args):
+            raise CLIError("--run, --service, --since, --until and --include-warmup select from --store or --traces")
         batch = read_timelines(args.file)
-    sys.stdout.write(analysis_text(batch, args))
+    sys.stdout.write(analysis_text(batch, args, extra))
     return 0
 
 
@@ -67,6 +82,7 @@ def _register_analyze(sub) -> None:
         help="with --store or --traces: which boundary's records to analyse (default: client)",
     )
     add_analysis_options(p)
+    add_selection_options(p)
     p.set_defaults(func=_cmd_analyze)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from .percentiles import METHODS, as_fraction
+from .selection import Selection, parse_time
 from .slo import SLO
 from .summary import DEFAULT_PERCENTILES, summarize
 from .summary_format import FORMATS, format_summary
@@ -64,7 +65,8 @@ def add_analysis_options(p: argparse.ArgumentParser) -> None:
         "--window",
         type=_window,
         metavar="W0,W1",
-        help="observation window in seconds on the data's clock, edges inclusive "
+        help="observation window, edges inclusive: seconds on the data's clock, or ISO 8601 times; from a store "
+        "or a traces file, seconds below 1e9 count from the selection's first submit (--window 0,60) "
         "(default: earliest submit to latest end)",
     )
     g.add_argument(
@@ -105,3 +107,51 @@ def analysis_text(batch: TimelineBatch, args: argparse.Namespace, extra: dict | 
     if extra:
         s.extra.update(extra)
     return format_summary(s, args.format)
+
+
+def _time(text: str) -> int:
+    try:
+        return parse_time(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_selection_options(p: argparse.ArgumentParser) -> None:
+    """Which records of a store or trace file a command reads (see :class:`Selection`)."""
+    g = p.add_argument_group("selection (from a store or a traces file)")
+    g.add_argument(
+        "--run",
+        action="append",
+        default=[],
+        metavar="ID",
+        help="only this otel-llm bench run (its run_id, printed by bench); repeatable",
+    )
+    g.add_argument(
+        "--service",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="only records sent by this service.name; repeatable",
+    )
+    g.add_argument(
+        "--since",
+        type=_time,
+        metavar="TIME",
+        help="only requests submitted at or after TIME (ISO 8601, e.g. 2026-12-01T09:30:00Z; or Unix s)",
+    )
+    g.add_argument("--until", type=_time, metavar="TIME", help="only requests submitted at or before TIME")
+    g.add_argument(
+        "--include-warmup",
+        action="store_true",
+        help="keep bench warm-up requests (left out by default, as bench leaves them out)",
+    )
+
+
+def selection_of(args: argparse.Namespace) -> Selection:
+    if args.since is not None and args.until is not None and args.until < args.since:
+        raise CLIError("--until is before --since")
+    return Selection(tuple(args.run), tuple(args.service), args.since, args.until, args.include_warmup)
+
+
+def selection_given(args: argparse.Namespace) -> bool:
+    return bool(args.run or args.service or args.since is not None or args.until is not None or args.include_warmup)

@@ -15,6 +15,7 @@ import itertools
 import math
 import os
 import platform
+import secrets
 import sys
 import time
 from dataclasses import dataclass, field
@@ -80,13 +81,14 @@ class LoadSpec:
     duration_s: float | None = None
     warmup: int = 0
     seed: int = 0
+    run_id: str = field(default_factory=lambda: new_run_id())  # carried by every span of the run
 
     @property
     def mode(self) -> str:
         return "closed" if self.concurrency else "open"
 
     def describe(self) -> dict:
-        d = {"load_mode": self.mode}
+        d = {"run_id": self.run_id, "load_mode": self.mode}
         if self.mode == "open":
             d.update(arrival_process=self.arrival, nominal_rate_per_s=self.rate)
             if self.arrival == "gamma":
@@ -95,6 +97,11 @@ class LoadSpec:
         else:
             d["concurrency"] = self.concurrency
         return d
+
+
+def new_run_id() -> str:
+    """A run id people can sort and read: UTC start time and 6 random hex digits."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
 def arrival_offsets(spec: LoadSpec, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -202,7 +209,7 @@ class LoadRunner:
                 n_out,
                 request_id=f"bench-{self.spec.seed}-{i}",
                 extra=self._extra,
-                attributes={sc.BENCH_WARMUP: warmup},
+                attributes={sc.BENCH_WARMUP: warmup, sc.BENCH_RUN_ID: self.spec.run_id},
                 on_cancel=lambda r: sent.append(Sent(r, intended_ns, warmup)),
             )
         finally:

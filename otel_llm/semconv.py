@@ -56,5 +56,6 @@ COMPLETION_TEXT = "llm.completion.text"
 # otel-llm bench: run conditions, as resource attributes of its spans (llm.bench.<condition>)
 BENCH_PREFIX = "llm.bench."
 BENCH_WARMUP = "llm.bench.warmup"  # on llm.client.request: a warm-up request, excluded from results
+BENCH_RUN_ID = "llm.bench.run_id"  # resource and span attribute: which bench run a request belongs to
 
 # The values of llm.request.status are otel_llm.timeline.STATUSES: ok | error | cancelled | rejected.

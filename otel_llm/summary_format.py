@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+from .selection import iso
 from .summary import Summary
 
 FORMATS = ("table", "json", "markdown")
@@ -34,10 +35,13 @@ def format_json(s: Summary) -> str:
 def _lines(s: Summary, markdown: bool) -> list[str]:
     w, c = s.window, s.counts
     h = (lambda t: f"### {t}") if markdown else (lambda t: f"== {t} ==")
+    if w.on_unix_clock:  # a store or a trace file: times people can read
+        edges = f"{iso(w.start)} to {iso(w.end)}"
+    else:  # timelines on their own clock
+        edges = f"[{w.start:.6f}, {w.end:.6f}] s"
     out = [
         h("Window"),
-        f"[{w.start:.6f}, {w.end:.6f}] s, T = {w.seconds:.3f} s "
-        f"({'given' if w.explicit else 'earliest submit to latest end'})",
+        f"{edges}, T = {w.seconds:.3f} s ({'given' if w.explicit else 'earliest submit to latest end'})",
         "",
     ]
     out.append(h("Throughput"))

@@ -8,12 +8,29 @@ import numpy as np
 
 from .timeline import TimelineBatch
 
+#: Times below this many seconds are not Unix times (it is 2001-09-09): on data whose clock is Unix
+#: time (a store, a trace file), a window given in such numbers is relative to the data's start.
+UNIX_EPOCH_LIMIT_S = 1e9
+
 
 @dataclass(frozen=True)
 class Window:
     start: float  # W0, seconds
     end: float  # W1, seconds
     explicit: bool = False  # given by the user rather than derived from the data
+
+    @property
+    def on_unix_clock(self) -> bool:
+        return self.start >= UNIX_EPOCH_LIMIT_S
+
+    @property
+    def relative(self) -> bool:
+        """Given in seconds too small to be Unix times (see :data:`UNIX_EPOCH_LIMIT_S`)."""
+        return self.explicit and self.end < UNIX_EPOCH_LIMIT_S
+
+    def after(self, origin_s: float) -> Window:
+        """This window, its edges taken as seconds after ``origin_s``."""
+        return Window(origin_s + self.start, origin_s + self.end, self.explicit)
 
     @property
     def seconds(self) -> float:
@@ -24,14 +41,23 @@ class Window:
 
     @classmethod
     def parse(cls, text: str) -> Window:
-        """Parse ``W0,W1`` (seconds on the data's clock)."""
+        """Parse ``W0,W1``: seconds on the data's clock, or ISO 8601 times (Unix clock)."""
+        from .selection import parse_time
+
         parts = text.split(",")
         if len(parts) != 2:
-            raise ValueError(f"bad window {text!r}: expected W0,W1 in seconds")
+            raise ValueError(f"bad window {text!r}: expected W0,W1 in seconds or ISO 8601 times")
+
+        def edge(p: str) -> float:
+            try:
+                return float(p)  # seconds, exactly as written
+            except ValueError:
+                return parse_time(p) / 1e9  # an ISO 8601 time
+
         try:
-            w0, w1 = float(parts[0]), float(parts[1])
+            w0, w1 = edge(parts[0]), edge(parts[1])
         except ValueError:
-            raise ValueError(f"bad window {text!r}: W0 and W1 must be numbers of seconds") from None
+            raise ValueError(f"bad window {text!r}: W0 and W1 must be numbers of seconds or ISO 8601 times") from None
         if not w1 > w0:
             raise ValueError(f"bad window {text!r}: W1 must be later than W0")
         return cls(w0, w1, explicit=True)

@@ -41,6 +41,7 @@ class Req:
     preemptions: list = field(default_factory=list)  # [(start_ms, end_ms)]
     client: bool = True
     model: str = "tiny"
+    client_attrs: dict = field(default_factory=dict)  # more attributes of the client span (bench run id...)
 
 
 def provider(exporter, service="test") -> TracerProvider:
@@ -67,6 +68,7 @@ def emit(tracer, r: Req, base_ns: int) -> None:
                 sc.TOKEN_EVENT_OFFSETS: offs,
                 sc.TOKEN_EVENT_TOKENS: [k for _, k in r.client_events],
                 sc.OUTPUT_TOKENS: sum(k for _, k in r.client_events),
+                **r.client_attrs,
             },
         )
         ctx = set_span_in_context(client_span)

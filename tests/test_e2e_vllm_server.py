@@ -86,8 +86,24 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
         assert cl.output_tokens == en.output_tokens == 24
         assert min(cl.network_in, cl.queue, cl.prefill, cl.delivery) > -1e-3
     out = json.loads(run_cli("compare", "--store", c.config.store, "--format", "json").stdout)
-    assert out["summary"]["requests_paired"] == 44
+    assert out["summary"]["requests_paired"] == 40  # the 4 warm-ups are left out, as everywhere
+    with_warmup = run_cli("compare", "--store", c.config.store, "--include-warmup", "--format", "json").stdout
+    assert json.loads(with_warmup)["summary"]["requests_paired"] == 44
     assert out["summary"]["clock_offset"]["theta_s"] == 0  # one host, one clock: the bounds contain 0
     assert out["summary"]["max_abs_parts_sum_error_s"] < 1e-3
     # the engine core's step spans reached the collector too (counted, not derived per request)
     assert c.receiver_counters.spans > 44 * 7
+    # runs told apart, warm-ups left out: what analyze reads back is what bench reported
+    store = c.config.store
+    for run, n in ((open_run, 24), (closed_run, 16)):
+        back = json.loads(
+            run_cli("analyze", "--store", store, "--run", run["conditions"]["run_id"], "--format", "json").stdout
+        )
+        assert back["counts"]["requests"] == n == run["counts"]["requests"]
+        for p in ("p50", "p99"):
+            assert back["latency"]["ttft"][p] == pytest.approx(run["latency"]["ttft"][p], abs=1e-6)
+    assert open_run["conditions"]["run_id"] != closed_run["conditions"]["run_id"]
+    every = json.loads(run_cli("analyze", "--store", store, "--format", "json").stdout)
+    assert every["counts"]["requests"] == 40  # both runs, without their 2 + 2 warm-ups
+    with_warmup = json.loads(run_cli("analyze", "--store", store, "--include-warmup", "--format", "json").stdout)
+    assert with_warmup["counts"]["requests"] == 44
