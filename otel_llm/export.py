@@ -116,6 +116,25 @@ def otlp_protocol() -> str:
     ).strip()
 
 
+def destination() -> str:
+    """Where :func:`exporter_from_env` sends spans, in words (for a log line)."""
+    path = environment.raw(environment.TRACES_FILE)
+    if path:
+        return f"the file {os.path.abspath(path)} (OTLP JSON lines)"
+    kind = (environment.raw(environment.TRACES_EXPORTER) or "otlp").split(",")[0].strip().lower()
+    if kind != "otlp":
+        return {"none": "nowhere (OTEL_TRACES_EXPORTER=none)", "console": "the console"}.get(kind, kind)
+    proto = otlp_protocol()
+    url = environment.raw(environment.OTLP_TRACES_ENDPOINT)
+    if url is None:
+        base = environment.raw(environment.OTLP_ENDPOINT)
+        if proto == "grpc":
+            url = base or "http://localhost:4317"
+        else:
+            url = (base.rstrip("/") + "/v1/traces") if base else "http://localhost:4318/v1/traces"
+    return f"OTLP/{'gRPC' if proto == 'grpc' else 'HTTP'} {url}"
+
+
 def exporter_from_env() -> SpanExporter | None:
     """The exporter the environment asks for, or None when tracing export is off."""
     path = environment.raw(environment.TRACES_FILE)

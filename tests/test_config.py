@@ -130,3 +130,22 @@ def test_engine_hooks_read_their_own_variables(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="otel_llm"):
         assert TracingPipeline(None).interval_s == 0.2
     assert "OTEL_LLM_SCHEDULE_DELAY='soon'" in caplog.text
+
+
+def test_destination_names_where_spans_go(monkeypatch):
+    from otel_llm.export import destination
+
+    for v in (
+        "OTEL_LLM_TRACES_FILE",
+        "OTEL_TRACES_EXPORTER",
+        "OTEL_EXPORTER_OTLP_PROTOCOL",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ):
+        monkeypatch.delenv(v, raising=False)
+    assert destination() == "OTLP/HTTP http://localhost:4318/v1/traces"  # the SDK's default
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/")
+    assert destination() == "OTLP/HTTP http://collector:4318/v1/traces"
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    assert destination() == "OTLP/gRPC http://collector:4318/"
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", "/tmp/t.jsonl")
+    assert destination() == "the file /tmp/t.jsonl (OTLP JSON lines)"

@@ -203,7 +203,11 @@ def vllm_server(tiny_model, tmp_path_factory):
     proc, base_url = start_vllm_server(
         tiny_model, {"OTEL_LLM_ENABLE": "1", "OTEL_LLM_TRACES_FILE": traces, "OTEL_LLM_SCHEDULE_DELAY": "50"}
     )
-    yield base_url, traces
+    yield (
+        base_url,
+        traces,
+        os.path.join(os.path.dirname(tiny_model), f"vllm-server-{base_url.split(':')[2].split('/')[0]}.log"),
+    )
     proc.terminate()
     proc.wait(30)
 
@@ -225,7 +229,7 @@ def engine_span_of(traces: str, trace_id: int, timeout: float = 10.0) -> dict:
 
 @pytest.mark.slow
 def test_real_vllm_sync_idioms(vllm_server, tiny_model, tp, mem):
-    base_url, traces = vllm_server
+    base_url, traces, _ = vllm_server
     c = instrument_openai(openai.OpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)
     from engine_hooks.tiny_model import prompt
 
@@ -253,7 +257,7 @@ def test_real_vllm_sync_idioms(vllm_server, tiny_model, tp, mem):
 def test_real_vllm_async_break_and_close(vllm_server, tiny_model, tp, mem):
     from engine_hooks.tiny_model import prompt
 
-    base_url, traces = vllm_server
+    base_url, traces, _ = vllm_server
 
     async def go():
         c = instrument_openai(openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)
@@ -280,3 +284,11 @@ def test_real_vllm_async_break_and_close(vllm_server, tiny_model, tp, mem):
     assert s.attributes[sc.STATUS] == "cancelled"
     e = engine_span_of(traces, s.context.trace_id)
     assert e[sc.STATUS] == "cancelled" and e[sc.OUTPUT_TOKENS] < 400
+
+
+@pytest.mark.slow
+def test_the_server_log_says_once_that_tracing_is_on_and_where_spans_go(vllm_server):
+    _, traces, log = vllm_server
+    with open(log) as fh:
+        lines = [line for line in fh if "otel-llm: tracing this vLLM server" in line]
+    assert len(lines) == 1 and os.path.abspath(traces) in lines[0], lines

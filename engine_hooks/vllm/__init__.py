@@ -22,7 +22,7 @@ from typing import Any
 
 from ..api import EngineHooks, hooked, mark_hooked
 from .frontend import capture_trace_headers, instrument_output_processor
-from .plugin import ENV_ENABLE, ENV_FRONTEND
+from .plugin import ENV_ENABLE, ENV_FRONTEND, announce
 
 log = logging.getLogger("engine_hooks")
 _hooks: EngineHooks | None = None
@@ -170,6 +170,7 @@ def instrument_frontend_classes() -> None:
                 init(self, *args, **kwargs)
                 try:
                     attach(self)
+                    announce()
                 except Exception as exc:
                     _warn_once("attach", "otel-llm: could not hook the vLLM front end (%s); untraced", exc)
 

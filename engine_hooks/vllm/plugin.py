@@ -25,6 +25,25 @@ def enabled() -> bool:
     return environment.env_bool(ENV_ENABLE)
 
 
+_announced = False
+
+
+def announce() -> None:
+    """Say once, in the server's own log, that tracing is on and where the spans go (called when
+    the plugin hooks the first front end: the API server's process, not the engine core's)."""
+    global _announced
+    if _announced:
+        return
+    _announced = True
+    from otel_llm.export import destination
+
+    logging.getLogger("vllm.otel_llm").info(
+        "otel-llm: tracing this vLLM server (%s=1): request, phase and engine-step spans go to %s",
+        ENV_ENABLE,
+        destination(),
+    )
+
+
 def register() -> None:
     if not enabled():
         return
