@@ -40,16 +40,25 @@ _CODE, _START, _END, _SID, _PARENT = (
 _STATUS_OK = frozenset(STATUS_CODE)
 
 
+def _choice(s: tuple) -> int | None:
+    """The choice index of a request span of a request with several choices (n > 1), else None."""
+    c = s[sp.CHOICE]
+    return c if type(c) is int else None
+
+
 def _request_id(s: tuple) -> str:
+    """The record's request id: the span's (else its span id), ``#k`` after it for choice k."""
     r = s[sp.REQUEST_ID]
-    return str(r) if r and r is not sp.INVALID else s[sp.SPAN_ID].hex()
+    rid = str(r) if r and r is not sp.INVALID else s[sp.SPAN_ID].hex()
+    c = _choice(s)
+    return rid if c is None else f"{rid}#{c}"
 
 
 def _pair(clients: list[int], engines: list[int], recs: list[tuple], spans: list[tuple]) -> list[tuple[int, int]]:
     """Match the client and engine records (indices into ``recs``) of one trace: by ancestry (the
     engine span descends from the client span through the injected traceparent, maybe through
-    spans in between; among several, the one with the client's request id), then by request id,
-    then one to one."""
+    spans in between; among several, the one with the client's request id, else with its choice
+    index), then by request id, then one to one."""
     parent_of = {s[sp.SPAN_ID]: s[sp.PARENT_ID] for s in spans}
     free = list(engines)
     pairs = []
@@ -64,6 +73,8 @@ def _pair(clients: list[int], engines: list[int], recs: list[tuple], spans: list
                     break
                 p, hops = parent_of.get(p, b""), hops + 1
         same_id = [j for j in (below or range(len(free))) if _request_id(recs[free[j]]) == rid]
+        if not same_id and _choice(recs[c]) is not None:  # n > 1: the engine's child for this choice
+            same_id = [j for j in (below or range(len(free))) if _choice(recs[free[j]]) == _choice(recs[c])]
         match = same_id[0] if same_id else (below[0] if below else None)
         if match is None and len(clients) == 1 and len(free) == 1:
             match = 0
@@ -151,8 +162,10 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     good = cl >= 0
     good[good] = code[cl[good]] == sp.CLIENT
     ci, ei = cl[good], eng[good]
-    if len(np.unique(ci)) < len(ci):  # a client span claimed twice: the general matching decides
-        ci, ei = ci[:0], ei[:0]
+    if len(np.unique(ci)) < len(ci):  # a client span claimed twice (n > 1): the general matching decides
+        values, counts_ = np.unique(ci, return_counts=True)
+        once = ~np.isin(ci, values[counts_ > 1])
+        ci, ei = ci[once], ei[once]
     nt = len(traces)
     clients = np.bincount(rec_tix[code == sp.CLIENT], minlength=nt)
     engines = np.bincount(rec_tix[code == sp.ENGINE], minlength=nt)
@@ -249,7 +262,11 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         same.setdefault(x, x) if x in _STATUS_OK else _status(x, c)
         for x, c in zip(cols[sp.STATUS], cols[sp.STATUS_CODE])
     ]
-    request_id = [r if type(r) is str and r else _request_id(s) for r, s in zip(cols[sp.REQUEST_ID], recs)]
+    request_id = [
+        r if type(r) is str and r and c is None else _request_id(s)
+        for r, c, s in zip(cols[sp.REQUEST_ID], cols[sp.CHOICE], recs)
+    ]
+    choice = np.fromiter((c if type(c) is int else -1 for c in cols[sp.CHOICE]), np.int64, n)
     input_tokens = np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64)
     rm = request_metrics(timeline_batch(request_id, submit, end, status, start, offs, toks, input_tokens))
     peer: list = [None] * n
@@ -272,6 +289,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         status=status,
         run_id=run_id,
         warmup=warmup,
+        choice=choice,
         submit_ns=submit,
         end_ns=end,
         event_start=start,

@@ -74,7 +74,8 @@ class Column:
 COLUMNS: tuple[Column, ...] = (
     Column("trace_id", TEXT, "", "the request's trace, 32 hex digits"),
     Column("boundary", TEXT, "", "client | engine"),
-    Column("request_id", TEXT, "", "the engine's request id (client: the id it sent or got back)"),
+    Column("request_id", TEXT, "", "the engine's request id (client: the id it sent or got back); #k for choice k"),
+    Column("choice", INT, "", "a request with several choices (n > 1): this record's index", unknown=-1),
     Column("model", TEXT, "", "gen_ai.request.model, else the service name, else 'unknown'"),
     Column("service", TEXT, "", "service.name of the process that sent the span (None: not given)"),
     Column("status", TEXT, "", "ok | error | cancelled | rejected"),

@@ -27,10 +27,16 @@ import weakref
 from typing import Any
 
 from opentelemetry import trace as trace_api
-from opentelemetry.trace import SpanKind
 
 from . import semconv as sc
-from .client import REJECTED_HTTP, ClientResult, _StreamRecorder, capture_content_default, finish_span
+from .client import (
+    REJECTED_HTTP,
+    ClientResult,
+    _StreamRecorder,
+    capture_content_default,
+    finish_span,
+    start_client_span,
+)
 from .clock import WallAnchor
 
 _INSTRUMENTED = "_otel_llm_instrumented"
@@ -49,11 +55,10 @@ class _Call:
         self.now, self.capture, self.kwargs = now, capture, kwargs
         self.streaming = bool(kwargs.get("stream"))
         submit = now()
-        self.span = tracer.start_span(
-            sc.SPAN_CLIENT_REQUEST,
-            kind=SpanKind.CLIENT,
-            start_time=submit,
-            attributes={
+        self.span, self.sibling = start_client_span(
+            tracer,
+            submit,
+            {
                 sc.BOUNDARY: "client",
                 sc.OPERATION_NAME: op,
                 sc.STREAMING: self.streaming,
@@ -101,7 +106,7 @@ class _Call:
         if status is not None and self.res.status == "ok":
             self.res.status = status
             self.res.error = "the stream was closed before its end" if status == "cancelled" else None
-        finish_span(self.span, self.res, self.rec, self.kwargs, self.now(), self.capture)
+        finish_span(self.span, self.res, self.rec, self.kwargs, self.now(), self.capture, self.sibling)
 
 
 def _sync_chunks(orig, call: _Call):

@@ -41,6 +41,7 @@ STEP_PREEMPTED = "llm.step.preempted"
 STEP_KV_USAGE = "llm.step.kv_cache_usage"  # fraction 0..1
 STEP_GPU_TIME_NS = "llm.step.gpu_time_ns"  # CUDA only
 
+REQUEST_CHOICE = "llm.request.choice"  # a request with n > 1 choices: one span per choice, this its index
 STREAMING = "llm.request.streaming"  # on llm.client.request: the call streamed (no token events otherwise)
 REQUEST_INTERNAL_ID = "llm.request.internal_id"  # the engine's own id, where it differs from llm.request.id
 REQUEST_INCOMPLETE = "llm.request.incomplete"  # exported at shutdown before it finished

@@ -3,7 +3,8 @@
 Request body extensions: ``fake_usage``: ``continuous`` (usage on every chunk), ``final`` (a
 usage-only chunk at the end, sent only when the request asks for ``stream_options.include_usage``
 as a real server does), ``none``; ``fake_gap_ms``: time between chunks; ``fake_status``: answer
-with this HTTP status instead; ``fake_multi``: tokens per chunk. ``stream`` false: one JSON
+with this HTTP status instead; ``fake_multi``: tokens per chunk; ``n``: choices, a chunk each per
+step. ``stream`` false: one JSON
 response. It records each request's headers, and each stream the client hung up on.
 """
 
@@ -83,21 +84,27 @@ class FakeOpenAI:
                     if chat:
                         send({"id": "chat-1", "choices": [{"index": 0, "delta": {"role": "assistant"}}]})
                     done = 0
+                    choices = body.get("n", 1)  # n > 1: each step sends one chunk per choice, as vLLM does
+                    sent = 0  # tokens over all choices
                     while done < n:
                         time.sleep(gap)
                         k = min(multi, n - done)
                         done += k
-                        choice = {"index": 0, "delta": {"content": "x" * k}} if chat else {"index": 0, "text": "x" * k}
-                        obj = {"id": "cmpl-fake", "choices": [choice]}
-                        if usage == "continuous":
-                            obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": done}
-                        send(obj)
+                        for i in range(choices):
+                            choice = (
+                                {"index": i, "delta": {"content": "x" * k}} if chat else {"index": i, "text": "x" * k}
+                            )
+                            obj = {"id": "cmpl-fake", "choices": [choice]}
+                            sent += k
+                            if usage == "continuous":
+                                obj["usage"] = {"prompt_tokens": prompt_tokens, "completion_tokens": sent}
+                            send(obj)
                     if usage in ("final", "continuous") and asked:
                         send(
                             {
                                 "id": "cmpl-fake",
                                 "choices": [],
-                                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n},
+                                "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n * choices},
                             }
                         )
                     send("[DONE]")

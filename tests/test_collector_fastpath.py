@@ -487,12 +487,12 @@ def test_store_written_by_an_earlier_version_gains_new_columns(tmp_path):
     old_cols = [c.name for c in old]
     db = sqlite3.connect(path)
     db.executescript(st.SCHEMA.format(cols=",\n  ".join(f'"{c.name}" {c.kind.sqlite}' for c in old)))
+    given = {"trace_id": "00" * 16, "boundary": "client", "request_id": "old", "model": "m", "status": "ok"}
+    given |= {"submit_ns": 0, "end_ns": 10, "input_tokens": 1, "output_tokens": 1, "estimated_tokens": 0}
     db.execute(
         f"INSERT INTO requests ({', '.join(old_cols)}, event_offsets_ns, event_tokens) VALUES "
         f"({', '.join('?' * len(old_cols))}, ?, ?)",
-        ["00" * 16, "client", "old", "m", "ok", 0, 10, 1, 1, 0]
-        + [None] * (len(old_cols) - 10)
-        + [np.array([5], np.int64).tobytes(), np.array([1], np.int64).tobytes()],
+        [given.get(c) for c in old_cols] + [np.array([5], np.int64).tobytes(), np.array([1], np.int64).tobytes()],
     )
     db.commit()
     db.close()

@@ -292,3 +292,55 @@ def test_the_server_log_says_once_that_tracing_is_on_and_where_spans_go(vllm_ser
     with open(log) as fh:
         lines = [line for line in fh if "otel-llm: tracing this vLLM server" in line]
     assert len(lines) == 1 and os.path.abspath(traces) in lines[0], lines
+
+
+@pytest.mark.parametrize("usage", ["continuous", "final"])
+def test_several_choices_are_a_span_each(server, tp, mem, usage):
+    c = sync_client(server, tp)
+    stream = c.completions.create(
+        model="m", prompt="hi", max_tokens=4, n=2, stream=True, extra_body={"fake_usage": usage}
+    )
+    assert sorted({ch.choices[0].index for ch in stream}) == [0, 1]
+    spans = sorted(client_spans(tp, mem, 2), key=lambda s: s.attributes[sc.REQUEST_CHOICE])
+    assert [s.attributes[sc.REQUEST_CHOICE] for s in spans] == [0, 1]
+    for s in spans:
+        assert s.attributes[sc.OUTPUT_TOKENS] == 4 and len(s.attributes[sc.TOKEN_EVENT_OFFSETS]) == 4
+        assert s.attributes[sc.REQUEST_ID] == "cmpl-fake"
+        assert s.attributes[sc.TOKEN_EVENT_ESTIMATED] is False  # every chunk one token: 8 counted, 8 in usage
+    assert spans[1].parent.span_id == spans[0].context.span_id  # the further choice: a child of the first
+    # the traceparent the server saw is the first choice's span: the engine's spans join that trace
+    assert server.requests[-1]["headers"]["traceparent"].split("-")[2] == format(spans[0].context.span_id, "016x")
+    assert spans[1].context.trace_id == spans[0].context.trace_id
+
+
+@pytest.mark.slow
+def test_real_vllm_two_choices_at_both_boundaries(vllm_server, tiny_model):
+    """n=2 through the SDK against vLLM: a record per choice at each boundary, paired by choice."""
+    from engine_hooks.tiny_model import prompt
+    from otel_llm.export import FileSpanExporter
+
+    base_url, traces, _ = vllm_server
+    tp = make_provider(exporter=FileSpanExporter(traces))  # the client's spans beside the engine's
+    c = instrument_openai(openai.OpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)
+    stream = c.completions.create(
+        model=tiny_model, prompt=prompt(32), max_tokens=10, n=2, stream=True, extra_body={"ignore_eos": True}
+    )
+    assert sorted({ch.choices[0].index for ch in stream if ch.choices}) == [0, 1]
+    tp.shutdown()
+    from collector.offline import batch_from_trace_file
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 10:
+        recs = batch_from_trace_file(traces).records()
+        clients = [r for r in recs if r.boundary == "client" and r.choice is not None]
+        mine = {r.trace_id for r in clients}
+        engines = [r for r in recs if r.boundary == "engine" and r.trace_id in mine]
+        if len(engines) == 2:
+            break
+        time.sleep(0.2)
+    assert sorted(r.choice for r in clients) == sorted(r.choice for r in engines) == [0, 1]
+    by = {(r.boundary, r.choice): r for r in clients + engines}
+    for k in (0, 1):
+        cl, en = by[("client", k)], by[("engine", k)]
+        assert cl.output_tokens == en.output_tokens == 10  # the engine row no longer holds half the client's
+        assert cl.peer_request_id == en.request_id and en.request_id.endswith(f"#{k}")

@@ -53,7 +53,8 @@ def test_instance_form(tmp_path, tiny_model):
     truth, spans = run_vllm_scenario(tmp_path, "instance", tiny_model)
     assert truth["same_object"] is True
     assert len(truth["warnings"]) == 1 and "llm.engine.step" in truth["warnings"][0]
-    trees = request_trees(spans)
+    choices = [s for s in spans if s.name == sc.SPAN_REQUEST and sc.REQUEST_CHOICE in s.attributes]
+    trees = request_trees([s for s in spans if s not in choices])
     assert set(trees) == {r["id"] for r in truth["requests"]}
     for tree in trees.values():
         check_nesting_and_order(tree)
@@ -61,7 +62,16 @@ def test_instance_form(tmp_path, tiny_model):
         # stats logging was on, so the engine core's own timestamps give the phases
         assert {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_STREAM} <= set(tree["children"])
     assert not [s for s in spans if s.name == sc.SPAN_STEP]  # said so in the warning
-    assert Counter(s.name for s in spans)[sc.SPAN_REQUEST] == 16  # hooked once, not twice
+    assert Counter(s.name for s in spans)[sc.SPAN_REQUEST] == 16 + 2  # hooked once, not twice
+    # SamplingParams(n=2): a request span per choice, its index on it, and a record each when derived
+    assert sorted(s.attributes[sc.REQUEST_CHOICE] for s in choices) == [0, 1]
+    assert {s.attributes[sc.REQUEST_ID] for s in choices} == {truth["n2"]["id"]}
+    assert [s.attributes[sc.OUTPUT_TOKENS] for s in choices] == truth["n2"]["tokens"] == [6, 6]
+    from collector.offline import batch_from_trace_file
+
+    recs = batch_from_trace_file(str(tmp_path / "instance.jsonl")).records()
+    n2 = sorted(r.request_id for r in recs if r.choice is not None)
+    assert n2 == [f"{truth['n2']['id']}#0", f"{truth['n2']['id']}#1"]  # two records, neither a duplicate
 
 
 def test_async_cancelled_mid_stream_and_traceparent(tmp_path, tiny_model):

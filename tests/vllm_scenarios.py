@@ -70,7 +70,13 @@ def scenario_instance(model: str) -> dict:
     same = engine_hooks.instrument(llm)
     engine_hooks.instrument(llm)  # twice: hooks are never applied twice, the warning comes once
     outs = llm.generate(prompts(16), SamplingParams(max_tokens=24, ignore_eos=True), use_tqdm=False)
-    return {"requests": truth_of(outs), "same_object": same is llm, "warnings": cap.messages}
+    (two,) = llm.generate(prompts(1), SamplingParams(n=2, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    return {
+        "requests": truth_of(outs),
+        "same_object": same is llm,
+        "warnings": cap.messages,
+        "n2": {"id": two.request_id, "tokens": [len(c.token_ids) for c in two.outputs]},
+    }
 
 
 async def _async_abort(model: str) -> dict:

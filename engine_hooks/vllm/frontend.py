@@ -85,9 +85,12 @@ def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) 
     attrs = {sc.REQUEST_MODEL: model} if model else {}
     cls = type(op)
 
-    def attributes(res, self, request, *a, **k):
+    def attributes(res, self, request, prompt=None, parent_req=None, request_index=0, *a, **k):
         ext = getattr(request, "external_req_id", None) or request.request_id
-        return {**attrs, sc.REQUEST_ID: ext, sc.REQUEST_INTERNAL_ID: request.request_id}
+        out = {**attrs, sc.REQUEST_ID: ext, sc.REQUEST_INTERNAL_ID: request.request_id}
+        if parent_req is not None:  # SamplingParams(n > 1): one child request per choice
+            out[sc.REQUEST_CHOICE] = int(request_index)
+        return out
 
     # bound to the instance: engines built without instrument() in this process stay untouched
     op.add_request = hooks.arrival(
