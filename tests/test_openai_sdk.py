@@ -344,3 +344,57 @@ def test_real_vllm_two_choices_at_both_boundaries(vllm_server, tiny_model):
         cl, en = by[("client", k)], by[("engine", k)]
         assert cl.output_tokens == en.output_tokens == 10  # the engine row no longer holds half the client's
         assert cl.peer_request_id == en.request_id and en.request_id.endswith(f"#{k}")
+
+
+@pytest.mark.slow
+def test_real_vllm_every_sync_idiom(vllm_server, tiny_model, tp, mem):
+    from engine_hooks.tiny_model import prompt
+
+    base_url, traces, _ = vllm_server
+    c = instrument_openai(openai.OpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)
+    kw = {"model": tiny_model, "prompt": prompt(32), "max_tokens": 8, "extra_body": {"ignore_eos": True}}
+    long = {**kw, "max_tokens": 400}
+    stream = c.completions.create(stream=True, **long)
+    assert isinstance(stream, openai.Stream) and stream.response.status_code == 200
+    next(stream)
+    stream.close()  # 1: cancelled
+    assert sum(1 for ch in c.with_options(timeout=60).completions.create(stream=True, **kw) if ch.choices) >= 1  # 2: ok
+    with c.completions.with_streaming_response.create(stream=True, **kw) as resp:  # 3: ok
+        assert resp.http_response.status_code == 200 and len([ch for ch in resp.parse() if ch.choices]) >= 1
+    raw = c.completions.with_raw_response.create(**kw)  # 4: ok, not streamed
+    assert raw.parse().usage.completion_tokens == 8
+    closed, opts, streamed, whole = sorted(client_spans(tp, mem, 4), key=lambda s: s.start_time)
+    assert closed.attributes[sc.STATUS] == "cancelled"
+    assert engine_span_of(traces, closed.context.trace_id)[sc.STATUS] == "cancelled"
+    for s in (opts, streamed, whole):
+        assert s.attributes[sc.STATUS] == "ok" and s.attributes[sc.OUTPUT_TOKENS] == 8
+        assert engine_span_of(traces, s.context.trace_id)[sc.OUTPUT_TOKENS] == 8  # the same request, both ends
+    assert whole.attributes[sc.STREAMING] is False and whole.attributes[sc.TOKEN_EVENT_OFFSETS] == ()
+
+
+@pytest.mark.slow
+def test_real_vllm_every_async_idiom(vllm_server, tiny_model, tp, mem):
+    from engine_hooks.tiny_model import prompt
+
+    base_url, traces, _ = vllm_server
+    kw = {"model": tiny_model, "prompt": prompt(32), "max_tokens": 8, "extra_body": {"ignore_eos": True}}
+
+    async def go():
+        c = instrument_openai(openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)
+        stream = await c.completions.create(stream=True, **kw)
+        assert isinstance(stream, openai.AsyncStream) and stream.response.status_code == 200
+        assert len([ch async for ch in stream if ch.choices]) >= 1  # 1: ok
+        async with await c.completions.create(stream=True, **{**kw, "max_tokens": 400}) as s:  # 2: cancelled
+            async for _ in s:
+                break
+        whole = await c.completions.create(**kw)  # 3: ok, not streamed
+        assert whole.usage.completion_tokens == 8
+        await c.close()
+
+    asyncio.run(go())
+    read, left, whole = sorted(client_spans(tp, mem, 3), key=lambda s: s.start_time)
+    assert read.attributes[sc.STATUS] == "ok" and read.attributes[sc.OUTPUT_TOKENS] == 8
+    assert read.attributes[sc.TOKEN_EVENT_ESTIMATED] is False
+    assert left.attributes[sc.STATUS] == "cancelled"
+    assert engine_span_of(traces, left.context.trace_id)[sc.STATUS] == "cancelled"
+    assert whole.attributes[sc.STATUS] == "ok" and whole.attributes[sc.OUTPUT_TOKENS] == 8
