@@ -502,3 +502,67 @@ def test_store_written_by_an_earlier_version_gains_new_columns(tmp_path):
     s.close()
     assert set(recs) == {"old", "q9-0", "q9-1"} and recs["old"].peer_request_id is None
     assert list(recs["old"].event_offsets_ns) == [5]
+
+
+# -- wire-level: what protobuf accepts, the C walk reads the same -----------------------------------
+
+REPRODUCER = (  # three spans; an unknown field (3, empty) inside the first one's token array
+    "0ae20112df0112630a1011111111111111111111111111111111120801010101010101012a0b6c6c6d2e7265717565737439010000"
+    "00000000004102000000000000004a260a1a6c6c6d2e746f6b656e5f6576656e742e6f6666736574735f6e7312082a060a02180"
+    "11a00123b0a1011111111111111111111111111111111120802020202020202022a0b6c6c6d2e72657175657374390100000000"
+    "000000410200000000000000123b0a1011111111111111111111111111111111120803030303030303032a0b6c6c6d2e726571"
+    "75657374390100000000000000410200000000000000"
+)
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _ld(field: int, payload: bytes) -> bytes:
+    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _span(sid: int, array_payload: bytes) -> bytes:
+    attr = _ld(1, sc.TOKEN_EVENT_OFFSETS.encode()) + _ld(2, _ld(5, array_payload))
+    return (
+        _ld(1, b"\x11" * 16)
+        + _ld(2, bytes([sid]) * 8)
+        + _ld(5, sc.SPAN_REQUEST.encode())
+        + b"\x39"
+        + (1).to_bytes(8, "little")
+        + b"\x41"
+        + (2).to_bytes(8, "little")
+        + _ld(9, attr)
+    )
+
+
+UNKNOWN = [b"\x10\x01", b"\x1a\x00", b"\x25\x00\x00\x00\x00", b"\x19" + b"\x00" * 8]  # varint, bytes, fixed32/64
+
+
+def test_the_reproducer_keeps_every_span():
+    body = bytes.fromhex(REPRODUCER)
+    fast, ref = decode.walk_bytes(body), walk_message(parse_request(body))
+    assert ref.total == 3 and len(ref.spans) == 3
+    assert fast is not None and (fast.total, fast.spans) == (ref.total, ref.spans)  # it returned 0 of 3
+
+
+@pytest.mark.parametrize("unknown", UNKNOWN, ids=["varint", "bytes", "fixed32", "fixed64"])
+@pytest.mark.parametrize("where", ["first", "between", "last", "only"])
+def test_unknown_fields_inside_a_token_array(unknown, where):
+    elems = [_ld(1, b"\x18" + _varint(v)) for v in (5, 9, 300)]
+    parts = {"first": [unknown, *elems], "between": [elems[0], unknown, *elems[1:]], "last": [*elems, unknown]}
+    parts["only"] = [unknown]
+    array = b"".join(parts[where])
+    spans = _ld(2, _span(1, array)) + _ld(2, _span(2, b"".join(elems)))  # ScopeSpans.spans
+    body = _ld(1, _ld(2, spans))  # ExportTraceServiceRequest.resource_spans / ResourceSpans.scope_spans
+    fast, ref = decode.walk_bytes(body), walk_message(parse_request(body))
+    assert len(ref.spans) == 2
+    assert fast is None or (fast.total, fast.spans) == (ref.total, ref.spans)  # protobuf's answer, or defer
+    assert fast is not None  # these are plain valid payloads: no need to defer

@@ -178,6 +178,7 @@ static int int_array(const uint8_t *data, Py_ssize_t len, PyObject *invalid, PyO
         }
         field f;
         if ((rc = next_field(&r, &f)) != 1) break;
+        rc = 0; /* a field read: nothing pending (an unknown field skipped must not end the walk) */
         if (f.num != 1) continue;
         if (f.wt != 2) {
             rc = FALLBACK;
