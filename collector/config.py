@@ -102,6 +102,8 @@ class ReceiverSettings:
     """What each OTLP receiver needs of the configuration, and nothing else."""
 
     max_message_bytes: int
+    max_connections: int = 64  # OTLP/HTTP connections at once; the next is refused with 503
+    read_timeout_s: float = 10.0  # longest wait for the next bytes of a request (headers, body)
     auth_token: str | None = None  # bearer token required, when set
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -137,6 +139,12 @@ class CollectorConfig:
     max_message_bytes: int = option(
         4 * 2**20, "--max-message-bytes", "N", "largest accepted export request, decompressed", int, 1024
     )
+    max_connections: int = option(
+        64, "--max-connections", "N", "OTLP/HTTP connections at once; the next is answered 503 and closed", int, 1
+    )
+    read_timeout_s: float = option(
+        10.0, "--read-timeout", "S", "longest wait for the next bytes of an OTLP/HTTP request", float, 0.01
+    )
     max_backlog: int = option(
         50_000,
         "--max-backlog",
@@ -165,7 +173,14 @@ class CollectorConfig:
 
     @property
     def receiver(self) -> ReceiverSettings:
-        return ReceiverSettings(self.max_message_bytes, self.auth_token, self.tls_cert, self.tls_key)
+        return ReceiverSettings(
+            self.max_message_bytes,
+            self.max_connections,
+            self.read_timeout_s,
+            self.auth_token,
+            self.tls_cert,
+            self.tls_key,
+        )
 
 
 def parse_slos(values: list[str], tpot_undefined: str = "pass") -> dict[str, SLO]:

@@ -66,6 +66,10 @@ def parse_request(body: bytes, json_body: bool = False) -> ExportTraceServiceReq
             return from_json(body)
         except ValueError as exc:
             raise DecodeError(str(exc)) from None
+        except RecursionError:  # [[[[... nested past the interpreter's depth
+            raise DecodeError("malformed JSON: nested too deeply") from None
+        except (SystemError, UnicodeError, TypeError) as exc:  # e.g. a lone surrogate in a key
+            raise DecodeError(f"malformed JSON: {type(exc).__name__}: {exc}"[:300]) from None
     req = ExportTraceServiceRequest()
     try:
         req.ParseFromString(body)

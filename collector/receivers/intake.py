@@ -5,10 +5,17 @@ processor gets only its next consumer), its :class:`~collector.config.ReceiverSe
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from typing import Protocol
 
 from .decode import DecodeError, PayloadTooLarge
+
+
+def token_matches(authorization: str | None, token: str) -> bool:
+    """``Authorization: Bearer TOKEN``, compared in constant time (no timing oracle on the token)."""
+    want = f"Bearer {token}".encode()
+    return hmac.compare_digest((authorization or "").encode("utf-8", "surrogateescape"), want)
 
 
 class Overloaded(Exception):
@@ -42,4 +49,12 @@ class Intake(Protocol):
         ...
 
 
-__all__ = ["AcceptResult", "DecodeError", "Intake", "Overloaded", "PayloadTooLarge", "ReceiverCounters"]
+__all__ = [
+    "AcceptResult",
+    "DecodeError",
+    "Intake",
+    "Overloaded",
+    "PayloadTooLarge",
+    "ReceiverCounters",
+    "token_matches",
+]

@@ -16,7 +16,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from ..config import ReceiverSettings
-from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters
+from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters, token_matches
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
 
@@ -65,7 +65,7 @@ class GrpcReceiver:
         token = self.settings.auth_token
         if token:
             md = dict(context.invocation_metadata())
-            if md.get("authorization") != f"Bearer {token}":
+            if not token_matches(md.get("authorization"), token):
                 self.counters.unauthenticated += 1
                 context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
         try:

@@ -17,16 +17,52 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from ..config import ReceiverSettings, listen
-from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters
+from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters, token_matches
 
 PATH = "/v1/traces"
+
+
+_BUSY = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once: the next is answered 503 with
+    ``Retry-After`` and closed (held connections cannot take the process's memory or threads)."""
+
+    daemon_threads = True
+
+    def set_bound(self, max_connections: int) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            try:
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
 
 class HttpReceiver:
     def __init__(self, intake: Intake, settings: ReceiverSettings, counters: ReceiverCounters, host: str, port: int):
         self.intake, self.settings, self.counters = intake, settings, counters
         handler = self._handler_class()
-        self.server = listen(ThreadingHTTPServer, host, port, handler, "OTLP/HTTP receiver")
+        self.server = listen(_BoundedServer, host, port, handler, "OTLP/HTTP receiver")
+        self.server.set_bound(settings.max_connections)
         self.server.daemon_threads = True
         cfg = settings
         if cfg.tls_cert and cfg.tls_key:
@@ -41,6 +77,7 @@ class HttpReceiver:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            timeout = settings.read_timeout_s  # every read of the socket: a held body cannot pin a thread
 
             def log_message(self, *a):
                 pass
@@ -71,7 +108,7 @@ class HttpReceiver:
                     self.close_connection = True
                     self._status(5, 404, f"unknown path {self.path}; traces go to {PATH}", as_json)
                     return
-                if length is None or not length.isdigit():
+                if length is None or not (length.isascii() and length.isdigit()):  # "²".isdigit() is True
                     self.close_connection = True
                     self._status(3, 411, "Content-Length required", as_json)
                     return
@@ -81,11 +118,20 @@ class HttpReceiver:
                     self.close_connection = True
                     self._status(8, 413, f"body of {n} bytes is over the {limit}-byte limit", as_json)
                     return
-                body = self.rfile.read(n)
                 token = settings.auth_token
-                if token and self.headers.get("Authorization") != f"Bearer {token}":
+                if token and not token_matches(self.headers.get("Authorization"), token):  # before the body
                     counters.unauthenticated += 1
+                    self.close_connection = True
                     self._status(16, 401, "missing or wrong bearer token", as_json, {"WWW-Authenticate": "Bearer"})
+                    return
+                try:
+                    body = self.rfile.read(n)
+                except TimeoutError:  # a client that holds its body back: the connection goes
+                    self.close_connection = True
+                    return
+                if len(body) < n:
+                    self.close_connection = True
+                    self._status(3, 400, f"body ended after {len(body)} of {n} bytes", as_json)
                     return
                 if ctype not in ("application/x-protobuf", "application/json"):
                     self._status(
