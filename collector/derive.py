@@ -187,11 +187,18 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     return _Requests(recs, code, queue, prefill, decode, preemptions, preempted, first_sched, first_gen, pairs)
 
 
-def _events(offsets: tuple, tokens: tuple) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+#: More tokens than this in one event is not an output chunk: the event is invalid.
+MAX_EVENT_TOKENS = 1 << 31
+
+
+def _events(offsets: tuple, tokens: tuple, duration_ns: np.ndarray) -> tuple[np.ndarray, ...]:
     """Token events of every record from its int64 byte arrays, made valid where they enter
     derivation (:func:`~otel_llm.timeline.clean_events`). A record whose arrays are unusable
-    (another type, mismatched lengths) keeps none.
-    Returns (event_start[n + 1], offsets, tokens)."""
+    (another type, mismatched lengths) keeps none; so does one with an event outside its span
+    (offset < 0 or past ``duration_ns``) or with a token count outside [0, MAX_EVENT_TOKENS]: such
+    events would make a negative TTFT or a negative token counter. Those records' event counts are
+    returned as ``rejected``.
+    Returns (event_start[n + 1], offsets, tokens, rejected[n])."""
     n = len(offsets)
     ob = [o if type(o) is bytes else b"" for o in offsets]
     tb = [k if type(k) is bytes else b"" for k in tokens]
@@ -204,7 +211,15 @@ def _events(offsets: tuple, tokens: tuple) -> tuple[np.ndarray, np.ndarray, np.n
         no[bad] = 0
     offs = np.frombuffer(b"".join(ob), np.int64)
     toks = np.frombuffer(b"".join(tb), np.int64)
-    return clean_events(np.repeat(np.arange(n), no // 8), offs, toks, n)
+    owner = np.repeat(np.arange(n), no // 8)
+    rejected = np.zeros(n, np.int64)
+    invalid = (offs < 0) | (offs > duration_ns[owner]) | (toks < 0) | (toks > MAX_EVENT_TOKENS)
+    if invalid.any():
+        bad_rec = np.unique(owner[invalid])
+        rejected[bad_rec] = (no // 8)[bad_rec]
+        keep = ~np.isin(owner, bad_rec)
+        owner, offs, toks = owner[keep], offs[keep], toks[keep]
+    return (*clean_events(owner, offs, toks, n), rejected)
 
 
 def _seconds(ns: np.ndarray) -> np.ndarray:
@@ -233,7 +248,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     cols = list(zip(*recs)) if n else [()] * sp.WIDTH
     submit = np.array(cols[sp.START], np.int64)
     end = np.array(cols[sp.END], np.int64)
-    start, offs, toks = _events(cols[sp.OFFSETS], cols[sp.TOKENS])
+    start, offs, toks, rejected = _events(cols[sp.OFFSETS], cols[sp.TOKENS], end - submit)
     counts = np.diff(start)
     has = counts > 0
     first_event = np.full(n, NO_NS, np.int64)  # Unix ns of each record's first token event
@@ -290,6 +305,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         run_id=run_id,
         warmup=warmup,
         choice=choice,
+        events_rejected=rejected,
         submit_ns=submit,
         end_ns=end,
         event_start=start,

@@ -86,6 +86,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("input_tokens", INT, "tokens", "prompt tokens", unknown=-1),
     Column("output_tokens", INT, "tokens", "N = sum of the tokens of every event"),
     Column("estimated_tokens", FLAG, "", "the client counted tokens itself rather than from usage"),
+    Column(
+        "events_rejected", INT, "", "token events dropped as invalid (outside the span, or a token count out of range)"
+    ),
     # per-request metrics (docs/metrics/spec.md)
     Column("ttft", SECONDS, "s", "first token event - submit; unknown without a token"),
     Column("tpot", SECONDS, "s", "(last - first token event) / (N - 1); unknown for N <= 1, never 0"),

@@ -34,6 +34,7 @@ class Collector:
         self.store_writer = StoreWriter(self.store) if self.store is not None else None
         self.receiver_counters = ReceiverCounters()
         self.records_derived = 0
+        self.events_rejected = 0  # token events dropped as invalid (see derive._events)
         self._backlog: list[ReleasedTrace] = []
         self._backlog_lock = threading.Lock()
         self._stop = threading.Event()
@@ -79,6 +80,7 @@ class Collector:
                 self.store_writer.put(batch)
             self.registry.record(batch, rm)
             self.records_derived += len(batch)
+            self.events_rejected += int(batch.events_rejected.sum())
         return len(batch)
 
     def tick(self, now: float | None = None) -> int:
@@ -107,6 +109,7 @@ class Collector:
         out["assembly_traces_in_flight"] = len(self.assembler)
         out["derivation_backlog_traces"] = len(self._backlog)
         out["records_derived"] = self.records_derived
+        out["token_events_rejected"] = self.events_rejected
         if self.store is not None:
             out["store_records"] = self.store_writer.stored
             out["store_duplicates_ignored"] = self.store_writer.duplicates

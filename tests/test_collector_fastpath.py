@@ -566,3 +566,36 @@ def test_unknown_fields_inside_a_token_array(unknown, where):
     assert len(ref.spans) == 2
     assert fast is None or (fast.total, fast.spans) == (ref.total, ref.spans)  # protobuf's answer, or defer
     assert fast is not None  # these are plain valid payloads: no need to defer
+
+
+@pytest.mark.parametrize(
+    "offsets, tokens",
+    [
+        ([-(2**63)], [2**63 - 1]),  # the attacker's: a TTFT of -9.2e9 s and a negative token counter
+        ([5 * 1_000_000, -1], [1, 1]),  # one event before the span starts
+        ([5 * 1_000_000, 200 * 1_000_000], [1, 1]),  # one after it ends
+        ([5 * 1_000_000], [-3]),  # a negative count
+    ],
+)
+def test_token_events_outside_their_span_are_rejected_and_counted(offsets, tokens):
+    ms = 1_000_000
+    t = "77" * 16
+    good = make_span(
+        t,
+        "b1" * 8,
+        sc.SPAN_CLIENT_REQUEST,
+        start=0,
+        end=100 * ms,
+        request_id="good",
+        offsets=[10 * ms, 20 * ms],
+        tokens=[1, 2],
+    )
+    bad = make_span(
+        t, "b2" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=100 * ms, request_id="bad", offsets=offsets, tokens=tokens
+    )
+    batch, rm = derive([ReleasedTrace(bytes.fromhex(t), [good, bad], "grace")])
+    recs = {r.request_id: r for r in batch.records()}
+    assert recs["bad"].events_rejected == len(offsets) and recs["bad"].event_offsets_ns == []
+    assert recs["bad"].ttft is None and recs["bad"].output_tokens == 0
+    assert recs["good"].events_rejected == 0 and recs["good"].output_tokens == 3  # the rest of the batch as it was
+    assert (rm.output_tokens >= 0).all() and (np.nan_to_num(rm.ttft) >= 0).all()
