@@ -20,6 +20,7 @@ the rest is numpy over the whole batch.
 from __future__ import annotations
 
 import operator
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 from itertools import repeat
@@ -57,29 +58,54 @@ def _request_id(s: tuple) -> str:
 def _pair(clients: list[int], engines: list[int], recs: list[tuple], spans: list[tuple]) -> list[tuple[int, int]]:
     """Match the client and engine records (indices into ``recs``) of one trace: by ancestry (the
     engine span descends from the client span through the injected traceparent, maybe through
-    spans in between; among several, the one with the client's request id, else with its choice
-    index), then by request id, then one to one."""
+    spans in between, at most 64 hops; among several, the one with the client's request id, else
+    with its choice index), then by request id, then by choice, then one to one.
+
+    Linear in the trace's spans: each engine span's ancestors are walked once, and the candidates
+    by request id and by choice wait in queues (a trace of N clients and N engines once took
+    O(N^2): 8.6 s at N = 1,600, holding the derivation lock)."""
     parent_of = {s[sp.SPAN_ID]: s[sp.PARENT_ID] for s in spans}
-    free = list(engines)
+    client_sids = {recs[c][sp.SPAN_ID] for c in clients}
+    below_of: dict[bytes, list[int]] = {}  # client span id -> the engines descending from it, in order
+    by_id: dict[str, deque] = {}
+    by_choice: dict[int, deque] = {}
+    for e in engines:
+        p, hops, seen = recs[e][sp.PARENT_ID], 0, set()
+        while p and hops < 64:
+            if p in client_sids and p not in seen:
+                seen.add(p)
+                below_of.setdefault(p, []).append(e)
+            p, hops = parent_of.get(p, b""), hops + 1
+        by_id.setdefault(_request_id(recs[e]), deque()).append(e)
+        ch = _choice(recs[e])
+        if ch is not None:
+            by_choice.setdefault(ch, deque()).append(e)
+    taken: set[int] = set()
+
+    def first_free(queue: deque | None) -> int | None:
+        while queue and queue[0] in taken:
+            queue.popleft()
+        return queue[0] if queue else None
+
     pairs = []
     for c in clients:
-        csid, rid = recs[c][sp.SPAN_ID], _request_id(recs[c])
-        below = []  # engine spans descending from this client span
-        for j, e in enumerate(free):
-            p, hops = recs[e][sp.PARENT_ID], 0
-            while p and hops < 64:
-                if p == csid:
-                    below.append(j)
-                    break
-                p, hops = parent_of.get(p, b""), hops + 1
-        same_id = [j for j in (below or range(len(free))) if _request_id(recs[free[j]]) == rid]
-        if not same_id and _choice(recs[c]) is not None:  # n > 1: the engine's child for this choice
-            same_id = [j for j in (below or range(len(free))) if _choice(recs[free[j]]) == _choice(recs[c])]
-        match = same_id[0] if same_id else (below[0] if below else None)
-        if match is None and len(clients) == 1 and len(free) == 1:
-            match = 0
+        rid, ch = _request_id(recs[c]), _choice(recs[c])
+        below = [e for e in below_of.get(recs[c][sp.SPAN_ID], ()) if e not in taken]
+        if below:
+            match = next((e for e in below if _request_id(recs[e]) == rid), None)
+            if match is None and ch is not None:  # n > 1: the engine's child for this choice
+                match = next((e for e in below if _choice(recs[e]) == ch), None)
+            if match is None:
+                match = below[0]
+        else:
+            match = first_free(by_id.get(rid))
+            if match is None and ch is not None:
+                match = first_free(by_choice.get(ch))
+        if match is None and len(clients) == 1 and len(engines) == 1:
+            match = engines[0]
         if match is not None:
-            pairs.append((c, free.pop(match)))
+            taken.add(match)
+            pairs.append((c, match))
     return pairs
 
 
