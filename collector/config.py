@@ -48,6 +48,16 @@ def text_or_off(text: str) -> str | None:
     return None if text.strip().lower() in OFF else text
 
 
+def yes_no(text: str) -> bool:
+    """A switch option: true/false, yes/no, on/off, 1/0."""
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError("expected true or false")
+
+
 def option(default: Any, flag: str, metavar: str, help: str, parse: Callable[[str], Any] = str, minimum=None):
     """A configuration field that is also a command-line option (``flag``) and an environment
     variable. ``parse`` turns the option's text into the field's value (ValueError: bad text);
@@ -145,6 +155,9 @@ class CollectorConfig:
     read_timeout_s: float = option(
         10.0, "--read-timeout", "S", "longest wait for the next bytes of an OTLP/HTTP request", float, 0.01
     )
+    max_models: int = option(
+        100, "--max-label-values", "N", "distinct model labels on the metrics; later ones fold into '_other'", int, 1
+    )
     max_backlog: int = option(
         50_000,
         "--max-backlog",
@@ -156,6 +169,13 @@ class CollectorConfig:
     auth_token: str | None = option(
         None, "--auth-token", "TOKEN", "require 'Authorization: Bearer TOKEN' on both receivers", text_or_off
     )
+    metrics_auth: bool = option(
+        False,
+        "--metrics-auth",
+        "BOOL",
+        "require the --auth-token on /metrics too (it exposes request counts, latencies and model names)",
+        yes_no,
+    )
     tls_cert: str | None = option(None, "--tls-cert", "PEM", "TLS certificate for both receivers", text_or_off)
     tls_key: str | None = option(None, "--tls-key", "PEM", "TLS private key", text_or_off)
     tick_s: float = 0.1  # how often the derivation thread releases assembled traces
@@ -166,6 +186,8 @@ class CollectorConfig:
             v = getattr(self, name)
             if v is not None:
                 host_port(v)
+        if self.metrics_auth and not self.auth_token:
+            raise ValueError("--metrics-auth needs --auth-token")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("--tls-cert and --tls-key go together")
         if self.tick_s <= 0:

@@ -105,11 +105,23 @@ class Counter:
 
 
 BM = ("boundary", "model")
+#: The model label of the records past the registry's limit of distinct models.
+OTHER_MODEL = "_other"
+#: Longest model label kept (a longer name is cut, so one request cannot make a scrape huge).
+MAX_LABEL_CHARS = 128
 
 
 class MetricsRegistry:
-    def __init__(self, slos: dict[str, SLO] | None = None):
+    """Cumulative histograms and counters of derived records, by boundary and model. The model
+    label takes at most ``max_models`` distinct values (each at most :data:`MAX_LABEL_CHARS`);
+    later models fold into :data:`OTHER_MODEL` and are counted (``records_folded``): the series
+    and the scrape stay bounded whatever names the spans carry."""
+
+    def __init__(self, slos: dict[str, SLO] | None = None, max_models: int = 100):
         self.slos = dict(slos or {})
+        self.max_models = max_models
+        self._models: set[str] = set()
+        self.records_folded = 0
         self.start_time_ns = time.time_ns()
         self._lock = threading.Lock()
         h = lambda name, unit, desc, b: Histogram(name, unit, desc, b, BM)
@@ -156,6 +168,16 @@ class MetricsRegistry:
         )
         self.preemptions = Counter("llm.preemptions", "{preemption}", "Preemptions of derived engine requests", BM)
 
+    def _model_label(self, model: str) -> str:
+        if model in self._models:
+            return model
+        model = model[:MAX_LABEL_CHARS]
+        if model in self._models or len(self._models) < self.max_models:
+            self._models.add(model)
+            return model
+        self.records_folded += 1
+        return OTHER_MODEL
+
     @property
     def families(self) -> list:
         return [
@@ -177,7 +199,7 @@ class MetricsRegistry:
         if not len(batch):
             return
         groups: dict[tuple, list[int]] = {}
-        for i, labels in enumerate(zip(batch.boundary, batch.model)):
+        for i, labels in enumerate(zip(batch.boundary, map(self._model_label, batch.model))):
             g = groups.get(labels)
             if g is None:
                 groups[labels] = [i]

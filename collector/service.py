@@ -29,7 +29,7 @@ class Collector:
     def __init__(self, config: CollectorConfig | None = None):
         self.config = cfg = config or CollectorConfig()
         self.assembler = TraceAssembler(cfg.assembly)
-        self.registry = MetricsRegistry(cfg.slos)
+        self.registry = MetricsRegistry(cfg.slos, cfg.max_models)
         self.store = RequestStore(cfg.store) if cfg.store else None
         self.store_writer = StoreWriter(self.store) if self.store is not None else None
         self.receiver_counters = ReceiverCounters()
@@ -110,6 +110,7 @@ class Collector:
         out["derivation_backlog_traces"] = len(self._backlog)
         out["records_derived"] = self.records_derived
         out["token_events_rejected"] = self.events_rejected
+        out["metrics_records_folded"] = self.registry.records_folded
         if self.store is not None:
             out["store_records"] = self.store_writer.stored
             out["store_duplicates_ignored"] = self.store_writer.duplicates
@@ -143,7 +144,10 @@ class Collector:
             from .exporters.prometheus import PrometheusEndpoint
 
             self.prometheus = PrometheusEndpoint(
-                *host_port(cfg.prometheus), self.registry.snapshot, self.self_counters
+                *host_port(cfg.prometheus),
+                self.registry.snapshot,
+                self.self_counters,
+                token=cfg.auth_token if cfg.metrics_auth else None,
             ).start()
         if cfg.forward_metrics:
             from .exporters.otlp_metrics import MetricsPusher

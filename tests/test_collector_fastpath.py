@@ -599,3 +599,37 @@ def test_token_events_outside_their_span_are_rejected_and_counted(offsets, token
     assert recs["bad"].ttft is None and recs["bad"].output_tokens == 0
     assert recs["good"].events_rejected == 0 and recs["good"].output_tokens == 3  # the rest of the batch as it was
     assert (rm.output_tokens >= 0).all() and (np.nan_to_num(rm.ttft) >= 0).all()
+
+
+def test_model_labels_are_capped_and_cut(make_collector):
+    """2,000 distinct 1 KB model names (the attack) make at most max_models series, each name cut."""
+    from collector.exporters.prometheus import render
+    from collector.metrics_registry import MAX_LABEL_CHARS, OTHER_MODEL, MetricsRegistry
+
+    ms = 1_000_000
+    spans = [
+        make_span(
+            f"{i:032x}",
+            f"{i + 1:016x}",
+            sc.SPAN_CLIENT_REQUEST,
+            start=0,
+            end=50 * ms,
+            request_id=f"r{i}",
+            model=f"{i:04d}" + "m" * 1020,
+            status="ok",
+            offsets=[10 * ms],
+            tokens=[1],
+        )
+        for i in range(2000)
+    ]
+    batch, rm = derive([ReleasedTrace(s[sp.TRACE_ID], [s], "grace") for s in spans])
+    reg = MetricsRegistry(max_models=5)
+    reg.record(batch, rm)
+    models = {labels[1] for labels in reg.requests.series}
+    assert len(models) == 6 and OTHER_MODEL in models  # 5 kept, the rest folded into one
+    assert max(map(len, models)) == MAX_LABEL_CHARS
+    assert reg.records_folded == 1995
+    assert sum(reg.requests.series.values()) == 2000  # folded, not lost
+    assert len(render(reg.snapshot())) < 200_000  # a scrape of a few series, not 487 MiB
+    c = make_collector(max_models=2)
+    assert c.registry.max_models == 2 and "metrics_records_folded" in c.self_counters()

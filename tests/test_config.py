@@ -7,7 +7,7 @@ import pytest
 from conftest import run_cli
 
 from collector.cli import config_from_args
-from collector.config import AssemblyConfig, CollectorConfig, address, options_of, text_or_off
+from collector.config import AssemblyConfig, CollectorConfig, address, options_of, text_or_off, yes_no
 from otel_llm import environment
 from otel_llm.cli import build_parser
 from otel_llm.cli_options import CLIError
@@ -20,6 +20,8 @@ def _sample(f) -> tuple[str, object]:
         return "127.0.0.1:1234", "127.0.0.1:1234"
     if parse is text_or_off:
         return "x", "x"
+    if parse is yes_no:
+        return "true", True
     v = parse(low if low is not None else 1) + parse(5)
     return str(v), v
 
@@ -149,3 +151,21 @@ def test_destination_names_where_spans_go(monkeypatch):
     assert destination() == "OTLP/gRPC http://collector:4318/"
     monkeypatch.setenv("OTEL_LLM_TRACES_FILE", "/tmp/t.jsonl")
     assert destination() == "the file /tmp/t.jsonl (OTLP JSON lines)"
+
+
+def test_metrics_auth_is_a_choice(make_collector):
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(ValueError, match="--metrics-auth needs --auth-token"):
+        CollectorConfig(metrics_auth=True)
+    open_c = make_collector(auth_token="t0k")  # the default: /metrics stays open to a scraper
+    url = f"http://127.0.0.1:{open_c.prometheus.address[1]}/metrics"
+    assert urllib.request.urlopen(url, timeout=5).status == 200
+    c = make_collector(auth_token="t0k", metrics_auth=True)
+    url = f"http://127.0.0.1:{c.prometheus.address[1]}/metrics"
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(url, timeout=5)
+    assert err.value.code == 401
+    req = urllib.request.Request(url, headers={"Authorization": "Bearer t0k"})
+    assert b"otel_llm_collector_receiver_requests_total" in urllib.request.urlopen(req, timeout=5).read()

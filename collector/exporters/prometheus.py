@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..config import listen
 from ..metrics_registry import Counter, Histogram
+from ..receivers.intake import token_matches
 
 UNIT_SUFFIX = {"s": "seconds", "ms": "milliseconds", "By": "bytes"}
 
@@ -80,13 +81,26 @@ def render(families: list, self_counters: dict[str, float] | None = None) -> str
 class PrometheusEndpoint:
     """Serves ``/metrics`` from a snapshot callable."""
 
-    def __init__(self, host: str, port: int, snapshot: Callable[[], list], self_counters: Callable[[], dict]):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        snapshot: Callable[[], list],
+        self_counters: Callable[[], dict],
+        token: str | None = None,
+    ):
         snap, selfc = snapshot, self_counters
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404, "see /metrics")
+                    return
+                if token and not token_matches(self.headers.get("Authorization"), token):
+                    self.send_response(401)
+                    self.send_header("WWW-Authenticate", "Bearer")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
                     return
                 body = render(snap(), selfc()).encode()
                 self.send_response(200)
