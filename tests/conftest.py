@@ -45,6 +45,16 @@ def jsonl(tmp_path):
     return make
 
 
+@pytest.fixture
+def server():
+    """A fake OpenAI-compatible server on loopback that speaks the wire format (tests/fake_openai.py)."""
+    from fake_openai import FakeOpenAI
+
+    s = FakeOpenAI()
+    yield s
+    s.close()
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory):
     """The tiny random-weight Llama, built locally once per session (nothing downloaded)."""

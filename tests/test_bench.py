@@ -9,17 +9,9 @@ import time
 import numpy as np
 import pytest
 from conftest import ROOT, run_cli
-from fake_openai import FakeOpenAI
 from span_records import read_trace_file
 
 from otel_llm.load import LengthDist, LoadSpec, arrival_offsets
-
-
-@pytest.fixture
-def server():
-    s = FakeOpenAI()
-    yield s
-    s.close()
 
 
 def test_length_distributions():
@@ -118,24 +110,11 @@ def test_closed_loop_run(server):
     assert "completed 12" in proc.stdout and "not the same load" in proc.stdout
 
 
-def test_ctrl_c_cancels_in_flight_and_still_summarises(server, tmp_path):
+def interrupted_bench(server, args: list[str], ready) -> tuple[int, str, str]:
+    """Run bench against ``server``, send SIGINT once ``ready()`` holds (then half a second more),
+    and return (exit code, stdout, stderr)."""
     p = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "otel_llm",
-            "bench",
-            "--base-url",
-            server.base_url,
-            "--model",
-            "m",
-            "--concurrency",
-            "4",
-            "--num-requests",
-            "50",
-            "--output-tokens",
-            "200",
-        ],
+        [sys.executable, "-m", "otel_llm", "bench", "--base-url", server.base_url, "--model", "m", *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -143,12 +122,18 @@ def test_ctrl_c_cancels_in_flight_and_still_summarises(server, tmp_path):
         env={**__import__("os").environ, "OTEL_TRACES_EXPORTER": "none"},
     )
     t0 = time.monotonic()
-    while len(server.requests) < 4 and time.monotonic() - t0 < 60:  # the load is running
+    while not ready() and time.monotonic() - t0 < 60:
         time.sleep(0.05)
     time.sleep(0.5)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err
+    return p.returncode, out, err
+
+
+def test_ctrl_c_cancels_in_flight_and_still_summarises(server, tmp_path):
+    args = ["--concurrency", "4", "--num-requests", "50", "--output-tokens", "200"]
+    code, out, err = interrupted_bench(server, args, lambda: len(server.requests) >= 4)  # the load is running
+    assert code == 130, err
     assert "interrupted: True" in out
     cancelled = int(out.split("cancelled ")[1].split(",")[0])
     assert cancelled >= 1
@@ -192,20 +177,8 @@ def test_a_run_in_which_nothing_succeeded_exits_non_zero():
 
 
 def test_ctrl_c_in_an_idle_open_loop_says_interrupted(server):
-    p = subprocess.Popen(
-        [sys.executable, "-m", "otel_llm", *BENCH[:2], server.base_url, "--model", "m"]
-        + ["--rate", "0.5", "--num-requests", "20", "--output-tokens", "2", "--arrival", "constant"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**__import__("os").environ, "OTEL_TRACES_EXPORTER": "none"},
-    )
-    t0 = time.monotonic()
-    while not server.requests and time.monotonic() - t0 < 60:  # the first request went out...
-        time.sleep(0.05)
-    time.sleep(0.5)  # ...and is done: nothing in flight until the next arrival, 2 s later
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
-    assert p.returncode == 130, err
+    args = ["--rate", "0.5", "--num-requests", "20", "--output-tokens", "2", "--arrival", "constant"]
+    # the first request went out and is done: nothing in flight until the next arrival, 2 s later
+    code, out, err = interrupted_bench(server, args, lambda: bool(server.requests))
+    assert code == 130, err
     assert "interrupted: True" in out

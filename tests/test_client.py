@@ -3,19 +3,11 @@
 import asyncio
 
 import pytest
-from fake_openai import FakeOpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm import semconv as sc
 from otel_llm.client import TracedClient, instrument_openai
 from otel_llm.tracing import make_provider
-
-
-@pytest.fixture
-def server():
-    s = FakeOpenAI()
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ import os
 import time
 
 import pytest
-from fake_openai import FakeOpenAI
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm import semconv as sc
@@ -19,13 +18,6 @@ from otel_llm.client import instrument_openai
 from otel_llm.tracing import make_provider
 
 openai = pytest.importorskip("openai")
-
-
-@pytest.fixture
-def server():
-    s = FakeOpenAI()
-    yield s
-    s.close()
 
 
 @pytest.fixture
