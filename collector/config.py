@@ -135,6 +135,14 @@ class CollectorConfig:
         "send every received span on, unchanged, e.g. to Jaeger: http://HOST:4318 or grpc://HOST:4317",
         text_or_off,
     )
+    forward_queue_bytes: int = option(
+        64 << 20,
+        "--forward-queue-bytes",
+        "N",
+        "bodies waiting for --forward-traces, at most; beyond, dropped and counted",
+        int,
+        1,
+    )
     forward_metrics: str | None = option(
         None, "--forward-metrics", "URL", "push metrics over OTLP: http://HOST:4318 or grpc://HOST:4317", text_or_off
     )

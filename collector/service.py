@@ -120,6 +120,7 @@ class Collector:
                 forward_traces_sent=self.forwarder.sent,
                 forward_traces_failed=self.forwarder.failed,
                 forward_traces_dropped=self.forwarder.dropped,
+                forward_traces_queued_bytes=self.forwarder.queued_bytes,
             )
         return out
 
@@ -131,7 +132,7 @@ class Collector:
         if cfg.forward_traces:
             from .exporters.forward_traces import TraceForwarder
 
-            self.forwarder = TraceForwarder(cfg.forward_traces).start()
+            self.forwarder = TraceForwarder(cfg.forward_traces, max_queue_bytes=cfg.forward_queue_bytes).start()
         if cfg.otlp_grpc:
             self.receivers.append(
                 GrpcReceiver(self, cfg.receiver, self.receiver_counters, *host_port(cfg.otlp_grpc)).start()

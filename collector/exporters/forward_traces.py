@@ -1,6 +1,7 @@
 """Trace forwarding (``--forward-traces URL``): every accepted export request is sent on,
-unchanged, to an OTLP endpoint (Jaeger, another collector). Queued, bounded, off the receiving
-threads: a full queue drops and counts; a failed send is counted.
+unchanged, to an OTLP endpoint (Jaeger, another collector). Queued off the receiving threads and
+bounded in bytes (``max_queue_bytes``) as well as in requests: a full queue drops and counts (a
+target that never answers cannot take the collector's memory); a failed send is counted.
 
 ``URL``: ``http://host:4318`` (OTLP/HTTP protobuf, ``/v1/traces`` appended) or ``grpc://host:4317``.
 """
@@ -16,10 +17,12 @@ log = logging.getLogger("collector")
 
 
 class TraceForwarder:
-    def __init__(self, url: str, max_queue: int = 10_000, timeout_s: float = 10.0):
-        self.url, self.timeout_s = url, timeout_s
+    def __init__(self, url: str, max_queue: int = 10_000, timeout_s: float = 10.0, max_queue_bytes: int = 64 << 20):
+        self.url, self.timeout_s, self.max_queue_bytes = url, timeout_s, max_queue_bytes
         self._q: queue.Queue = queue.Queue(max_queue)
         self.sent = self.failed = self.dropped = 0
+        self.queued_bytes = 0  # bodies waiting to be sent
+        self._bytes_lock = threading.Lock()
         self._warned = False
         if url.startswith("grpc://"):
             import grpc
@@ -51,9 +54,16 @@ class TraceForwarder:
 
     def submit(self, body: bytes) -> None:
         """Queue one serialized ExportTraceServiceRequest (protobuf)."""
+        with self._bytes_lock:
+            if self.queued_bytes + len(body) > self.max_queue_bytes:
+                self.dropped += 1
+                return
+            self.queued_bytes += len(body)
         try:
             self._q.put_nowait(body)
         except queue.Full:
+            with self._bytes_lock:
+                self.queued_bytes -= len(body)
             self.dropped += 1
 
     def _run(self) -> None:
@@ -61,6 +71,8 @@ class TraceForwarder:
             body = self._q.get()
             if body is None:
                 return
+            with self._bytes_lock:
+                self.queued_bytes -= len(body)
             try:
                 self._send(body)
                 self.sent += 1
