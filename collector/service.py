@@ -108,6 +108,10 @@ class Collector:
         out.update({f"assembly_{k}": v for k, v in asdict(self.assembler.counters).items()})
         out["assembly_traces_in_flight"] = len(self.assembler)
         out["derivation_backlog_traces"] = len(self._backlog)
+        cfg = self.config  # each buffer's bound beside its level
+        out["assembly_traces_limit"] = cfg.assembly.max_traces
+        out["derivation_backlog_limit"] = cfg.max_backlog
+        out["receiver_http_connections_limit"] = cfg.max_connections
         out["records_derived"] = self.records_derived
         out["token_events_rejected"] = self.events_rejected
         out["metrics_records_folded"] = self.registry.records_folded
@@ -121,6 +125,7 @@ class Collector:
                 forward_traces_failed=self.forwarder.failed,
                 forward_traces_dropped=self.forwarder.dropped,
                 forward_traces_queued_bytes=self.forwarder.queued_bytes,
+                forward_traces_queue_limit_bytes=self.forwarder.max_queue_bytes,
             )
         return out
 

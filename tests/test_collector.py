@@ -176,6 +176,8 @@ def test_prometheus_metrics_and_slo_counter(make_collector):
     assert "llm_inter_token_latency_seconds_count" in text and "llm_queue_duration_seconds_count" in text
     assert "# TYPE otel_llm_collector_receiver_spans_total counter" in text  # Prometheus naming: counters
     assert "# TYPE otel_llm_collector_assembly_traces_in_flight gauge" in text  # a level stays a gauge
+    for bound in ("assembly_traces_limit", "derivation_backlog_limit", "receiver_http_connections_limit"):
+        assert f"# TYPE otel_llm_collector_{bound} gauge" in text  # every buffer's bound beside its level
 
 
 def test_store_survives_restart_and_appends(make_collector, tmp_path):

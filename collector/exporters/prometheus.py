@@ -47,7 +47,17 @@ def _num(v: float) -> str:
 
 
 #: The collector's own values that are levels, not counts (the rest are counters, ``_total``).
-SELF_GAUGES = frozenset({"assembly_traces_in_flight", "derivation_backlog_traces", "forward_traces_queued_bytes"})
+SELF_GAUGES = frozenset(
+    {
+        "assembly_traces_in_flight",
+        "derivation_backlog_traces",
+        "forward_traces_queued_bytes",
+        "assembly_traces_limit",
+        "derivation_backlog_limit",
+        "receiver_http_connections_limit",
+        "forward_traces_queue_limit_bytes",
+    }
+)
 
 
 def render(families: list, self_counters: dict[str, float] | None = None) -> str:
