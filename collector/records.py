@@ -195,11 +195,6 @@ class _BatchMethods:
         """Every column as Python values, in :data:`COLUMNS` order (see :func:`to_python`)."""
         return {c.name: to_python(c, getattr(self, c.name), nan_as_none) for c in COLUMNS}
 
-    def events_of(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """Record ``i``'s token events: (offsets ns after submit, tokens)."""
-        a, b = int(self.event_start[i]), int(self.event_start[i + 1])
-        return self.event_offsets_ns[a:b], self.event_tokens[a:b]
-
     def take(self, indices: Sequence[int] | np.ndarray) -> RecordBatch:
         """The records at ``indices`` (in that order), as a new batch."""
         idx = np.asarray(indices, np.int64)

@@ -90,16 +90,6 @@ def env_int(name: str, default: int, minimum: int | None = None) -> int:
     return parsed(name, default, convert, "" if minimum is None else f"expected an integer >= {minimum}")
 
 
-def env_float(name: str, default: float, minimum: float | None = None) -> float:
-    def convert(v: str) -> float:
-        x = float(v)
-        if x != x or (minimum is not None and x < minimum):
-            raise ValueError(f"expected a number >= {minimum}")
-        return x
-
-    return parsed(name, default, convert)
-
-
 def collector_variable(option: str) -> str:
     """The variable of an ``otel-llm collector`` option: ``--max-traces`` ->
     ``OTEL_LLM_COLLECTOR_MAX_TRACES``."""
