@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-quick lint bench venv prometheus model clean
+.PHONY: demo test test-quick lint bench venv prometheus clang fuzz model clean
 
 venv: $(STAMP) $(EXT)
 
@@ -31,6 +31,15 @@ prometheus:
 	@command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
+# Debian's clang, for the fuzz run of the collector's C walk under AddressSanitizer and UBSan.
+clang:
+	@command -v clang >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends clang >/dev/null; }
+
+# A bounded coverage-guided fuzz run of the C walk against protobuf (FUZZ_SECONDS, default 60).
+fuzz: venv clang
+	PY=$(PY) bash tests/fuzz/run.sh
+
 demo: venv
 	$(PY) examples/demo.py
 
@@ -39,7 +48,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv prometheus lint
+test: venv prometheus clang lint
 	$(PY) -m pytest -v
 
 test-quick: venv lint

@@ -633,3 +633,151 @@ def test_model_labels_are_capped_and_cut(make_collector):
     assert len(render(reg.snapshot())) < 200_000  # a scrape of a few series, not 487 MiB
     c = make_collector(max_models=2)
     assert c.registry.max_models == 2 and "metrics_records_folded" in c.self_counters()
+
+
+# -- wire-level rewrites: the C walk gives protobuf's answer or defers ----------------------------
+
+
+def _rewrite_corpus():
+    """Valid payloads to rewrite: the sample request and a few generated ones with every attribute
+    shape (strings, arrays, nested lists)."""
+    import random
+
+    rnd = random.Random(11)
+    bodies = [_VALID]
+    for i in range(6):
+        req = ExportTraceServiceRequest()
+        for r in range(1 + i % 3):
+            rs = req.resource_spans.add()
+            rs.resource.attributes.add(key="service.name").value.string_value = f"svc{r}"
+            rs.schema_url = "https://opentelemetry.io/schemas/1.26.0"
+            ss = rs.scope_spans.add()
+            ss.scope.name, ss.scope.version = "otel-llm", "0.1"
+            for k in range(3):
+                s = ss.spans.add(
+                    trace_id=rnd.randbytes(16),
+                    span_id=rnd.randbytes(8),
+                    parent_span_id=rnd.randbytes(8),
+                    name=[sc.SPAN_REQUEST, sc.SPAN_CLIENT_REQUEST, sc.SPAN_QUEUE, "llm.engine.step"][k + i & 3],
+                    kind=k,
+                    start_time_unix_nano=10**9 + k,
+                    end_time_unix_nano=2 * 10**9,
+                    trace_state="a=b",
+                )
+                s.attributes.add(key=sc.REQUEST_ID).value.string_value = f"r{i}-{k}"
+                s.attributes.add(key=sc.TOKEN_EVENT_OFFSETS).value.array_value.values.extend(
+                    [AnyValue(int_value=x) for x in (5, 9, 2**40)]
+                )
+                s.attributes.add(key="other").value.kvlist_value.values.add(key="x").value.double_value = 1.5
+                s.events.add(time_unix_nano=3, name="ev").attributes.add(key="e").value.bool_value = True
+                s.links.add(trace_id=rnd.randbytes(16), span_id=rnd.randbytes(8))
+                s.status.message, s.status.code = "fine", 1
+        bodies.append(req.SerializeToString())
+    return bodies
+
+
+def _differential(body: bytes):
+    """(protobuf accepted, C deferred); fails if the two disagree."""
+    fast = decode.walk_bytes(body)
+    try:
+        slow = walk_message(parse_request(body))
+    except DecodeError:
+        assert fast is None, "the C walk accepted a payload protobuf rejects"
+        return False, True
+    assert fast is None or same(fast, slow), "the C walk and protobuf disagree"
+    return True, fast is None
+
+
+@needs_ext
+def test_c_walk_on_wire_rewrites():
+    """Every rewrite a sender may make at the wire level (tests/wire_mutator.py): 6,000 payloads,
+    none where the C walk and protobuf disagree; the rewrites protobuf reads the same way as the
+    original (unknown fields, padded varints, split containers) never make the C walk defer."""
+    import random
+
+    import wire_mutator as wm
+
+    rnd = random.Random(5)
+    corpus = _rewrite_corpus()
+    accepted = rejected = 0
+    for _ in range(5000):
+        body = wm.mutate(rnd.choice(corpus), rnd)
+        ok, _deferred = _differential(body)
+        accepted += ok
+        rejected += not ok
+    assert accepted > 2000 and rejected > 300  # both sides of the line were exercised
+    for _ in range(1000):
+        body = wm.mutate(rnd.choice(corpus), rnd, wm.BENIGN)
+        ok, deferred_ = _differential(body)
+        assert ok and not deferred_, "a benign rewrite made the C walk defer"
+
+
+@needs_ext
+def test_c_walk_rejects_what_protobuf_rejects():
+    """Invalid UTF-8 in a string the walk never returns (trace state, a skipped attribute's key or
+    value, an event name, the scope's version), malformed bytes inside a skipped attribute, and
+    key-value lists nested past protobuf's limit: all refused, as protobuf refuses them."""
+    import wire_mutator as wm
+
+    base = ExportTraceServiceRequest()
+    rs = base.resource_spans.add()
+    ss = rs.scope_spans.add()
+    ss.scope.version = "SCOPEV"
+    s = ss.spans.add(
+        trace_id=b"\1" * 16,
+        span_id=b"\2" * 8,
+        name=sc.SPAN_REQUEST,
+        start_time_unix_nano=1,
+        end_time_unix_nano=2,
+        trace_state="TSTATE",
+    )
+    s.attributes.add(key="SKIPKEY").value.string_value = "SKIPVAL"
+    s.attributes.add(key="kv").value.kvlist_value.values.add(key="INNER").value.string_value = "x"
+    s.events.add(name="EVNAME")
+    good = base.SerializeToString()
+    assert _differential(good) == (True, False)
+    for marker in (b"TSTATE", b"SKIPKEY", b"SKIPVAL", b"INNER", b"EVNAME", b"SCOPEV"):
+        for bad in wm.BAD_UTF8:
+            body = good.replace(marker, bad + marker[len(bad) :] if len(bad) <= len(marker) else marker)
+            assert body != good
+            assert _differential(body) == (False, True), (marker, bad)
+    # a truncated varint inside the skipped kvlist attribute: same length, bytes broken
+    i = good.index(b"INNER")
+    broken = good[: i - 2] + b"\xff" + good[i - 1 :]
+    assert _differential(broken)[0] is False
+    # nesting: protobuf takes 31 levels of key-value lists under a span attribute and refuses 32
+    for depth, ok in ((20, True), (31, True), (32, False), (60, False)):
+        tree = wm.parse(good)
+        kv = next(f for f, _ in wm._all(tree) if f.msg == wm.KEYVALUE)
+        kv.value = [kv.value[0], wm._nested_kvlist(depth)]
+        assert _differential(wm.serialize(tree))[0] is ok, depth
+
+
+@needs_ext
+def test_c_walk_reads_string_value_strindex():
+    """AnyValue field 8 (string_value_strindex) is a member of the value oneof: after it, the
+    attribute is not a string (protobuf's answer), in the walk of a value and of an array."""
+    from opentelemetry.proto.common.v1 import common_pb2
+
+    base = ExportTraceServiceRequest()
+    s = (
+        base.resource_spans.add()
+        .scope_spans.add()
+        .spans.add(
+            trace_id=b"\1" * 16, span_id=b"\2" * 8, name=sc.SPAN_REQUEST, start_time_unix_nano=1, end_time_unix_nano=2
+        )
+    )
+    assert "string_value_strindex" in common_pb2.AnyValue.DESCRIPTOR.fields_by_name
+    s.attributes.add(key=sc.REQUEST_ID).value.string_value = "abc"
+    s.attributes.add(key=sc.TOKEN_EVENT_OFFSETS).value.array_value.values.add(int_value=5)
+    import wire_mutator as wm
+
+    tree = wm.parse(base.SerializeToString())
+    anys = [f for f, _ in wm._all(tree) if f.msg == wm.ANYVALUE]
+    for a in anys:
+        a.value.append(wm.Field(8, 0, 2))
+    body2 = wm.serialize(tree)
+    assert _differential(body2) == (True, False)
+    w = decode.walk_bytes(body2)
+    rid_slot, off_slot = sp.ATTRIBUTE_SLOTS[sc.REQUEST_ID], sp.ATTRIBUTE_SLOTS[sc.TOKEN_EVENT_OFFSETS]
+    assert w.spans[0][9 + rid_slot] is sp.INVALID and w.spans[0][9 + off_slot] is sp.INVALID

@@ -16,10 +16,14 @@
  * rejected, the first such reason in first_error. This is the same result, tuple for tuple, as
  * collector.receivers.decode.walk_message over the parsed message (tests check it).
  *
- * Anything this walker does not handle exactly as protobuf's own parser would (malformed input,
- * groups, a oneof or message field given twice, invalid UTF-8 in a value it returns) makes it
+ * Before walking, the whole body is checked against the message schema that set_schema() gave (the
+ * installed opentelemetry-proto's descriptors, see decode.py), as protobuf's parser checks it: every
+ * field well formed, every string field valid UTF-8 (strictly: no surrogates, no overlong forms),
+ * every nested message, read or not, checked the same way. Anything this walker does not handle
+ * exactly as protobuf's own parser would (malformed input, groups, a known field with another wire
+ * type, a oneof or message field given twice, nesting deeper than MAX_DEPTH, no schema set) makes it
  * return None: the caller then parses with protobuf, which decides. Every read is bounds-checked;
- * there is no recursion.
+ * the only recursion is the schema check's, bounded by MAX_DEPTH.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -55,6 +59,14 @@ static int read_varint(reader *r, uint64_t *out) {
     return FALLBACK;
 }
 
+/* A tag or a length: protobuf takes at most 5 bytes for either (a 32-bit varint, padded or not). */
+static int read_varint32(reader *r, uint64_t *out) {
+    const uint8_t *start = r->p;
+    if (read_varint(r, out)) return FALLBACK;
+    if (r->p - start > 5 || *out > 0xffffffffULL) return FALLBACK;
+    return 0;
+}
+
 static uint64_t le64(const uint8_t *p) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; i--) v = (v << 8) | p[i];
@@ -65,7 +77,7 @@ static uint64_t le64(const uint8_t *p) {
 static int next_field(reader *r, field *f) {
     if (r->p >= r->end) return 0;
     uint64_t tag;
-    if (read_varint(r, &tag)) return FALLBACK;
+    if (read_varint32(r, &tag)) return FALLBACK;
     if ((tag >> 3) == 0 || (tag >> 3) > 0x1fffffff) return FALLBACK;
     f->num = (uint32_t)(tag >> 3);
     f->wt = (uint32_t)(tag & 7);
@@ -79,7 +91,7 @@ static int next_field(reader *r, field *f) {
         return 1;
     case 2: {
         uint64_t n;
-        if (read_varint(r, &n)) return FALLBACK;
+        if (read_varint32(r, &n)) return FALLBACK;
         if (n > (uint64_t)(r->end - r->p)) return FALLBACK;
         f->data = r->p;
         f->len = (Py_ssize_t)n;
@@ -94,6 +106,156 @@ static int next_field(reader *r, field *f) {
     default:
         return FALLBACK; /* groups (3, 4) and invalid wire types */
     }
+}
+
+/* -- the schema check --------------------------------------------------------------------------- */
+
+/* Field kinds of the schema (set_schema's second tuple member). */
+enum { K_UNKNOWN = 0, K_VARINT = 1, K_FIXED64 = 2, K_FIXED32 = 3, K_STRING = 4, K_BYTES = 5, K_MESSAGE = 6, K_DEFER = 7 };
+
+/* Messages nested deeper than this (the request itself is depth 1) go to protobuf, whose limit is
+ * 100: a payload protobuf rejects for its depth is never walked here. */
+#define MAX_DEPTH 64
+
+typedef struct {
+    uint8_t kind;
+    uint16_t sub; /* message index, for K_MESSAGE */
+} fdesc;
+
+typedef struct {
+    uint32_t n; /* fields 0 .. n-1 */
+    fdesc *f;
+} mdesc;
+
+static mdesc *schema = NULL;
+static Py_ssize_t nschema = 0;
+
+/* Strict UTF-8 (RFC 3629, as protobuf's utf8_range): no overlong forms, no surrogates, nothing
+ * above U+10FFFF. ASCII eight bytes at a time. */
+static int utf8_valid(const uint8_t *s, Py_ssize_t n) {
+    const uint8_t *e = s + n;
+    while (s < e) {
+        while (e - s >= 8) {
+            uint64_t w;
+            memcpy(&w, s, 8);
+            if (w & 0x8080808080808080ULL) break;
+            s += 8;
+        }
+        if (s >= e) break;
+        uint8_t c = *s;
+        if (c < 0x80) {
+            s++;
+            continue;
+        }
+        int need;
+        uint8_t lo = 0x80, hi = 0xbf;
+        if (c >= 0xc2 && c <= 0xdf) need = 1;
+        else if (c == 0xe0) { need = 2; lo = 0xa0; }
+        else if (c >= 0xe1 && c <= 0xec) need = 2;
+        else if (c == 0xed) { need = 2; hi = 0x9f; }
+        else if (c >= 0xee && c <= 0xef) need = 2;
+        else if (c == 0xf0) { need = 3; lo = 0x90; }
+        else if (c >= 0xf1 && c <= 0xf3) need = 3;
+        else if (c == 0xf4) { need = 3; hi = 0x8f; }
+        else return 0;
+        if (e - s <= need) return 0;
+        if (s[1] < lo || s[1] > hi) return 0;
+        for (int i = 2; i <= need; i++)
+            if (s[i] < 0x80 || s[i] > 0xbf) return 0;
+        s += need + 1;
+    }
+    return 1;
+}
+
+/* 0: the message (and everything in it) is as protobuf would accept it; FALLBACK otherwise. */
+static int check_message(Py_ssize_t m, const uint8_t *data, Py_ssize_t len, int depth) {
+    if (depth > MAX_DEPTH) return FALLBACK;
+    const mdesc *md = &schema[m];
+    reader r = {data, data + len};
+    field f;
+    int rc;
+    while ((rc = next_field(&r, &f)) == 1) {
+        if (f.num >= md->n) continue; /* unknown: next_field checked its framing */
+        const fdesc *d = &md->f[f.num];
+        switch (d->kind) {
+        case K_UNKNOWN:
+            break;
+        case K_VARINT:
+            if (f.wt != 0) return FALLBACK;
+            break;
+        case K_FIXED64:
+            if (f.wt != 1) return FALLBACK;
+            break;
+        case K_FIXED32:
+            if (f.wt != 5) return FALLBACK;
+            break;
+        case K_STRING:
+            if (f.wt != 2 || !utf8_valid(f.data, f.len)) return FALLBACK;
+            break;
+        case K_BYTES:
+            if (f.wt != 2) return FALLBACK;
+            break;
+        case K_MESSAGE:
+            if (f.wt != 2) return FALLBACK;
+            if ((rc = check_message(d->sub, f.data, f.len, depth + 1))) return rc;
+            break;
+        default:
+            return FALLBACK;
+        }
+    }
+    return rc;
+}
+
+static void free_schema(void) {
+    for (Py_ssize_t i = 0; i < nschema; i++) PyMem_Free(schema[i].f);
+    PyMem_Free(schema);
+    schema = NULL;
+    nschema = 0;
+}
+
+/* set_schema(messages): messages[i] is a list of (field number, kind, message index) for message
+ * i; message 0 is ExportTraceServiceRequest. */
+static PyObject *set_schema(PyObject *self, PyObject *arg) {
+    if (!PyList_Check(arg) || PyList_GET_SIZE(arg) == 0 || PyList_GET_SIZE(arg) > 0xffff) {
+        PyErr_SetString(PyExc_TypeError, "set_schema takes a non-empty list of field lists");
+        return NULL;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(arg);
+    mdesc *ms = PyMem_Calloc((size_t)n, sizeof(mdesc));
+    if (!ms) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *fields = PyList_GET_ITEM(arg, i);
+        if (!PyList_Check(fields)) goto bad;
+        uint32_t top = 0;
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(fields); j++) {
+            long num, kind, sub;
+            if (!PyArg_ParseTuple(PyList_GET_ITEM(fields, j), "lll", &num, &kind, &sub)) goto fail;
+            if (num < 1 || num > 100000 || kind < 0 || kind > K_DEFER || sub < 0 || sub >= n) goto bad;
+            if ((uint32_t)num + 1 > top) top = (uint32_t)num + 1;
+        }
+        ms[i].n = top;
+        ms[i].f = PyMem_Calloc(top ? top : 1, sizeof(fdesc));
+        if (!ms[i].f) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t j = 0; j < PyList_GET_SIZE(fields); j++) {
+            long num, kind, sub;
+            PyArg_ParseTuple(PyList_GET_ITEM(fields, j), "lll", &num, &kind, &sub);
+            ms[i].f[num].kind = (uint8_t)kind;
+            ms[i].f[num].sub = (uint16_t)sub;
+        }
+    }
+    free_schema();
+    schema = ms;
+    nschema = n;
+    Py_RETURN_NONE;
+bad:
+    PyErr_SetString(PyExc_ValueError, "set_schema: bad field entry");
+fail:
+    for (Py_ssize_t i = 0; i < n; i++) PyMem_Free(ms[i].f);
+    PyMem_Free(ms);
+    return NULL;
 }
 
 /* A name table: utf-8 bytes -> code / slot. */
@@ -140,8 +302,10 @@ static int make_table(PyObject *dict, table *t, long max_code) {
     return 0;
 }
 
-/* The wire type of AnyValue's field `num` (1..7). */
-static uint32_t anyvalue_wire_type(uint32_t num) { return (num == 2 || num == 3) ? 0 : (num == 4 ? 1 : 2); }
+/* AnyValue's oneof: fields 1..8 (8: string_value_strindex, an int32 index into a profiles string
+ * table, which the collector does not read). The wire type of member `num`. */
+#define ANY_LAST 8
+static uint32_t anyvalue_wire_type(uint32_t num) { return (num == 2 || num == 3 || num == 8) ? 0 : (num == 4 ? 1 : 2); }
 
 /* ArrayValue of integers -> bytes of native int64; `invalid` if any element is not an integer.
  * Elements are nearly always `0a <n> 18 <varint of n-1 bytes>`: that form is read directly, and
@@ -190,7 +354,7 @@ static int int_array(const uint8_t *data, Py_ssize_t len, PyObject *invalid, PyO
         int which = 0;
         uint64_t iv = 0;
         while ((rc = next_field(&e, &g)) == 1) {
-            if (g.num >= 1 && g.num <= 7) {
+            if (g.num >= 1 && g.num <= ANY_LAST) {
                 if (g.wt != anyvalue_wire_type(g.num)) {
                     rc = FALLBACK;
                     break;
@@ -223,7 +387,7 @@ static int any_value(const uint8_t *data, Py_ssize_t len, PyObject *invalid, PyO
     field f, last = {0};
     int rc, seen_msg = 0;
     while ((rc = next_field(&r, &f)) == 1) {
-        if (f.num < 1 || f.num > 7) continue; /* unknown field */
+        if (f.num < 1 || f.num > ANY_LAST) continue; /* unknown field */
         if (f.wt != anyvalue_wire_type(f.num)) return FALLBACK;
         if (f.num == 5 || f.num == 6) {
             if (seen_msg++) return FALLBACK; /* protobuf would merge the two messages */
@@ -257,7 +421,7 @@ static int any_value(const uint8_t *data, Py_ssize_t len, PyObject *invalid, PyO
     }
     case 5:
         return int_array(last.data, last.len, invalid, out);
-    default: /* kvlist, bytes: not read by the collector */
+    default: /* kvlist, bytes, string table index: not read by the collector */
         Py_INCREF(invalid);
         *out = invalid;
         return 0;
@@ -505,7 +669,12 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     if (!st.spans) goto done;
     reader r = {body.buf, (const uint8_t *)body.buf + body.len};
     field f;
-    int rc;
+    int rc = schema ? check_message(0, body.buf, body.len, 1) : FALLBACK;
+    if (rc == FALLBACK) {
+        Py_INCREF(Py_None);
+        result = Py_None;
+        goto done;
+    }
     while ((rc = next_field(&r, &f)) == 1) {
         if (f.num != 1) continue;
         if (f.wt != 2) {
@@ -533,6 +702,7 @@ done:
 
 static PyMethodDef methods[] = {
     {"walk", walk, METH_VARARGS, "walk(body, names, keys, resource_key, invalid) -> (total, rejected, first_error, spans) or None"},
+    {"set_schema", set_schema, METH_O, "set_schema(messages): the message schema the body is checked against (see decode.py)"},
     {NULL, NULL, 0, NULL},
 };
 

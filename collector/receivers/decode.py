@@ -30,6 +30,52 @@ try:
 except ImportError:  # built without a C compiler
     _otlp_walk = None
 
+
+def wire_schema(root=ExportTraceServiceRequest.DESCRIPTOR) -> list[list[tuple[int, int, int]]]:
+    """The message schema the C walk checks a body against, from the installed descriptors:
+    ``schema[i]`` lists ``(field number, kind, message index)`` of message i (0: the root). Kinds:
+    1 varint, 2 fixed64, 3 fixed32, 4 string (UTF-8 checked), 5 bytes, 6 message, 7 defer to
+    protobuf (a repeated scalar, which may come packed; a group; a map)."""
+    fd = root.fields[0].__class__
+    kind_of = {
+        **dict.fromkeys((fd.TYPE_INT32, fd.TYPE_INT64, fd.TYPE_UINT32, fd.TYPE_UINT64), 1),
+        **dict.fromkeys((fd.TYPE_SINT32, fd.TYPE_SINT64, fd.TYPE_BOOL, fd.TYPE_ENUM), 1),
+        **dict.fromkeys((fd.TYPE_FIXED64, fd.TYPE_SFIXED64, fd.TYPE_DOUBLE), 2),
+        **dict.fromkeys((fd.TYPE_FIXED32, fd.TYPE_SFIXED32, fd.TYPE_FLOAT), 3),
+        fd.TYPE_STRING: 4,
+        fd.TYPE_BYTES: 5,
+        fd.TYPE_MESSAGE: 6,
+    }
+    index: dict[str, int] = {}
+    order = []
+
+    def visit(d):
+        if d.full_name not in index:
+            index[d.full_name] = len(order)
+            order.append(d)
+            for f in d.fields:
+                if f.message_type is not None:
+                    visit(f.message_type)
+
+    visit(root)
+    schema = []
+    for d in order:
+        fields = []
+        for f in d.fields:
+            kind = kind_of.get(f.type, 7)
+            repeated = f.is_repeated if hasattr(f, "is_repeated") else f.label == fd.LABEL_REPEATED
+            if (repeated and kind in (1, 2, 3)) or (
+                f.message_type is not None and f.message_type.GetOptions().map_entry
+            ):
+                kind = 7
+            fields.append((f.number, kind, index[f.message_type.full_name] if kind == 6 else 0))
+        schema.append(fields)
+    return schema
+
+
+if _otlp_walk is not None:
+    _otlp_walk.set_schema(wire_schema())
+
 _ZERO_TRACE = bytes(16)
 _ZERO_SPAN = bytes(8)
 _MAX_NS = 2**63 - 1  # times are int64 ns from here on
@@ -97,7 +143,7 @@ def _value(v):
         if all(x.WhichOneof("value") == "int_value" for x in vals):
             return np.array([x.int_value for x in vals], dtype=np.int64).tobytes()
         return sp.INVALID
-    if which in ("kvlist_value", "bytes_value"):
+    if which in ("kvlist_value", "bytes_value", "string_value_strindex"):
         return sp.INVALID
     return getattr(v, which)
 
