@@ -102,3 +102,78 @@ def test_connections_are_capped(make_collector):
             s.close()
     time.sleep(0.3)
     assert still_serving(port)  # the slots come back when the held connections go
+
+
+def _self_signed(tmp_path):
+    """A certificate and key for 127.0.0.1 (cryptography, a dependency of the installed SDKs)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(1)
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return str(cert_path), str(key_path)
+
+
+def _https_post(port: int, cafile: str, body: bytes) -> int:
+    import ssl
+    import urllib.request
+
+    ctx = ssl.create_default_context(cafile=cafile)
+    req = urllib.request.Request(
+        f"https://127.0.0.1:{port}/v1/traces", data=body, headers={"Content-Type": "application/x-protobuf"}
+    )
+    with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
+        return r.status
+
+
+def test_a_silent_tls_client_blocks_nobody(make_collector, tmp_path):
+    """With TLS on, a TCP connection that never sends its ClientHello (or sends garbage) holds one
+    connection slot until the read timeout, not the accept loop: other clients are served at once,
+    the stalled handshake is counted, and the collector stops promptly while it is still open."""
+    cert, key = _self_signed(tmp_path)
+    c = make_collector(tls_cert=cert, tls_key=key, read_timeout_s=1.0, otlp_grpc=None)
+    port = c.receivers[0].address[1]
+    body = sample_request().SerializeToString()
+    silent = socket.create_connection(("127.0.0.1", port), timeout=10)
+    garbage = socket.create_connection(("127.0.0.1", port), timeout=10)
+    garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")  # plain HTTP to the TLS port
+    try:
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        assert _https_post(port, cert, body) == 200
+        assert time.monotonic() - t0 < 0.9  # not behind the silent client's timeout
+        assert silent.recv(10) == b""  # the silent one is closed after the read timeout
+        deadline = time.monotonic() + 5
+        while c.receiver_counters.tls_handshakes_failed < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.receiver_counters.tls_handshakes_failed == 2
+        again = socket.create_connection(("127.0.0.1", port), timeout=10)  # held open across stop()
+        t0 = time.monotonic()
+        c.stop()
+        assert time.monotonic() - t0 < 5
+        again.close()
+    finally:
+        silent.close()
+        garbage.close()

@@ -39,6 +39,8 @@ class ReceiverCounters:
     payloads_invalid: int = 0
     payloads_refused_overload: int = 0
     unauthenticated: int = 0
+    connections_refused: int = 0  # OTLP/HTTP connections over --max-connections (answered 503)
+    tls_handshakes_failed: int = 0  # failed or timed out (OTLP/HTTP)
 
 
 class Intake(Protocol):

@@ -31,13 +31,24 @@ class _BoundedServer(ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def set_bound(self, max_connections: int) -> None:
+    def set_bound(self, max_connections: int, counters: ReceiverCounters) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
-        self.refused = 0
+        self.counters = counters
+
+    def handle_error(self, request, client_address):
+        """A TLS handshake that failed or timed out (in the connection's own thread) is counted,
+        not printed; anything else is reported as socketserver does."""
+        import sys
+
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ssl.SSLError, TimeoutError, ConnectionError)):
+            self.counters.tls_handshakes_failed += 1
+            return
+        super().handle_error(request, client_address)
 
     def process_request(self, request, client_address):
         if not self._slots.acquire(blocking=False):
-            self.refused += 1
+            self.counters.connections_refused += 1
             try:
                 request.sendall(_BUSY)
             except OSError:
@@ -62,13 +73,15 @@ class HttpReceiver:
         self.intake, self.settings, self.counters = intake, settings, counters
         handler = self._handler_class()
         self.server = listen(_BoundedServer, host, port, handler, "OTLP/HTTP receiver")
-        self.server.set_bound(settings.max_connections)
+        self.server.set_bound(settings.max_connections, counters)
         self.server.daemon_threads = True
         cfg = settings
         if cfg.tls_cert and cfg.tls_key:
             ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
-            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+            # the handshake runs in the connection's thread (Handler.setup), with the read timeout:
+            # a client that never sends its ClientHello holds one connection slot, not the accept loop
+            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
         self.address = self.server.server_address
         self._thread = threading.Thread(target=self.server.serve_forever, name="otlp-http", daemon=True)
 
@@ -81,6 +94,12 @@ class HttpReceiver:
 
             def log_message(self, *a):
                 pass
+
+            def setup(self):
+                if isinstance(self.request, ssl.SSLSocket):
+                    self.request.settimeout(settings.read_timeout_s)
+                    self.request.do_handshake()  # raises on failure or timeout: counted by handle_error
+                super().setup()
 
             def _reply(self, code: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
                 self.send_response(code)
