@@ -10,9 +10,14 @@ Spans (walked span tuples, :mod:`collector.walked_span`) are grouped by trace id
 * ``timeout_s`` has passed since its first span arrived (a trace with no request span, or one
   boundary missing); or
 * the ring buffer of ``max_traces`` traces in flight is full: the oldest is released early
-  (counted as evicted).
-A span seen twice in a trace is ignored (counted); a span for a trace released recently is late:
-counted and dropped, never derived twice. Everything is guarded by one lock; the caller's clock
+  (counted as evicted). With ``on_full="refuse"`` (the tail-sampling processor's
+  ``block_on_overflow``), a request that would need room is refused instead (:class:`AssemblyFull`,
+  -> UNAVAILABLE / 503: the sender retries), and nothing is evicted.
+A span seen twice in a trace is ignored (counted). A span for a trace released recently is late:
+if its boundary (client: ``llm.client.request``; engine: every other span) was already derived it
+is counted and dropped, never derived twice; if not (the other process's spans came after the
+trace was released, as they do under eviction), the trace is opened again for that boundary
+alone and derived as an unpaired record (``spans_late_derived``). Everything is guarded by one lock; the caller's clock
 (seconds, monotonic) drives deadlines.
 
 Deadlines need no priority queue: each kind is the clock plus a constant (timeout, grace, peer
@@ -36,11 +41,24 @@ from .config import AssemblyConfig
 class AssemblyCounters:
     spans_received: int = 0
     spans_duplicate: int = 0
-    spans_late: int = 0
+    spans_late: int = 0  # dropped: their boundary was derived already
+    spans_late_derived: int = 0  # late, for a boundary not derived yet: derived on their own
+    requests_refused_full: int = 0  # on_full="refuse": export requests refused for want of room
     traces_released: int = 0
     traces_released_grace: int = 0
     traces_released_timeout: int = 0
     traces_evicted: int = 0
+
+
+class AssemblyFull(Exception):
+    """``on_full="refuse"`` and a request's new traces do not fit in ``max_traces``."""
+
+
+_CLIENT_BIT, _ENGINE_BIT = 1, 2
+
+
+def _boundary_bit(code: int) -> int:
+    return _CLIENT_BIT if code == sp.CLIENT else _ENGINE_BIT
 
 
 class TraceStorage(Protocol):
@@ -83,6 +101,7 @@ class _Entry:
     first_seen: float
     ready_at: float | None = None  # set when a request span arrives
     has_client: bool = False
+    late: bool = False  # opened again after a release, for a boundary not derived then
 
 
 @dataclass
@@ -101,35 +120,45 @@ class TraceAssembler:
         self._ring: deque[bytes] = deque()  # arrival order of traces: eviction and timeouts
         self._grace: deque[tuple[float, bytes]] = deque()  # (ready at, trace id), FIFO = deadline order
         self._peer: deque[tuple[float, bytes]] = deque()  # the same for traces waiting for their client span
-        self._released: OrderedDict[bytes, None] = OrderedDict()
+        self._released: OrderedDict[bytes, int] = OrderedDict()  # trace id -> boundary bits derived
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def add(self, spans: list[tuple], now: float) -> list[ReleasedTrace]:
-        """Add walked spans; returns traces evicted to make room (to derive now)."""
+        """Add walked spans; returns traces evicted to make room (to derive now). Raises
+        :class:`AssemblyFull` (adding nothing) when ``on_full="refuse"`` and they do not fit."""
         cfg = self.config
         evicted: list[ReleasedTrace] = []
         entries, released, store = self._entries, self._released, self.storage
         grace, peer_wait = cfg.grace_s, max(cfg.grace_s, cfg.peer_wait_s)
         with self._lock:
             c = self.counters
+            if cfg.on_full == "refuse":
+                new = {s[sp.TRACE_ID] for s in spans} - entries.keys()
+                if len(entries) + len(new) > cfg.max_traces:
+                    c.requests_refused_full += 1
+                    raise AssemblyFull(f"{len(entries)} of {cfg.max_traces} traces in flight")
             c.spans_received += len(spans)
             for s in spans:
                 tid = s[sp.TRACE_ID]
                 e = entries.get(tid)
-                if e is None:
-                    if tid in released:
+                if e is None or e.late:
+                    done = released.get(tid)
+                    if done is not None and done & _boundary_bit(s[sp.CODE]):
                         c.spans_late += 1
                         continue
+                if e is None:
                     while len(entries) >= cfg.max_traces:
                         ev = self._release_oldest("evicted")
                         if ev is None:
                             break
                         evicted.append(ev)
-                    e = entries[tid] = _Entry(now)
+                    e = entries[tid] = _Entry(now, late=done is not None)
                     self._ring.append(tid)
+                if e.late:
+                    c.spans_late_derived += 1
                 if not store.add(tid, s):
                     c.spans_duplicate += 1
                     continue
@@ -137,7 +166,7 @@ class TraceAssembler:
                 if code <= sp.ENGINE:  # a request span: its trace is ready after the grace period
                     if code == sp.CLIENT:
                         e.has_client = True
-                    if not e.has_client and s[sp.PARENT_ID]:  # the caller's span is on its way
+                    if not e.has_client and s[sp.PARENT_ID] and not e.late:  # the caller's span is on its way
                         e.ready_at = now + peer_wait
                         self._peer.append((e.ready_at, tid))
                     else:
@@ -150,7 +179,12 @@ class TraceAssembler:
         if e is None:
             return None
         spans = self.storage.pop(tid) or []
-        self._released[tid] = None
+        bits = 0
+        for s in spans:
+            code = s[sp.CODE]
+            if code <= sp.ENGINE:  # a boundary is derived where its request span is
+                bits |= _boundary_bit(code)
+        self._released[tid] = self._released.pop(tid, 0) | bits
         while len(self._released) > self.config.remember_released:
             self._released.popitem(last=False)
         c = self.counters

@@ -48,6 +48,18 @@ def text_or_off(text: str) -> str | None:
     return None if text.strip().lower() in OFF else text
 
 
+def one_of(*choices: str) -> Callable[[str], str]:
+    """A parser for an option taking one of ``choices``."""
+
+    def parse(text: str) -> str:
+        t = text.strip().lower()
+        if t not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
+        return t
+
+    return parse
+
+
 def yes_no(text: str) -> bool:
     """A switch option: true/false, yes/no, on/off, 1/0."""
     low = text.strip().lower()
@@ -98,6 +110,14 @@ class AssemblyConfig:
     )
     max_traces: int = option(
         100_000, "--max-traces", "N", "traces held in flight; the oldest is derived early beyond this", int, 1
+    )
+    on_full: str = option(
+        "evict",
+        "--when-full",
+        "evict|refuse",
+        "with --max-traces in flight: derive the oldest early (evict), or refuse new traces with "
+        "UNAVAILABLE / 503 so senders retry (refuse: backpressure, nothing derived early)",
+        one_of("evict", "refuse"),
     )
     remember_released: int = 100_000  # released trace ids remembered, to count late spans
 

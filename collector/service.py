@@ -13,7 +13,7 @@ import threading
 import time
 from dataclasses import asdict
 
-from .assembly import ReleasedTrace, TraceAssembler
+from .assembly import AssemblyFull, ReleasedTrace, TraceAssembler
 from .config import CollectorConfig, host_port
 from .derive import derive
 from .metrics_registry import MetricsRegistry
@@ -55,11 +55,15 @@ class Collector:
         return self._accept_walked(w)
 
     def _accept_walked(self, w: WalkResult) -> AcceptResult:
+        try:
+            evicted = self.assembler.add(w.spans, time.monotonic())
+        except AssemblyFull as exc:
+            self.receiver_counters.payloads_refused_overload += 1
+            raise Overloaded(f"trace assembly is full ({exc})") from None
         c = self.receiver_counters
         c.requests += 1
         c.spans += w.total
         c.spans_rejected += w.rejected
-        evicted = self.assembler.add(w.spans, time.monotonic())
         if evicted:
             with self._backlog_lock:
                 self._backlog.extend(evicted)

@@ -21,7 +21,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from otlp_helpers import Req, free_port, sample_request
 
 from collector import walked_span as sp
-from collector.assembly import AssemblyConfig, TraceAssembler
+from collector.assembly import AssemblyConfig, AssemblyFull, TraceAssembler
+from collector.derive import derive
 from collector.receivers.decode import DecodeError, decode_payload
 from collector.walked_span import make_span
 from otel_llm import semconv as sc
@@ -329,3 +330,69 @@ def test_sigterm_flushes_accepted_spans_to_the_store(tmp_path):
     from collector.store import RequestStore
 
     assert RequestStore(str(store)).count() == 4  # derived at shutdown, long before the 60 s grace
+
+
+def test_a_late_span_of_a_boundary_not_derived_yet_is_derived():
+    """The engine's spans reach the collector after the trace was released with the client span
+    alone (evicted under load): they are derived as the engine's (unpaired) record, not dropped;
+    a late span of a boundary already derived is still dropped."""
+    a = TraceAssembler(AssemblyConfig(grace_s=1.0, timeout_s=10.0, max_traces=1))
+    t, u = "e" * 32, "f" * 32
+    a.add([span(t, "0c" * 8, sc.SPAN_CLIENT_REQUEST)], now=0.0)
+    (ev,) = a.add([span(u, "0d" * 8, sc.SPAN_CLIENT_REQUEST)], now=0.1)  # t evicted, client only
+    assert ev.reason == "evicted" and sids(ev) == {"0c" * 8}
+    a.expire(5.0)  # u released by grace
+    late = [span(t, "0e" * 8, sc.SPAN_REQUEST, parent="0c" * 8), span(t, "01" * 8, sc.SPAN_QUEUE, "0e" * 8)]
+    a.add(late, now=6.0)
+    a.add([span(t, "0c" * 8, sc.SPAN_CLIENT_REQUEST)], now=6.1)  # the client boundary again: dropped
+    assert a.counters.spans_late_derived == 2 and a.counters.spans_late == 1
+    (rel,) = a.expire(7.2)  # after the grace period (no wait for a client span already derived)
+    assert sids(rel) == {"0e" * 8, "01" * 8}
+    batch, _ = derive([ev, rel])
+    recs = {(r.boundary, r.paired) for r in batch.records()}
+    assert recs == {("client", False), ("engine", False)}
+    a.add([span(t, "02" * 8, sc.SPAN_DECODE, "0e" * 8)], now=8.0)  # now the engine is derived too
+    assert a.counters.spans_late == 2 and len(a) == 0
+
+
+def test_when_full_refuse_applies_backpressure():
+    """on_full="refuse": a request whose new traces do not fit is refused whole (the sender
+    retries), nothing is evicted, and spans of traces already in flight are still taken."""
+    a = TraceAssembler(AssemblyConfig(grace_s=1.0, timeout_s=10.0, max_traces=2, on_full="refuse"))
+    a.add([span("1" * 32, "01" * 8), span("2" * 32, "02" * 8)], now=0.0)
+    with pytest.raises(AssemblyFull):
+        a.add([span("1" * 32, "03" * 8, sc.SPAN_QUEUE, "01" * 8), span("3" * 32, "04" * 8)], now=0.1)
+    assert len(a) == 2 and a.counters.traces_evicted == 0 and a.counters.requests_refused_full == 1
+    a.add([span("1" * 32, "03" * 8, sc.SPAN_QUEUE, "01" * 8)], now=0.2)  # an open trace: fits
+    assert len(a.expire(1.5)) == 2
+    a.add([span("3" * 32, "04" * 8)], now=1.6)  # room again
+    assert len(a) == 1
+
+
+def test_when_full_refuse_answers_503_and_loses_nothing(make_collector):
+    """Through the service: with --when-full refuse, the 503s carry Retry-After and every
+    acknowledged request is derived (no eviction)."""
+    from collector.store import RequestStore
+
+    c = make_collector(assembly=AssemblyConfig(grace_s=0.3, timeout_s=5, max_traces=4, on_full="refuse"))
+    port = c.receivers[1].address[1]
+    c.pause()  # nothing is released meanwhile: the fifth trace does not fit
+    codes = []
+    for i in range(6):
+        body = sample_request([Req(f"w{i}")]).SerializeToString()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/traces", data=body, headers={"Content-Type": "application/x-protobuf"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                codes.append(r.status)
+        except urllib.error.HTTPError as exc:
+            codes.append(exc.code)
+            assert exc.headers["Retry-After"] == "1"
+    assert codes[:4] == [200] * 4 and set(codes[4:]) == {503}
+    c.resume()
+    c.stop()
+    assert c.assembler.counters.traces_evicted == 0
+    stored = RequestStore(c.config.store)
+    assert {r.request_id for r in stored.records()} == {f"w{i}" for i in range(4)}
+    stored.close()
