@@ -57,6 +57,7 @@ def one_of(*choices: str) -> Callable[[str], str]:
             raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
         return t
 
+    parse.choices = choices
     return parse
 
 

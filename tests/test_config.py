@@ -22,6 +22,9 @@ def _sample(f) -> tuple[str, object]:
         return "x", "x"
     if parse is yes_no:
         return "true", True
+    if hasattr(parse, "choices"):
+        other = next(c for c in parse.choices if c != f.default)
+        return other.upper(), other
     v = parse(low if low is not None else 1) + parse(5)
     return str(v), v
 
