@@ -173,6 +173,15 @@ class CollectorConfig:
     store: str | None = option(
         "otel-llm.db", "--store", "PATH", "per-request SQLite store, appended across restarts", text_or_off
     )
+    store_buffer_records: int = option(
+        500_000,
+        "--store-buffer-records",
+        "N",
+        "records kept in memory while the store cannot write (disk full); meanwhile new data gets "
+        "UNAVAILABLE / 503; beyond this, the oldest are dropped and counted",
+        int,
+        1,
+    )
     assembly: AssemblyConfig = field(default_factory=AssemblyConfig)
     slos: dict[str, SLO] = field(default_factory=dict)
     max_message_bytes: int = option(

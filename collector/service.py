@@ -31,7 +31,9 @@ class Collector:
         self.assembler = TraceAssembler(cfg.assembly)
         self.registry = MetricsRegistry(cfg.slos, cfg.max_models)
         self.store = RequestStore(cfg.store) if cfg.store else None
-        self.store_writer = StoreWriter(self.store) if self.store is not None else None
+        self.store_writer = (
+            StoreWriter(self.store, max_unwritten=cfg.store_buffer_records) if self.store is not None else None
+        )
         self.receiver_counters = ReceiverCounters()
         self.records_derived = 0
         self.events_rejected = 0  # token events dropped as invalid (see derive._events)
@@ -51,6 +53,10 @@ class Collector:
         if len(self._backlog) > self.config.max_backlog:
             self.receiver_counters.payloads_refused_overload += 1
             raise Overloaded(f"derivation is {len(self._backlog)} traces behind")
+        if self.store_writer is not None and self.store_writer.error is not None:
+            # what is accepted must be kept: nothing new until the store takes writes again
+            self.receiver_counters.payloads_refused_overload += 1
+            raise Overloaded(f"the store cannot write ({self.store_writer.error})")
         w = decode_payload(body, json_body=json_body, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
         return self._accept_walked(w)
 
@@ -88,6 +94,8 @@ class Collector:
         return len(batch)
 
     def tick(self, now: float | None = None) -> int:
+        if self.store_writer is not None:
+            self.store_writer.retry()
         return self.process(self.assembler.expire(time.monotonic() if now is None else now))
 
     def _run(self) -> None:
@@ -123,6 +131,9 @@ class Collector:
             out["store_records"] = self.store_writer.stored
             out["store_duplicates_ignored"] = self.store_writer.duplicates
             out["store_failed_batches"] = self.store_writer.failed_batches
+            out["store_records_lost"] = self.store_writer.records_lost
+            out["store_unwritten_records"] = self.store_writer.unwritten_records
+            out["store_unwritten_limit"] = self.store_writer.max_unwritten
         if self.forwarder is not None:
             out.update(
                 forward_traces_sent=self.forwarder.sent,

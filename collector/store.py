@@ -145,7 +145,10 @@ class RequestStore:
                     self._db.execute(self._insert_rows(n_rows - full), params[full * width :])
                 self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                try:  # SQLite may have rolled back already (a full disk): keep the first error
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
                 raise
             n = self._db.total_changes - before
         self.stored += n

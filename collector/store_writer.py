@@ -11,6 +11,12 @@ it store what it was sent and exit; if the collector dies, the child sees end of
 :meth:`put` blocks while ``max_pending`` batches are unacknowledged (backpressure: the
 derivation backlog grows and the receivers answer UNAVAILABLE). If the child cannot be started
 or dies, the writer logs it, counts the batches lost with it, and writes in-process from then on.
+
+A batch the store cannot write (a full disk, an I/O error) is not lost: it is kept in memory, up to
+``max_unwritten`` records (beyond, the oldest are dropped and counted as ``records_lost``), and
+written again by :meth:`retry` (the collector calls it every tick, at most every ``retry_s``).
+While anything is unwritten, :attr:`error` says why and the collector refuses new data with
+UNAVAILABLE / 503 until the store takes writes again.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections import deque
 
 from .records import RecordBatch
 from .store import RequestStore
@@ -33,11 +41,26 @@ class StoreWriter:
     """Writes to ``store``'s file from the child process, or through ``store`` itself in-process
     (``in_process=True``, or once the child is gone). The caller owns ``store`` and closes it."""
 
-    def __init__(self, store: RequestStore, max_pending: int = 16, in_process: bool = False):
+    def __init__(
+        self,
+        store: RequestStore,
+        max_pending: int = 16,
+        in_process: bool = False,
+        max_unwritten: int = 500_000,
+        retry_s: float = 1.0,
+    ):
         self.store = store
         self.stored = 0
         self.duplicates = 0
-        self.failed_batches = 0
+        self.failed_batches = 0  # batches a write failed for (kept and written again)
+        self.records_lost = 0  # records dropped: over max_unwritten, or lost with the writer process
+        self.error: str | None = None  # why the last write failed, while anything is unwritten
+        self.max_unwritten, self.retry_s = max_unwritten, retry_s
+        self._sent: deque[RecordBatch] = deque()  # sent to the child, not acknowledged yet (in order)
+        self._unwritten: deque[RecordBatch] = deque()
+        self._unwritten_records = 0
+        self._last_retry = 0.0
+        self._kept_lock = threading.Lock()
         self._slots = threading.Semaphore(max_pending)
         self._max_pending = max_pending
         self._send_lock = threading.Lock()
@@ -89,6 +112,7 @@ class StoreWriter:
                 self._pending += 1
             try:
                 with self._send_lock:
+                    self._sent.append(batch)
                     for part in frame:
                         proc.stdin.write(part)
                     proc.stdin.flush()
@@ -96,9 +120,48 @@ class StoreWriter:
             except (OSError, ValueError):  # the child is gone: this batch is written here
                 with self._idle:
                     self._pending -= 1
+                    if self._sent and self._sent[-1] is batch:
+                        self._sent.pop()
                 self._slots.release()
                 self._writer_died()
         self._write_local(batch)
+
+    @property
+    def unwritten_records(self) -> int:
+        """Records kept in memory because the store could not take them."""
+        return self._unwritten_records
+
+    def retry(self, force: bool = False) -> None:
+        """Write the kept batches again (at most every ``retry_s`` unless ``force``)."""
+        now = time.monotonic()
+        if not self._unwritten or (not force and now - self._last_retry < self.retry_s):
+            return
+        self._last_retry = now
+        with self._kept_lock:
+            again = list(self._unwritten)
+            self._unwritten.clear()
+            self._unwritten_records = 0
+        for b in again:
+            self.put(b)
+
+    def _keep(self, batch: RecordBatch, why: str) -> None:
+        """A batch the store refused: kept to be written again."""
+        with self._kept_lock:
+            self.failed_batches += 1
+            self.error = why
+            self._unwritten.append(batch)
+            self._unwritten_records += len(batch)
+            while self._unwritten_records > self.max_unwritten and len(self._unwritten) > 1:
+                old = self._unwritten.popleft()
+                self._unwritten_records -= len(old)
+                self.records_lost += len(old)
+                log.error("collector: %d records dropped: the store has not taken writes for a while", len(old))
+
+    def _wrote(self) -> None:
+        if self.error is not None and not self._unwritten:
+            with self._kept_lock:
+                if not self._unwritten:
+                    self.error = None
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         """Wait until the writer process has started and opened the store."""
@@ -109,8 +172,24 @@ class StoreWriter:
         with self._idle:
             self._idle.wait_for(lambda: self._pending == 0)
 
-    def close(self) -> None:
-        """Store everything sent, then stop the child."""
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Store everything sent (and, for up to ``timeout_s``, what the store refused), then stop
+        the child. What still cannot be written is logged and counted as lost."""
+        deadline = time.monotonic() + timeout_s
+        while self._unwritten and time.monotonic() < deadline:
+            self.retry(force=True)
+            self.drain()
+            if self._unwritten:
+                time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+        if self._unwritten:
+            log.error(
+                "collector: %d records could not be written to the store (%s) and are lost",
+                self._unwritten_records,
+                self.error,
+            )
+            self.records_lost += self._unwritten_records
+            self._unwritten.clear()
+            self._unwritten_records = 0
         proc = self._proc
         if proc is not None:
             try:
@@ -124,25 +203,30 @@ class StoreWriter:
     def _write_local(self, batch: RecordBatch) -> None:
         try:
             n = self.store.add(batch)
-        except Exception:
-            self.failed_batches += 1
-            log.exception("collector: writing %d records to the store failed", len(batch))
+        except Exception as exc:
+            if self.error is None:
+                log.error("collector: writing %d records to the store failed (%s); kept, retrying", len(batch), exc)
+            self._keep(batch, f"{type(exc).__name__}: {exc}")
             return
         self.stored += n
         self.duplicates += len(batch) - n
+        self._wrote()
 
     def _writer_died(self) -> None:
         with self._idle:
             if self._proc is None:
                 return
+            lost = list(self._sent)  # sent, never acknowledged: written again here
+            self._sent.clear()
             log.error(
-                "collector: the store writer process died; %d batches were lost with it; writing "
-                "in-process from now on",
-                self._pending,
+                "collector: the store writer process died; %d unacknowledged batches are written "
+                "in-process, as everything from now on",
+                len(lost),
             )
-            self.failed_batches += self._pending
             self._pending = 0
             self._proc = None
+            for b in lost:
+                self._keep(b, "the store writer process died")
             self._idle.notify_all()
         for _ in range(self._max_pending):
             self._slots.release()
@@ -157,10 +241,17 @@ class StoreWriter:
             if ack == "ready":
                 self._ready.set()
                 continue
-            stored, duplicates, failed = ack
-            self.stored += stored
-            self.duplicates += duplicates
-            self.failed_batches += failed
+            stored, duplicates, why = ack
+            with self._idle:
+                batch = self._sent.popleft() if self._sent else None
+            if why is None:
+                self.stored += stored
+                self.duplicates += duplicates
+                self._wrote()
+            elif batch is not None:
+                if self.error is None:
+                    log.error("collector: the store refused %d records (%s); kept, retrying", len(batch), why)
+                self._keep(batch, why)
             with self._idle:
                 self._pending -= 1
                 self._idle.notify_all()
@@ -213,10 +304,9 @@ def _child(path: str) -> int:
             break
         try:
             n = store.add(batch)
-            ack = (n, len(batch) - n, 0)
-        except Exception:
-            log.exception("writing %d records to the store failed", len(batch))
-            ack = (0, 0, 1)
+            ack = (n, len(batch) - n, None)
+        except Exception as exc:  # the parent keeps the batch and sends it again
+            ack = (0, 0, f"{type(exc).__name__}: {exc}")
         pickle.dump(ack, out)
         out.flush()
     store.close()

@@ -396,3 +396,62 @@ def test_when_full_refuse_answers_503_and_loses_nothing(make_collector):
     stored = RequestStore(c.config.store)
     assert {r.request_id for r in stored.records()} == {f"w{i}" for i in range(4)}
     stored.close()
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB tmpfs (root only: CI runs as root), unmounted after the test."""
+    import os
+
+    d = tmp_path / "small"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)]).returncode:
+        pytest.skip("mounting a small filesystem needs root")
+    yield d
+    subprocess.run(["umount", "-l", str(d)])
+
+
+def test_a_full_disk_refuses_new_data_and_loses_nothing_acknowledged(make_collector, small_disk):
+    """The store's filesystem fills up: the collector answers 503 with Retry-After (not 200) from
+    then on, keeps the records it could not write in memory, and writes them once there is room
+    again; every request it acknowledged is in the store at the end."""
+    import os
+
+    from collector.store import RequestStore
+
+    c = make_collector(store=str(small_disk / "s.db"))
+    c.store_writer.wait_ready(10)
+    with open(small_disk / "ballast", "wb") as f:  # leave ~150 KB free
+        free = os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize
+        f.write(b"\0" * max(0, free - 150_000))
+    port = c.receivers[1].address[1]
+    acked, refused = [], 0
+    for i in range(3000):
+        body = sample_request([Req(f"d{i}")]).SerializeToString()
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/traces", data=body, headers={"Content-Type": "application/x-protobuf"}
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                assert r.status == 200
+                acked.append(f"d{i}")
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503 and exc.headers["Retry-After"] == "1"
+            assert b"store cannot write" in exc.read()
+            refused += 1
+            if refused >= 20:
+                break
+            time.sleep(0.05)
+    assert refused >= 20 and len(acked) > 20
+    print(f"full disk: {len(acked)} acknowledged, {refused} refused, {c.store_writer.unwritten_records} records kept")
+    assert c.store_writer.failed_batches > 0 and c.store_writer.unwritten_records > 0
+    os.remove(small_disk / "ballast")  # room again: the kept records are written, requests taken
+    deadline = time.monotonic() + 20
+    while (c.store_writer.error or c.store_writer.unwritten_records) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert c.store_writer.error is None
+    c.stop()
+    stored = RequestStore(c.config.store)
+    ids = {r.request_id for r in stored.records()}
+    stored.close()
+    assert set(acked) <= ids and c.store_writer.records_lost == 0

@@ -56,6 +56,8 @@ SELF_GAUGES = frozenset(
         "derivation_backlog_limit",
         "receiver_http_connections_limit",
         "forward_traces_queue_limit_bytes",
+        "store_unwritten_records",
+        "store_unwritten_limit",
     }
 )
 
