@@ -43,6 +43,7 @@ class AssemblyCounters:
     spans_duplicate: int = 0
     spans_late: int = 0  # dropped: their boundary was derived already
     spans_late_derived: int = 0  # late, for a boundary not derived yet: derived on their own
+    spans_over_trace_limit: int = 0  # dropped: their trace already had max_spans_per_trace
     requests_refused_full: int = 0  # on_full="refuse": export requests refused for want of room
     traces_released: int = 0
     traces_released_grace: int = 0
@@ -102,6 +103,7 @@ class _Entry:
     ready_at: float | None = None  # set when a request span arrives
     has_client: bool = False
     late: bool = False  # opened again after a release, for a boundary not derived then
+    spans: int = 0
 
 
 @dataclass
@@ -133,6 +135,7 @@ class TraceAssembler:
         evicted: list[ReleasedTrace] = []
         entries, released, store = self._entries, self._released, self.storage
         grace, peer_wait = cfg.grace_s, max(cfg.grace_s, cfg.peer_wait_s)
+        span_cap = cfg.max_spans_per_trace
         with self._lock:
             c = self.counters
             if cfg.on_full == "refuse":
@@ -157,11 +160,15 @@ class TraceAssembler:
                         evicted.append(ev)
                     e = entries[tid] = _Entry(now, late=done is not None)
                     self._ring.append(tid)
+                if e.spans >= span_cap:
+                    c.spans_over_trace_limit += 1
+                    continue
                 if e.late:
                     c.spans_late_derived += 1
                 if not store.add(tid, s):
                     c.spans_duplicate += 1
                     continue
+                e.spans += 1
                 code = s[sp.CODE]
                 if code <= sp.ENGINE:  # a request span: its trace is ready after the grace period
                     if code == sp.CLIENT:

@@ -120,6 +120,14 @@ class AssemblyConfig:
         "UNAVAILABLE / 503 so senders retry (refuse: backpressure, nothing derived early)",
         one_of("evict", "refuse"),
     )
+    max_spans_per_trace: int = option(
+        10_000,
+        "--max-spans-per-trace",
+        "N",
+        "spans kept of one trace; later ones are dropped and counted (one trace cannot take the memory)",
+        int,
+        1,
+    )
     remember_released: int = 100_000  # released trace ids remembered, to count late spans
 
     def __post_init__(self) -> None:
@@ -203,6 +211,23 @@ class CollectorConfig:
         "released traces waiting for derivation before the receivers answer UNAVAILABLE / 503",
         int,
         1,
+    )
+    max_json_decodes: int = option(
+        2,
+        "--max-json-decodes",
+        "N",
+        "OTLP/JSON bodies decoded at once (a 4 MiB body takes ~200 MB while parsed); the next waits "
+        "up to a second, then gets UNAVAILABLE / 503",
+        int,
+        1,
+    )
+    shutdown_timeout_s: float = option(
+        30.0,
+        "--shutdown-timeout",
+        "S",
+        "on SIGTERM / SIGINT, the longest the flush to the store may take; what is left is logged and counted",
+        float,
+        0.0,
     )
     auth_token: str | None = option(
         None, "--auth-token", "TOKEN", "require 'Authorization: Bearer TOKEN' on both receivers", text_or_off

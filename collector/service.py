@@ -43,6 +43,7 @@ class Collector:
         self._paused = threading.Event()
         self._worker = threading.Thread(target=self._run, name="collector-derive", daemon=True)
         self._process_lock = threading.Lock()
+        self._json_slots = threading.BoundedSemaphore(cfg.max_json_decodes)
         self.receivers: list = []
         self.prometheus = self.forwarder = self.pusher = None
 
@@ -57,7 +58,16 @@ class Collector:
             # what is accepted must be kept: nothing new until the store takes writes again
             self.receiver_counters.payloads_refused_overload += 1
             raise Overloaded(f"the store cannot write ({self.store_writer.error})")
-        w = decode_payload(body, json_body=json_body, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
+        if json_body:  # parsing JSON takes ~50x the body in memory: a few at a time
+            if not self._json_slots.acquire(timeout=1.0):
+                self.receiver_counters.payloads_refused_overload += 1
+                raise Overloaded(f"{self.config.max_json_decodes} OTLP/JSON bodies are being decoded")
+            try:
+                w = decode_payload(body, json_body=True, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
+            finally:
+                self._json_slots.release()
+        else:
+            w = decode_payload(body, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
         return self._accept_walked(w)
 
     def _accept_walked(self, w: WalkResult) -> AcceptResult:
@@ -180,19 +190,30 @@ class Collector:
         return self
 
     def stop(self) -> None:
-        """Stop receiving, derive and store everything accepted, stop the exporters."""
+        """Stop receiving, derive and store everything accepted, stop the exporters: within
+        ``shutdown_timeout_s`` (what did not make it is logged and counted as lost)."""
+        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        left = lambda: max(0.0, deadline - time.monotonic())
         for r in self.receivers:
             r.stop()
         self._stop.set()
         if self._worker.is_alive():
-            self._worker.join(5)
-        self.process(self.assembler.flush())
+            self._worker.join(left())
+        final = threading.Thread(target=lambda: self.process(self.assembler.flush()), name="collector-flush")
+        final.daemon = True
+        final.start()
+        final.join(left())
+        if final.is_alive():
+            log.error(
+                "collector: shutdown timeout (%.1f s): derivation of the last traces did not finish",
+                self.config.shutdown_timeout_s,
+            )
         if self.pusher is not None:
             self.pusher.stop()
         if self.forwarder is not None:
-            self.forwarder.stop()
+            self.forwarder.stop(min(5.0, left()))
         if self.prometheus is not None:
             self.prometheus.stop()
         if self.store is not None:
-            self.store_writer.close()
+            self.store_writer.close(left())
             self.store.close()

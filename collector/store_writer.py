@@ -196,8 +196,19 @@ class StoreWriter:
                 proc.stdin.close()
             except OSError:
                 pass
-            self._acks.join()
+            self._acks.join(max(1.0, deadline - time.monotonic()))
+            if self._acks.is_alive():  # the child is still writing: the time is up
+                proc.kill()
+                self._acks.join()
+                log.error("collector: the store writer was stopped at the shutdown timeout")
             proc.wait()
+            left = sum(len(b) for b in self._sent) + self._unwritten_records
+            if left:  # unacknowledged when the writer was stopped
+                self.records_lost += left
+                log.error("collector: %d records were not written to the store and are lost", left)
+            self._sent.clear()
+            self._unwritten.clear()
+            self._unwritten_records = 0
 
     # -- internals ---------------------------------------------------------------------------
     def _write_local(self, batch: RecordBatch) -> None:

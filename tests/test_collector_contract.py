@@ -455,3 +455,47 @@ def test_a_full_disk_refuses_new_data_and_loses_nothing_acknowledged(make_collec
     ids = {r.request_id for r in stored.records()}
     stored.close()
     assert set(acked) <= ids and c.store_writer.records_lost == 0
+
+
+def test_shutdown_is_bounded_even_when_the_store_cannot_write(make_collector, small_disk):
+    """SIGTERM with the disk full: stop() returns within --shutdown-timeout, says how many records
+    it could not write, and counts them; nothing hangs."""
+    import os
+
+    c = make_collector(store=str(small_disk / "s.db"), shutdown_timeout_s=2.0)
+    c.store_writer.wait_ready(10)
+    with open(small_disk / "ballast", "wb") as f:
+        f.write(b"\0" * (os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize))
+    for i in range(40):
+        c.accept(sample_request([Req(f"s{i}")]).SerializeToString())
+    deadline = time.monotonic() + 10
+    while c.store_writer.error is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert c.store_writer.error is not None
+    t0 = time.monotonic()
+    c.stop()
+    assert time.monotonic() - t0 < 4.0
+    assert c.store_writer.records_lost == c.records_derived > 0
+
+
+def test_spans_per_trace_are_capped():
+    a = TraceAssembler(AssemblyConfig(grace_s=1.0, timeout_s=10.0, max_spans_per_trace=3))
+    t = "9" * 32
+    a.add([span(t, f"{i:016x}", sc.SPAN_DECODE, "01" * 8) for i in range(1, 6)], now=0.0)
+    assert a.counters.spans_over_trace_limit == 2 and len(a.flush()[0].spans) == 3
+
+
+def test_json_bodies_are_decoded_a_few_at_a_time(make_collector):
+    """--max-json-decodes: with the slots taken, a JSON body waits a second, then gets 503."""
+    from collector.receivers.intake import Overloaded
+    from otel_llm.otlp_json import to_json
+
+    c = make_collector(max_json_decodes=1)
+    body = to_json(sample_request([Req("j1")])).encode()
+    c._json_slots.acquire()  # a decode in progress
+    t0 = time.monotonic()
+    with pytest.raises(Overloaded):
+        c.accept(body, json_body=True)
+    assert 0.9 < time.monotonic() - t0 < 3
+    c._json_slots.release()
+    assert c.accept(body, json_body=True).rejected == 0
