@@ -10,6 +10,8 @@ memory with 100,000 traces in flight. All in one run, one process.
 * end-to-end: ``Collector.accept`` (decode, walk, assemble) + release + derivation + metrics
   registry + SQLite store (its writer process), for the same payloads, until every record is
   in SQLite.
+* durable: the same end-to-end run with ``--spool`` (every request appended to the write-ahead
+  spool before it is accepted; segments deleted as their traces are stored).
 * raw and end-to-end alternate over ``--rounds`` rounds and the ratio is taken per round (this
   machine's speed drifts by tens of percent within minutes); the median round is the result.
 * memory (fresh processes): peak RSS growth with 100,000 traces held in flight (long grace),
@@ -160,7 +162,7 @@ def raw_rate(bodies: list[bytes], total: int) -> float:
     return _parse_rate(bodies, total, _minimal_walk)
 
 
-def make_collector(store: str, max_traces: int, grace_s: float = 0.0):
+def make_collector(store: str, max_traces: int, grace_s: float = 0.0, spool: str | None = None):
     from collector.assembly import AssemblyConfig
     from collector.config import CollectorConfig
     from collector.service import Collector
@@ -174,16 +176,22 @@ def make_collector(store: str, max_traces: int, grace_s: float = 0.0):
         assembly=AssemblyConfig(grace_s=grace_s, timeout_s=3600, max_traces=max_traces),
         slos={"default": SLO(ttft=1, tpot=0.05)},
         max_backlog=10**9,
+        spool=spool,
+        spool_max_bytes=1 << 40,
     )
     return Collector(cfg)  # not started: the benchmark drives it
 
 
-def end_to_end_rate(bodies: list[bytes], total: int, n_traces: int, tmp: str) -> tuple[float, int]:
+def end_to_end_rate(bodies: list[bytes], total: int, n_traces: int, tmp: str, spool: bool = False) -> tuple[float, int]:
+    import shutil
+
     path = os.path.join(tmp, "e2e.db")
+    spool_dir = os.path.join(tmp, "spool")
+    shutil.rmtree(spool_dir, ignore_errors=True)
     for f in (path, path + "-wal", path + "-shm"):
         if os.path.exists(f):
             os.remove(f)
-    c = make_collector(path, max_traces=100_000)
+    c = make_collector(path, max_traces=100_000, spool=spool_dir if spool else None)
     c.store_writer.wait_ready(30)  # its start-up is not part of the rate
     gc.collect()
     t0 = time.perf_counter()
@@ -198,6 +206,9 @@ def end_to_end_rate(bodies: list[bytes], total: int, n_traces: int, tmp: str) ->
     assert stored == 2 * n_traces, stored
     c.store_writer.close()
     c.store.close()
+    if c.spool is not None:
+        c.spool.close()
+        shutil.rmtree(spool_dir, ignore_errors=True)
     for f in (path, path + "-wal", path + "-shm"):  # deleted, its dirty pages are never written back
         if os.path.exists(f):  # (the kernel's write-back would slow the next round)
             os.remove(f)
@@ -260,11 +271,13 @@ def main() -> None:
         raw = raw_rate(bodies, total)
         full = full_walk_rate(bodies, total) if r == 0 else None
         e2e, stored = end_to_end_rate(bodies, total, a.traces, tmp)
-        rounds.append((e2e / raw, raw, e2e))
+        durable, _ = end_to_end_rate(bodies, total, a.traces, tmp, spool=True)
+        rounds.append((e2e / raw, raw, e2e, durable, durable / e2e))
         print(
             f"round {r + 1}: raw decode-and-walk (ids, names, times, attribute keys) {raw:,.0f} spans/s; "
             f"end to end (decode, assemble, derive, metrics, store) {e2e:,.0f} spans/s "
-            f"({stored:,} records stored); ratio {e2e / raw:.2f}",
+            f"({stored:,} records stored); ratio {e2e / raw:.2f}; "
+            f"durable (--spool) {durable:,.0f} spans/s, {durable / e2e:.2f} of end to end",
             flush=True,
         )
         if full:
@@ -278,6 +291,11 @@ def main() -> None:
         f"median of {len(rounds)} rounds: end to end {med([x[2] for x in rounds]):,.0f} spans/s (target >= 100,000); "
         f"raw {med([x[1] for x in rounds]):,.0f} spans/s; end-to-end / raw {med([x[0] for x in rounds]):.2f} "
         f"(target >= 0.5; per round {', '.join(f'{x[0]:.2f}' for x in rounds)})",
+        flush=True,
+    )
+    print(
+        f"durable mode (--spool): {med([x[3] for x in rounds]):,.0f} spans/s, {med([x[4] for x in rounds]):.2f} of "
+        f"end to end without it (per round {', '.join(f'{x[4]:.2f}' for x in rounds)})",
         flush=True,
     )
     del bodies

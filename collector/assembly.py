@@ -234,6 +234,15 @@ class TraceAssembler:
                 self._ring = deque(t for t in ring if t in entries)
         return out
 
+    def oldest_first_seen(self) -> float | None:
+        """When the oldest trace still in flight got its first span (None: none in flight)."""
+        with self._lock:
+            for tid in self._ring:
+                e = self._entries.get(tid)
+                if e is not None:
+                    return e.first_seen
+        return None
+
     def flush(self) -> list[ReleasedTrace]:
         """Release everything (shutdown)."""
         with self._lock:

@@ -181,6 +181,25 @@ class CollectorConfig:
     store: str | None = option(
         "otel-llm.db", "--store", "PATH", "per-request SQLite store, appended across restarts", text_or_off
     )
+    spool: str | None = option(
+        None,
+        "--spool",
+        "DIR",
+        "durable mode: append every accepted request to a write-ahead spool in DIR before answering, "
+        "replay it at start (a crash loses nothing acknowledged)",
+        text_or_off,
+    )
+    spool_fsync: bool = option(
+        False,
+        "--spool-fsync",
+        "BOOL",
+        "fsync the spool after every request (survives a power loss too; slower)",
+        yes_no,
+    )
+    spool_max_bytes: int = option(
+        1 << 30, "--spool-max-bytes", "N", "spool size at most; beyond, new data gets UNAVAILABLE / 503", int, 1 << 16
+    )
+    spool_segment_bytes: int = 16 << 20  # a spool segment is closed (and can be deleted) at this size
     store_buffer_records: int = option(
         500_000,
         "--store-buffer-records",

@@ -19,6 +19,7 @@ from .derive import derive
 from .metrics_registry import MetricsRegistry
 from .receivers.decode import WalkResult, decode_payload
 from .receivers.intake import AcceptResult, Overloaded, ReceiverCounters
+from .spool import Spool, SpoolFull
 from .store import RequestStore
 from .store_writer import StoreWriter
 
@@ -33,6 +34,9 @@ class Collector:
         self.store = RequestStore(cfg.store) if cfg.store else None
         self.store_writer = (
             StoreWriter(self.store, max_unwritten=cfg.store_buffer_records) if self.store is not None else None
+        )
+        self.spool = (
+            Spool(cfg.spool, cfg.spool_segment_bytes, cfg.spool_max_bytes, cfg.spool_fsync) if cfg.spool else None
         )
         self.receiver_counters = ReceiverCounters()
         self.records_derived = 0
@@ -72,10 +76,18 @@ class Collector:
 
     def _accept_walked(self, w: WalkResult) -> AcceptResult:
         try:
-            evicted = self.assembler.add(w.spans, time.monotonic())
+            if self.spool is None:
+                evicted = self.assembler.add(w.spans, time.monotonic())
+            else:  # written ahead, then assembled, under one lock (see collector.spool)
+                with self.spool.lock:
+                    self.spool.append(w.body)
+                    evicted = self.assembler.add(w.spans, time.monotonic())
         except AssemblyFull as exc:
             self.receiver_counters.payloads_refused_overload += 1
             raise Overloaded(f"trace assembly is full ({exc})") from None
+        except (SpoolFull, OSError) as exc:
+            self.receiver_counters.payloads_refused_overload += 1
+            raise Overloaded(f"the spool cannot take it ({exc})") from None
         c = self.receiver_counters
         c.requests += 1
         c.spans += w.total
@@ -106,7 +118,30 @@ class Collector:
     def tick(self, now: float | None = None) -> int:
         if self.store_writer is not None:
             self.store_writer.retry()
-        return self.process(self.assembler.expire(time.monotonic() if now is None else now))
+        n = self.process(self.assembler.expire(time.monotonic() if now is None else now))
+        if self.spool is not None:
+            oldest = self.assembler.oldest_first_seen()  # first: see Spool.collect
+            idle = not self._backlog and (self.store_writer is None or self.store_writer.idle)
+            self.spool.collect(oldest, idle)
+        return n
+
+    def replay_spool(self) -> int:
+        """Assemble every request the spool holds from before this start (a crash, or a shutdown
+        that could not store everything). Returns how many."""
+        n = 0
+        for body in self.spool.replay():
+            try:
+                w = decode_payload(body, max_bytes=max(self.config.max_message_bytes, len(body)))
+            except ValueError:
+                continue
+            evicted = self.assembler.add(w.spans, time.monotonic())
+            if evicted:
+                with self._backlog_lock:
+                    self._backlog.extend(evicted)
+            n += 1
+        if n:
+            log.info("collector: replayed %d accepted requests from the spool %s", n, self.config.spool)
+        return n
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_s):
@@ -144,6 +179,15 @@ class Collector:
             out["store_records_lost"] = self.store_writer.records_lost
             out["store_unwritten_records"] = self.store_writer.unwritten_records
             out["store_unwritten_limit"] = self.store_writer.max_unwritten
+        if self.spool is not None:
+            out.update(
+                spool_bytes=self.spool.bytes,
+                spool_limit_bytes=self.spool.max_bytes,
+                spool_segments=self.spool.segments,
+                spool_replayed_requests=self.spool.replayed_requests,
+                spool_torn_records=self.spool.torn_records,
+                spool_segments_deleted=self.spool.segments_deleted,
+            )
         if self.forwarder is not None:
             out.update(
                 forward_traces_sent=self.forwarder.sent,
@@ -159,6 +203,8 @@ class Collector:
         from .receivers.otlp_grpc import GrpcReceiver
         from .receivers.otlp_http import HttpReceiver
 
+        if self.spool is not None:
+            self.replay_spool()
         if cfg.forward_traces:
             from .exporters.forward_traces import TraceForwarder
 
@@ -217,3 +263,11 @@ class Collector:
         if self.store is not None:
             self.store_writer.close(left())
             self.store.close()
+        if self.spool is not None:
+            everything_stored = not final.is_alive() and (
+                self.store_writer is None or not self.store_writer.records_lost
+            )
+            if everything_stored:  # nothing to replay: the spool is emptied
+                self.spool.seal()
+                self.spool.collect(None, True)
+            self.spool.close()

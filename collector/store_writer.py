@@ -127,6 +127,11 @@ class StoreWriter:
         self._write_local(batch)
 
     @property
+    def idle(self) -> bool:
+        """Everything handed over so far is in the store."""
+        return self._pending == 0 and not self._unwritten and not self._sent
+
+    @property
     def unwritten_records(self) -> int:
         """Records kept in memory because the store could not take them."""
         return self._unwritten_records

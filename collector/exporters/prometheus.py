@@ -58,6 +58,9 @@ SELF_GAUGES = frozenset(
         "forward_traces_queue_limit_bytes",
         "store_unwritten_records",
         "store_unwritten_limit",
+        "spool_bytes",
+        "spool_limit_bytes",
+        "spool_segments",
     }
 )
 
