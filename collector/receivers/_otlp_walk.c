@@ -44,7 +44,11 @@ typedef struct {
     Py_ssize_t len;
 } field;
 
-static int read_varint(reader *r, uint64_t *out) {
+static inline __attribute__((always_inline)) int read_varint(reader *r, uint64_t *out) {
+    if (r->p < r->end && !(*r->p & 0x80)) { /* one byte: most tags, lengths and values */
+        *out = *r->p++;
+        return 0;
+    }
     uint64_t v = 0;
     for (int shift = 0; shift < 70; shift += 7) {
         if (r->p >= r->end) return FALLBACK;
@@ -60,7 +64,7 @@ static int read_varint(reader *r, uint64_t *out) {
 }
 
 /* A tag or a length: protobuf takes at most 5 bytes for either (a 32-bit varint, padded or not). */
-static int read_varint32(reader *r, uint64_t *out) {
+static inline __attribute__((always_inline)) int read_varint32(reader *r, uint64_t *out) {
     const uint8_t *start = r->p;
     if (read_varint(r, out)) return FALLBACK;
     if (r->p - start > 5 || *out > 0xffffffffULL) return FALLBACK;
@@ -74,7 +78,7 @@ static uint64_t le64(const uint8_t *p) {
 }
 
 /* Next field; 1: got one, 0: end of buffer, FALLBACK: malformed or a group. */
-static int next_field(reader *r, field *f) {
+static inline __attribute__((always_inline)) int next_field(reader *r, field *f) {
     if (r->p >= r->end) return 0;
     uint64_t tag;
     if (read_varint32(r, &tag)) return FALLBACK;
@@ -167,14 +171,35 @@ static int utf8_valid(const uint8_t *s, Py_ssize_t n) {
     return 1;
 }
 
+/* Whether a message is one varint field of the schema with a one-byte tag and nothing else (the
+ * elements of a token-event array: `18 <varint>`): valid as it is, no need to walk it. */
+static inline int single_varint(const mdesc *md, const uint8_t *p, Py_ssize_t n) {
+    if (n < 2 || n > 11 || (p[0] & 0x87) != 0) return 0; /* a one-byte tag of wire type 0 */
+    uint32_t num = p[0] >> 3;
+    if (num >= md->n || md->f[num].kind != K_VARINT) return 0;
+    for (Py_ssize_t i = 1; i < n; i++)
+        if (!(p[i] & 0x80)) return i == n - 1;
+    return 0;
+}
+
 /* 0: the message (and everything in it) is as protobuf would accept it; FALLBACK otherwise. */
 static int check_message(Py_ssize_t m, const uint8_t *data, Py_ssize_t len, int depth) {
     if (depth > MAX_DEPTH) return FALLBACK;
     const mdesc *md = &schema[m];
     reader r = {data, data + len};
-    field f;
+    field f = {0};
     int rc;
-    while ((rc = next_field(&r, &f)) == 1) {
+    for (;;) {
+        const uint8_t *p = r.p;
+        /* the common case first: a small embedded message that is one varint (an array element) */
+        if (r.end - p >= 4 && (p[0] & 0x87) == 2 && p[1] < 0x80 && r.end - p >= 2 + p[1]) {
+            uint32_t num = p[0] >> 3;
+            if (num < md->n && md->f[num].kind == K_MESSAGE && single_varint(&schema[md->f[num].sub], p + 2, p[1])) {
+                r.p = p + 2 + p[1];
+                continue;
+            }
+        }
+        if ((rc = next_field(&r, &f)) != 1) break;
         if (f.num >= md->n) continue; /* unknown: next_field checked its framing */
         const fdesc *d = &md->f[f.num];
         switch (d->kind) {
@@ -197,6 +222,7 @@ static int check_message(Py_ssize_t m, const uint8_t *data, Py_ssize_t len, int 
             break;
         case K_MESSAGE:
             if (f.wt != 2) return FALLBACK;
+            if (single_varint(&schema[d->sub], f.data, f.len)) break; /* e.g. an int AnyValue: valid */
             if ((rc = check_message(d->sub, f.data, f.len, depth + 1))) return rc;
             break;
         default:
@@ -340,7 +366,7 @@ static int int_array(const uint8_t *data, Py_ssize_t len, PyObject *invalid, PyO
                 continue;
             }
         }
-        field f;
+        field f = {0};
         if ((rc = next_field(&r, &f)) != 1) break;
         rc = 0; /* a field read: nothing pending (an unknown field skipped must not end the walk) */
         if (f.num != 1) continue;
@@ -350,7 +376,7 @@ static int int_array(const uint8_t *data, Py_ssize_t len, PyObject *invalid, PyO
         }
         /* one AnyValue: the oneof's last member wins */
         reader e = {f.data, f.data + f.len};
-        field g;
+        field g = {0};
         int which = 0;
         uint64_t iv = 0;
         while ((rc = next_field(&e, &g)) == 1) {
@@ -384,7 +410,7 @@ static int int_array(const uint8_t *data, Py_ssize_t len, PyObject *invalid, PyO
 /* One AnyValue -> Python value (new reference in *out). */
 static int any_value(const uint8_t *data, Py_ssize_t len, PyObject *invalid, PyObject **out) {
     reader r = {data, data + len};
-    field f, last = {0};
+    field f = {0}, last = {0};
     int rc, seen_msg = 0;
     while ((rc = next_field(&r, &f)) == 1) {
         if (f.num < 1 || f.num > ANY_LAST) continue; /* unknown field */
@@ -432,7 +458,7 @@ static int any_value(const uint8_t *data, Py_ssize_t len, PyObject *invalid, PyO
 static int key_value(const uint8_t *data, Py_ssize_t len, const table *keys, PyObject *invalid,
                      PyObject **slots) {
     reader r = {data, data + len};
-    field f;
+    field f = {0};
     int rc, nvalue = 0;
     const uint8_t *key = NULL, *val = NULL;
     Py_ssize_t klen = 0, vlen = 0;
@@ -480,7 +506,7 @@ typedef struct {
 
 static int span(walk_state *st, const uint8_t *data, Py_ssize_t len) {
     reader r = {data, data + len};
-    field f;
+    field f = {0};
     int rc;
     const uint8_t *tid = NULL, *sid = NULL, *pid = NULL, *name = NULL;
     Py_ssize_t tlen = 0, slen = 0, plen = 0, nlen = 0;
@@ -510,7 +536,7 @@ static int span(walk_state *st, const uint8_t *data, Py_ssize_t len) {
         case 9: has_attrs = 1; break;
         case 15: { /* Status: code is field 3; messages given twice merge (last code wins) */
             reader s = {f.data, f.data + f.len};
-            field g;
+            field g = {0};
             int src;
             while ((src = next_field(&s, &g)) == 1)
                 if (g.num == 3) {
@@ -604,13 +630,13 @@ typedef int (*visit_fn)(void *ctx, const uint8_t *data, Py_ssize_t len);
 static int each_nested(const uint8_t *data, Py_ssize_t len, uint32_t outer, uint32_t inner, visit_fn visit,
                        void *ctx) {
     reader r = {data, data + len};
-    field f;
+    field f = {0};
     int rc;
     while ((rc = next_field(&r, &f)) == 1) {
         if (f.num != outer) continue;
         if (f.wt != 2) return FALLBACK;
         reader rr = {f.data, f.data + f.len};
-        field g;
+        field g = {0};
         while ((rc = next_field(&rr, &g)) == 1) {
             if (g.num != inner) continue;
             if (g.wt != 2) return FALLBACK;
@@ -668,7 +694,7 @@ static PyObject *walk(PyObject *self, PyObject *args) {
     st.spans = PyList_New(0);
     if (!st.spans) goto done;
     reader r = {body.buf, (const uint8_t *)body.buf + body.len};
-    field f;
+    field f = {0};
     int rc = schema ? check_message(0, body.buf, body.len, 1) : FALLBACK;
     if (rc == FALLBACK) {
         Py_INCREF(Py_None);
