@@ -16,18 +16,29 @@ from .assembly import AssemblyConfig, TraceAssembler
 from .derive import derive
 from .receivers.decode import walk_message
 from .records import RecordBatch
+from .steps import StepBatch, split_steps
+
+
+def read_trace_file(path: str) -> tuple[RecordBatch, StepBatch]:
+    """Every record derived from a traces file, and the engine steps in it. Raises
+    FileNotFoundError, or :class:`~otel_llm.trace_file.TraceFileError` (a ValueError naming the
+    line) for a bad line."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such traces file")
+    asm = TraceAssembler(AssemblyConfig(max_traces=10**9, max_spans_per_trace=2**62))
+    steps: list[tuple] = []
+    for _, req in read_trace_requests(path):
+        spans, st = split_steps(walk_message(req).spans)
+        asm.add(spans, 0.0)
+        steps += st
+    batch, _ = derive(asm.flush())
+    steps.sort(key=lambda s: s[5])
+    return batch, StepBatch.from_walked(steps)
 
 
 def batch_from_trace_file(path: str) -> RecordBatch:
-    """Every record derived from a traces file. Raises FileNotFoundError, or
-    :class:`~otel_llm.trace_file.TraceFileError` (a ValueError naming the line) for a bad line."""
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such traces file")
-    asm = TraceAssembler(AssemblyConfig(max_traces=10**9))
-    for _, req in read_trace_requests(path):
-        asm.add(walk_message(req).spans, 0.0)
-    batch, _ = derive(asm.flush())
-    return batch
+    """Every record derived from a traces file (see :func:`read_trace_file`)."""
+    return read_trace_file(path)[0]
 
 
 def load_timelines(path: str, boundary: str, selection: Selection | None = None) -> TimelineBatch:

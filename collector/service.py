@@ -20,6 +20,7 @@ from .metrics_registry import MetricsRegistry
 from .receivers.decode import WalkResult, decode_payload
 from .receivers.intake import AcceptResult, Overloaded, ReceiverCounters
 from .spool import Spool, SpoolFull
+from .steps import StepBatch, split_steps
 from .store import RequestStore
 from .store_writer import StoreWriter
 
@@ -42,6 +43,8 @@ class Collector:
         self.records_derived = 0
         self.events_rejected = 0  # token events dropped as invalid (see derive._events)
         self._backlog: list[ReleasedTrace] = []
+        self._steps: list[tuple] = []  # walked step spans waiting for the store
+        self.steps_received = 0
         self._backlog_lock = threading.Lock()
         self._stop = threading.Event()
         self._paused = threading.Event()
@@ -75,13 +78,14 @@ class Collector:
         return self._accept_walked(w)
 
     def _accept_walked(self, w: WalkResult) -> AcceptResult:
+        spans, steps = split_steps(w.spans)  # engine steps bypass assembly (collector.steps)
         try:
             if self.spool is None:
-                evicted = self.assembler.add(w.spans, time.monotonic())
+                evicted = self.assembler.add(spans, time.monotonic())
             else:  # written ahead, then assembled, under one lock (see collector.spool)
                 with self.spool.lock:
                     self.spool.append(w.body)
-                    evicted = self.assembler.add(w.spans, time.monotonic())
+                    evicted = self.assembler.add(spans, time.monotonic())
         except AssemblyFull as exc:
             self.receiver_counters.payloads_refused_overload += 1
             raise Overloaded(f"trace assembly is full ({exc})") from None
@@ -95,15 +99,28 @@ class Collector:
         if evicted:
             with self._backlog_lock:
                 self._backlog.extend(evicted)
+        if steps:
+            self._take_steps(steps)
         if self.forwarder is not None:
             self.forwarder.submit(w.body)
         return AcceptResult(w.rejected, w.first_error)
+
+    def _take_steps(self, steps: list[tuple]) -> None:
+        """Engine step spans go to the store (in batches, with the next derivation tick)."""
+        self.steps_received += len(steps)
+        if self.store_writer is None:
+            return
+        with self._backlog_lock:
+            self._steps.extend(steps)
 
     # -- derivation (worker thread) --------------------------------------------------------------
     def process(self, released: list[ReleasedTrace]) -> int:
         with self._backlog_lock:
             released = self._backlog + released
             self._backlog = []
+            steps, self._steps = self._steps, []
+        if steps and self.store_writer is not None:
+            self.store_writer.put(StepBatch.from_walked(steps))
         if not released:
             return 0
         with self._process_lock:
@@ -134,10 +151,13 @@ class Collector:
                 w = decode_payload(body, max_bytes=max(self.config.max_message_bytes, len(body)))
             except ValueError:
                 continue
-            evicted = self.assembler.add(w.spans, time.monotonic())
+            spans, steps = split_steps(w.spans)
+            evicted = self.assembler.add(spans, time.monotonic())
             if evicted:
                 with self._backlog_lock:
                     self._backlog.extend(evicted)
+            if steps:
+                self._take_steps(steps)
             n += 1
         if n:
             log.info("collector: replayed %d accepted requests from the spool %s", n, self.config.spool)
@@ -170,10 +190,12 @@ class Collector:
         out["derivation_backlog_limit"] = cfg.max_backlog
         out["receiver_http_connections_limit"] = cfg.max_connections
         out["records_derived"] = self.records_derived
+        out["engine_steps_received"] = self.steps_received
         out["token_events_rejected"] = self.events_rejected
         out["metrics_records_folded"] = self.registry.records_folded
         if self.store is not None:
             out["store_records"] = self.store_writer.stored
+            out["store_engine_steps"] = self.store_writer.steps_stored
             out["store_duplicates_ignored"] = self.store_writer.duplicates
             out["store_failed_batches"] = self.store_writer.failed_batches
             out["store_records_lost"] = self.store_writer.records_lost

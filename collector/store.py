@@ -25,6 +25,7 @@ from otel_llm.selection import Selection
 from otel_llm.timeline import TimelineBatch
 
 from .records import COLUMN_NAMES, COLUMNS, RecordBatch, RequestRecord, from_python
+from .steps import STEP_COLUMNS, STEPS_SCHEMA, StepBatch
 
 log = logging.getLogger("collector")
 
@@ -86,6 +87,7 @@ class RequestStore:
         self._db.execute("PRAGMA synchronous=NORMAL")
         cols = ",\n  ".join(f'"{c.name}" {c.kind.sqlite}' for c in COLUMNS)
         self._db.executescript(SCHEMA.format(cols=cols))
+        self._db.executescript(STEPS_SCHEMA)
         # a store written by an earlier version: add the columns it lacks (NULL, unknown, in its rows)
         have = {row[1] for row in self._db.execute("PRAGMA table_info(requests)")}
         for c in COLUMNS:
@@ -97,6 +99,7 @@ class RequestStore:
         self._insert_chunk = self._insert_rows(self._chunk)
         self.stored = 0
         self.duplicates = 0
+        self.steps_stored = 0
         self._checkpointer: threading.Thread | None = None
         self._closing = threading.Event()
         if background_checkpoints:
@@ -124,10 +127,13 @@ class RequestStore:
             [row] * n
         )
 
-    def add(self, batch: RecordBatch) -> int:
-        """Append a batch of records (those already stored are ignored and counted)."""
+    def add(self, batch: RecordBatch | StepBatch) -> int:
+        """Append a batch of records, or of engine steps (those already stored are ignored and
+        counted)."""
         if not len(batch):
             return 0
+        if isinstance(batch, StepBatch):
+            return self._add_steps(batch)
         cols = batch.scalar_columns(nan_as_none=False)  # SQLite stores NaN as NULL
         offs, toks = event_blobs(batch)
         # one flat parameter list: rows go in by the statement of many rows (one sqlite3_step,
@@ -154,6 +160,32 @@ class RequestStore:
         self.stored += n
         self.duplicates += n_rows - n
         return n
+
+    def _add_steps(self, steps: StepBatch) -> int:
+        q = f"INSERT OR IGNORE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
+        with self._lock:
+            before = self._db.total_changes
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(q, steps.rows())
+                self._db.execute("COMMIT")
+            except BaseException:
+                try:
+                    self._db.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+                raise
+            n = self._db.total_changes - before
+        self.steps_stored += n
+        return n
+
+    def steps(self, since_ns: int | None = None, until_ns: int | None = None) -> StepBatch:
+        """The engine steps stored (overlapping [since_ns, until_ns] when given), by start time."""
+        q = f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE end_ns >= ? AND start_ns <= ? ORDER BY start_ns, rowid"
+        with self._lock:
+            lo, hi = int(since_ns or 0), int(until_ns if until_ns is not None else 2**63 - 1)
+            rows = self._db.execute(q, (lo, hi)).fetchall()
+        return StepBatch.from_rows(rows)
 
     def batch(self, boundary: str | None = None) -> RecordBatch:
         """Every stored record (at one boundary), in submit order, as a batch."""

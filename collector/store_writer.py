@@ -32,6 +32,7 @@ import time
 from collections import deque
 
 from .records import RecordBatch
+from .steps import StepBatch
 from .store import RequestStore
 
 log = logging.getLogger("collector")
@@ -52,6 +53,7 @@ class StoreWriter:
         self.store = store
         self.stored = 0
         self.duplicates = 0
+        self.steps_stored = 0  # engine steps (collector.steps), apart from the request records
         self.failed_batches = 0  # batches a write failed for (kept and written again)
         self.records_lost = 0  # records dropped: over max_unwritten, or lost with the writer process
         self.error: str | None = None  # why the last write failed, while anything is unwritten
@@ -100,7 +102,7 @@ class StoreWriter:
         proc = self._proc
         return None if proc is None else proc.pid
 
-    def put(self, batch: RecordBatch) -> None:
+    def put(self, batch: RecordBatch | StepBatch) -> None:
         """Hand a batch over to be stored (returns once it is sent, or stored if in-process)."""
         if not len(batch):
             return
@@ -224,9 +226,15 @@ class StoreWriter:
                 log.error("collector: writing %d records to the store failed (%s); kept, retrying", len(batch), exc)
             self._keep(batch, f"{type(exc).__name__}: {exc}")
             return
-        self.stored += n
-        self.duplicates += len(batch) - n
+        self._count(batch, n, len(batch) - n)
         self._wrote()
+
+    def _count(self, batch, stored: int, duplicates: int) -> None:
+        if isinstance(batch, StepBatch):
+            self.steps_stored += stored
+        else:
+            self.stored += stored
+            self.duplicates += duplicates
 
     def _writer_died(self) -> None:
         with self._idle:
@@ -261,8 +269,7 @@ class StoreWriter:
             with self._idle:
                 batch = self._sent.popleft() if self._sent else None
             if why is None:
-                self.stored += stored
-                self.duplicates += duplicates
+                self._count(batch, stored, duplicates)
                 self._wrote()
             elif batch is not None:
                 if self.error is None:

@@ -3,8 +3,9 @@
 A tuple rather than an object because the collector handles hundreds of thousands of spans a
 second: the C walker (:mod:`collector.receivers._otlp_walk`) builds them directly, and
 :func:`collector.receivers.decode.walk_message` builds the same tuples from a parsed message.
-Only spans the collector derives from are walked (the request spans and their phases); the
-attribute slots hold the few attributes derivation reads, ``None`` where absent.
+Only spans the collector derives from are walked (the request spans and their phases, and the
+engine's step spans, which :mod:`collector.steps` keeps); the attribute slots hold the few
+attributes those read, ``None`` where absent.
 
 Layout (index constants below): ids are raw bytes (trace 16, span 8, parent 0 or 8); times are
 Unix ns; ``code`` says which span it is; token-event arrays are bytes of native int64
@@ -20,7 +21,7 @@ import numpy as np
 from otel_llm import semconv as sc
 
 # span codes
-CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM = range(7)
+CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP = range(8)
 CODES = {
     sc.SPAN_CLIENT_REQUEST: CLIENT,
     sc.SPAN_REQUEST: ENGINE,
@@ -29,6 +30,7 @@ CODES = {
     sc.SPAN_DECODE: DECODE,
     sc.SPAN_PREEMPTION: PREEMPTION,
     sc.SPAN_STREAM: STREAM,
+    sc.SPAN_STEP: STEP,
 }
 NAMES = {v: k for k, v in CODES.items()}
 BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine"}
@@ -48,15 +50,39 @@ _ATTRIBUTES = (
     ("run_id", sc.BENCH_RUN_ID),
     ("warmup", sc.BENCH_WARMUP),
     ("choice", sc.REQUEST_CHOICE),
+    ("step_index", sc.STEP_INDEX),
+    ("batch_size", sc.STEP_BATCH_SIZE),
+    ("prefill_tokens", sc.STEP_PREFILL_TOKENS),
+    ("decode_tokens", sc.STEP_DECODE_TOKENS),
+    ("preempted", sc.STEP_PREEMPTED),
+    ("kv_usage", sc.STEP_KV_USAGE),
+    ("gpu_time_ns", sc.STEP_GPU_TIME_NS),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
 
 # tuple layout
 TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = range(9)
-REQUEST_ID, MODEL, STATUS, INPUT_TOKENS, ESTIMATED, OFFSETS, TOKENS, INCOMPLETE, RUN_ID, WARMUP, CHOICE = range(
-    9, 9 + len(ATTRIBUTE_SLOTS)
-)
+(
+    REQUEST_ID,
+    MODEL,
+    STATUS,
+    INPUT_TOKENS,
+    ESTIMATED,
+    OFFSETS,
+    TOKENS,
+    INCOMPLETE,
+    RUN_ID,
+    WARMUP,
+    CHOICE,
+    STEP_INDEX,
+    STEP_BATCH_SIZE,
+    STEP_PREFILL_TOKENS,
+    STEP_DECODE_TOKENS,
+    STEP_PREEMPTED,
+    STEP_KV_USAGE,
+    STEP_GPU_TIME_NS,
+) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 
 
