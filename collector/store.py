@@ -16,6 +16,7 @@ import logging
 import os
 import sqlite3
 import threading
+import urllib.parse
 from itertools import chain, pairwise
 
 import numpy as np
@@ -74,25 +75,48 @@ class RequestStore:
     own (a second connection, every ``checkpoint_interval_s``) instead of inside a commit now and
     then, so the writer does not wait for the copy and its fsyncs (the store writer process)."""
 
-    def __init__(self, path: str, background_checkpoints: bool = False, checkpoint_interval_s: float = 0.5):
+    def __init__(
+        self,
+        path: str,
+        background_checkpoints: bool = False,
+        checkpoint_interval_s: float = 0.5,
+        readonly: bool = False,
+    ):
         self.path = path
+        self.readonly = readonly
         d = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(d):  # a typo must not create directories: only the file is made here
             raise FileNotFoundError(f"{path}: the directory {d} does not exist")
         try:
-            self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-            self._db.execute("PRAGMA journal_mode=WAL")
+            if readonly:  # readers (analyze, compare, report, export) change nothing in the file
+                uri = "file:" + urllib.parse.quote(os.path.abspath(path)) + "?mode=ro"
+                self._db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+                tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            else:
+                self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+                self._db.execute("PRAGMA journal_mode=WAL")
         except sqlite3.DatabaseError as exc:
             raise ValueError(f"{path}: not an otel-llm store ({exc})") from None
-        self._db.execute("PRAGMA synchronous=NORMAL")
-        cols = ",\n  ".join(f'"{c.name}" {c.kind.sqlite}' for c in COLUMNS)
-        self._db.executescript(SCHEMA.format(cols=cols))
-        self._db.executescript(STEPS_SCHEMA)
-        # a store written by an earlier version: add the columns it lacks (NULL, unknown, in its rows)
+        if readonly:
+            if "requests" not in tables:
+                self._db.close()
+                raise ValueError(f"{path}: not an otel-llm store (no requests table)")
+            self._has_steps = "steps" in tables
+        else:
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            cols = ",\n  ".join(f'"{c.name}" {c.kind.sqlite}' for c in COLUMNS)
+            self._db.executescript(SCHEMA.format(cols=cols))
+            self._db.executescript(STEPS_SCHEMA)
+            self._has_steps = True
+        # a store written by an earlier version: add the columns it lacks (NULL, unknown, in its
+        # rows); read-only, they read as NULL
         have = {row[1] for row in self._db.execute("PRAGMA table_info(requests)")}
-        for c in COLUMNS:
-            if c.name not in have:
-                self._db.execute(f'ALTER TABLE requests ADD COLUMN "{c.name}" {c.kind.sqlite}')
+        if not readonly:
+            for c in COLUMNS:
+                if c.name not in have:
+                    self._db.execute(f'ALTER TABLE requests ADD COLUMN "{c.name}" {c.kind.sqlite}')
+            have = {c.name for c in COLUMNS}
+        self._select = ", ".join(f'"{c.name}"' if c.name in have else "NULL" for c in COLUMNS)
         self._lock = threading.Lock()
         max_vars = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._chunk = max(1, min(256, max_vars // _WIDTH))
@@ -181,6 +205,8 @@ class RequestStore:
 
     def steps(self, since_ns: int | None = None, until_ns: int | None = None) -> StepBatch:
         """The engine steps stored (overlapping [since_ns, until_ns] when given), by start time."""
+        if not self._has_steps:
+            return StepBatch.from_rows([])
         q = f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE end_ns >= ? AND start_ns <= ? ORDER BY start_ns, rowid"
         with self._lock:
             lo, hi = int(since_ns or 0), int(until_ns if until_ns is not None else 2**63 - 1)
@@ -189,7 +215,7 @@ class RequestStore:
 
     def batch(self, boundary: str | None = None) -> RecordBatch:
         """Every stored record (at one boundary), in submit order, as a batch."""
-        q = f"SELECT {_QUOTED}, event_offsets_ns, event_tokens FROM requests"
+        q = f"SELECT {self._select}, event_offsets_ns, event_tokens FROM requests"
         args: tuple = ()
         if boundary:
             q += " WHERE boundary = ?"
@@ -231,7 +257,7 @@ def open_existing(path: str) -> RequestStore:
     ValueError when the file is not a store."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such store")
-    return RequestStore(path)
+    return RequestStore(path, readonly=True)
 
 
 def load_timelines(path: str, boundary: str, selection: Selection | None = None) -> TimelineBatch:
