@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-quick lint bench venv prometheus clang fuzz model clean
+.PHONY: demo test test-quick lint bench venv prometheus clang chromium fuzz model clean
 
 venv: $(STAMP) $(EXT)
 
@@ -36,6 +36,11 @@ clang:
 	@command -v clang >/dev/null 2>&1 || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends clang >/dev/null; }
 
+# Debian's chromium (and a font), for the report's browser test and its PNGs (kaleido drives it).
+chromium:
+	@command -v chromium >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; }
+
 # A bounded coverage-guided fuzz run of the C walk against protobuf (FUZZ_SECONDS, default 60).
 fuzz: venv clang
 	PY=$(PY) bash tests/fuzz/run.sh
@@ -48,7 +53,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv prometheus clang lint
+test: venv prometheus clang chromium lint
 	$(PY) -m pytest -v
 
 test-quick: venv lint

@@ -453,3 +453,52 @@ def _slo_text(slo) -> str:
     if isinstance(slo, dict):
         return ", ".join(f"{k} <= {v:g} s" for k, v in slo.items() if v is not None)
     return str(slo)
+
+
+# -- otel-llm export ------------------------------------------------------------------------------
+
+
+def register_export(sub) -> None:
+    from otel_llm.cli_options import add_selection_options
+
+    p = sub.add_parser(
+        "export",
+        help="a run in another format: perfetto (Chrome trace event JSON for ui.perfetto.dev)",
+        description="Export records and engine steps from the collector's store or a traces file. "
+        "--format perfetto: one track per request (client span, engine phases, token events as instants, "
+        "preemptions) and one per engine process (its steps, with batch size and KV usage counters); open the "
+        "file in ui.perfetto.dev or chrome://tracing.",
+    )
+    p.add_argument("--store", metavar="PATH", help="the collector's store")
+    p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines)")
+    p.add_argument("--format", choices=("perfetto",), default="perfetto", help="output format (default perfetto)")
+    p.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: standard output)")
+    add_selection_options(p)
+    p.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    import sys
+
+    from otel_llm.cli_options import CLIError, selection_of
+
+    from .perfetto import trace_events
+
+    if (args.store is None) == (args.traces is None):
+        raise CLIError("export: give one of --store PATH or --traces FILE")
+    try:
+        batch, steps, source = _load(args)
+    except (OSError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+    batch = batch.selected(selection_of(args))
+    if not len(batch):
+        raise CLIError(f"{source}: no records match the selection")
+    doc = trace_events(batch, steps)
+    text = json.dumps(doc, separators=(",", ":"))
+    if args.output == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(f"otel-llm export: {args.output} ({len(doc['traceEvents']):,} events)", file=sys.stderr)
+    return 0

@@ -4,7 +4,8 @@
 2. offline vLLM traced from the inside (``instrument(vllm.LLM)``), spans to a file, and the
    engine-boundary summary derived from that file;
 3. the whole loop: the collector, ``vllm serve`` traced through the plugin (``OTEL_LLM_ENABLE=1``),
-   ``otel-llm bench`` as the client, then ``otel-llm compare``: where each request's time went.
+   ``otel-llm bench`` as the client, then ``otel-llm compare``: where each request's time went;
+4. ``otel-llm report``: the run as one self-contained HTML file, whose path it prints.
 
 Everything it writes goes to ``out/demo/``.
 """
@@ -164,10 +165,22 @@ def main() -> None:
         collector.send_signal(signal.SIGTERM)
         collector.wait(60)
     otel_llm("compare", "--store", os.path.relpath(store, ROOT), "--top", "8")
+    say("4. otel-llm report: the run as one HTML file (opens offline in any browser)")
+    report = os.path.join(OUT, "report.html")
+    otel_llm(
+        "report",
+        "--store",
+        os.path.relpath(store, ROOT),
+        "-o",
+        os.path.relpath(report, ROOT),
+        "--slo",
+        "ttft=0.2,tpot=0.02",
+    )
     print(
         f"\nstore: {os.path.relpath(store, ROOT)}  (otel-llm analyze --store {os.path.relpath(store, ROOT)} "
         f"--boundary engine|client)"
     )
+    print(f"report: {report}  (open it in a browser: file://{report})")
 
 
 if __name__ == "__main__":

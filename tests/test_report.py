@@ -170,3 +170,62 @@ def test_report_errors_are_usage_errors(tmp_path):
     assert p.returncode == 2 and "--store" in p.stderr
     p = report(DEMO, tmp_path / "r.html", "--run", "no-such-run")
     assert p.returncode == 2 and "no records match" in p.stderr
+
+
+def test_perfetto_export_has_a_track_per_request_and_the_steps(rich_store, tmp_path):
+    """The Chrome trace event file, read back with a JSON reader: one named track per request with
+    its client span and engine phases at the stores' times, every token event as an instant, one
+    track of the engine's steps with a slice per stored step at its time."""
+    from collector.store import open_existing
+
+    out = tmp_path / "run.json"
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "otel_llm",
+            "export",
+            "--format",
+            "perfetto",
+            "--store",
+            str(rich_store),
+            "-o",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    ev = doc["traceEvents"]
+    s = open_existing(str(rich_store))
+    batch, steps = s.batch(), s.steps()
+    s.close()
+    client = {r.request_id: r for r in batch.records() if r.boundary == "client"}
+    origin = doc["otherData"]["origin_unix_ns"]
+    assert origin == min(r.submit_ns for r in client.values())
+    names = {e["tid"]: e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"] == 1}
+    assert sorted(names.values()) == sorted(client)  # every request paired: one track each
+    by_tid: dict[int, list[dict]] = {}
+    for e in ev:
+        if e["pid"] == 1 and e["ph"] in ("X", "i"):
+            by_tid.setdefault(e["tid"], []).append(e)
+    for tid, rid in names.items():
+        r = client[rid]
+        (span,) = [e for e in by_tid[tid] if e["name"] == "client request"]
+        assert span["ts"] == pytest.approx((r.submit_ns - origin) / 1e3, abs=1e-3)
+        assert span["dur"] == pytest.approx(r.e2e * 1e6, abs=1e-3)
+        ticks = [e["ts"] for e in by_tid[tid] if e["name"] == "token (client)"]
+        assert ticks == pytest.approx([(r.submit_ns + o - origin) / 1e3 for o in r.event_offsets_ns], abs=1e-3)
+        phases = {e["name"] for e in by_tid[tid] if e["ph"] == "X"}
+        assert {"queue", "prefill", "decode"} <= phases
+        assert sum(e["name"] == "token (engine)" for e in by_tid[tid]) > 0
+    step_slices = [e for e in ev if e["pid"] == 2 and e["ph"] == "X"]
+    assert len(step_slices) == len(steps)
+    theta = doc["otherData"]["clock_offset_s"]
+    assert step_slices[0]["ts"] == pytest.approx((steps.start_ns[0] - theta * 1e9 - origin) / 1e3, abs=1)
+    assert max(e["dur"] for e in step_slices) == pytest.approx(40_000, abs=1e-3)
+    assert any(e["args"]["preempted"] for e in step_slices)
+    assert {e["name"] for e in ev if e["pid"] == 2 and e["ph"] == "C"} == {"engine"}
