@@ -22,6 +22,7 @@ from otel_llm.request_math import itl_samples
 from otel_llm.summary import Distribution
 
 from .records import RecordBatch, RequestRecord
+from .stalls import STALL_CLASSES, classify_stalls
 
 
 @dataclass
@@ -146,28 +147,6 @@ def _itl_by_request(records: Sequence[RequestRecord]) -> list[np.ndarray]:
     return [itl_ns[a:z] / 1e9 for a, z in pairwise(bounds.tolist())]
 
 
-def classify_stall(
-    client_itl: np.ndarray, engine_itl: np.ndarray, e: RequestRecord, threshold: float
-) -> tuple[str, float | None]:
-    """The client's largest gap (``client_itl``: its ITL samples, seconds): a stall when over
-    ``threshold``; the engine's own gap at the same token (``engine_itl``) tells whether the engine
-    caused it (preemption, or other: prefill interference, scheduling) or delivery did (the engine
-    handed the tokens out on time)."""
-    if not len(client_itl):
-        return "none", None
-    i = int(np.argmax(client_itl))
-    gap = float(client_itl[i])
-    if gap <= threshold:
-        return "none", gap
-    if len(engine_itl) == len(client_itl):
-        egap = float(engine_itl[i])
-    else:
-        egap = e.itl_max or 0.0
-    if egap >= 0.5 * gap:
-        return ("engine:preemption" if e.preemptions else "engine:other"), gap
-    return "delivery", gap
-
-
 @dataclass
 class Comparison:
     """What :func:`compare` finds: a row per paired request, the clock offset, the pairs and the
@@ -191,13 +170,17 @@ def compare(
     off = estimate_offset(pairs, clock_offset)
     c_itl = _itl_by_request([c for c, _ in pairs])
     e_itl = _itl_by_request([e for _, e in pairs])
+    stalls, gaps = classify_stalls(
+        RecordBatch.from_records([c for c, _ in pairs]),
+        RecordBatch.from_records([e for _, e in pairs]),
+        stall_threshold,
+    )
     rows = []
-    for (c, e), ci, ei in zip(pairs, c_itl, e_itl):
+    for (c, e), stall, gap in zip(pairs, stalls, gaps.tolist()):
         net = None if c.network_in is None else c.network_in - off.theta
         dly = None if c.delivery is None else c.delivery + off.theta
         parts = (net, c.queue, c.prefill, dly)
         miss = None if c.ttft is None or any(p is None for p in parts) else sum(parts) - c.ttft
-        stall, gap = classify_stall(ci, ei, e, stall_threshold)
         rows.append(
             RequestComparison(
                 id=c.request_id,
@@ -217,7 +200,7 @@ def compare(
                 preemptions=e.preemptions,
                 preemption_time=e.preemption_time,
                 stall=stall,
-                stall_gap=gap,
+                stall_gap=None if gap != gap else gap,
             )
         )
     return Comparison(rows, off, pairs, alone, c_itl, e_itl)
@@ -227,7 +210,6 @@ def compare(
 TTFT_PARTS = ("network_in", "queue", "prefill", "delivery")
 #: Per-request distributions of the summary, in the order they are shown.
 PER_REQUEST = ("client_ttft", "engine_ttft", *TTFT_PARTS)
-STALL_CLASSES = ("delivery", "engine:preemption", "engine:other")
 
 
 @dataclass

@@ -223,6 +223,14 @@ class CollectorConfig:
     max_models: int = option(
         100, "--max-label-values", "N", "distinct model labels on the metrics; later ones fold into '_other'", int, 1
     )
+    stall_threshold_s: float = option(
+        0.1,
+        "--stall-threshold",
+        "S",
+        "a paired request's largest client gap between tokens over this is a stall (counted by cause)",
+        float,
+        0.0,
+    )
     max_backlog: int = option(
         50_000,
         "--max-backlog",

@@ -23,7 +23,9 @@ from otel_llm.request_math import RequestMetrics
 from otel_llm.slo import SLO
 from otel_llm.summary import bound_checks
 
+from .compare import TTFT_PARTS
 from .records import RecordBatch
+from .stalls import STALL_CLASSES, classify_stalls
 
 # GenAI semantic conventions, advisory explicit bucket boundaries (seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -117,8 +119,9 @@ class MetricsRegistry:
     later models fold into :data:`OTHER_MODEL` and are counted (``records_folded``): the series
     and the scrape stay bounded whatever names the spans carry."""
 
-    def __init__(self, slos: dict[str, SLO] | None = None, max_models: int = 100):
+    def __init__(self, slos: dict[str, SLO] | None = None, max_models: int = 100, stall_threshold: float = 0.1):
         self.slos = dict(slos or {})
+        self.stall_threshold = stall_threshold
         self.max_models = max_models
         self._models: set[str] = set()
         self.records_folded = 0
@@ -167,6 +170,26 @@ class MetricsRegistry:
             "llm.usage.output_tokens", "{token}", "Output tokens of derived requests, every status", BM
         )
         self.preemptions = Counter("llm.preemptions", "{preemption}", "Preemptions of derived engine requests", BM)
+        self.ttft_part = Histogram(
+            "llm.ttft.part",
+            "s",
+            "The client TTFT in its parts (network_in, queue, prefill, delivery; paired ok requests; network_in "
+            "and delivery span two clocks, uncorrected for their offset)",
+            TTFT_BUCKETS,
+            BM + ("part",),
+        )
+        self.stalls = Counter(
+            "llm.stalls",
+            "{stall}",
+            "Paired requests whose largest client gap between tokens is over the stall threshold, by cause",
+            BM + ("cause",),
+        )
+        self.stall_seconds = Counter(
+            "llm.stall.seconds",
+            "s",
+            "Seconds of those largest gaps, by cause (delivery, engine:preemption, engine:other)",
+            BM + ("cause",),
+        )
 
     def _model_label(self, model: str) -> str:
         if model in self._models:
@@ -192,6 +215,9 @@ class MetricsRegistry:
             self.good,
             self.output_tokens,
             self.preemptions,
+            self.ttft_part,
+            self.stalls,
+            self.stall_seconds,
         ]
 
     def record(self, batch: RecordBatch, rm: RequestMetrics) -> None:
@@ -237,6 +263,45 @@ class MetricsRegistry:
                     # a series per SLO and group from the first request on, so rate() has a base
                     self.good.series.setdefault(labels + (name,), 0)
                     self.good.add(labels + (name,), int(good.sum()))
+            self._record_pairs(batch, ok)
+
+    def _record_pairs(self, batch: RecordBatch, ok: np.ndarray) -> None:
+        """The client TTFT parts and the stalls of the requests paired in this batch (both of a
+        request's records come from the same trace, so from the same derivation batch)."""
+        paired = np.asarray(batch.paired, bool)
+        if not paired.any():
+            return
+        engine_at = {
+            (t, r): i
+            for i, (b, t, r) in enumerate(zip(batch.boundary, batch.trace_id, batch.request_id))
+            if b == "engine" and paired[i]
+        }
+        ci, ei = [], []
+        for i, (b, t, peer) in enumerate(zip(batch.boundary, batch.trace_id, batch.peer_request_id)):
+            if b == "client" and paired[i] and ok[i]:
+                j = engine_at.get((t, peer))
+                if j is not None:
+                    ci.append(i)
+                    ei.append(j)
+        if not ci:
+            return
+        c, e = batch.take(ci), batch.take(ei)
+        causes, gaps = classify_stalls(c, e, self.stall_threshold)
+        labels = [("client", self._model_label(m)) for m in c.model]
+        for part in TTFT_PARTS:
+            v = np.asarray(getattr(c, part), dtype=float)
+            for lab in set(labels):
+                sel = np.array([x == lab for x in labels]) & np.isfinite(v)
+                if sel.any():
+                    self.ttft_part.observe(lab + (part,), v[sel])
+        for lab, cause, gap in zip(labels, causes, gaps.tolist()):
+            key = lab + (cause,)
+            for k in STALL_CLASSES:  # every cause has a series from the first pair on (rate() needs a base)
+                self.stalls.series.setdefault(lab + (k,), 0)
+                self.stall_seconds.series.setdefault(lab + (k,), 0.0)
+            if cause in STALL_CLASSES:
+                self.stalls.add(key, 1)
+                self.stall_seconds.add(key, gap)
 
     def snapshot(self) -> list:
         """A consistent copy of every family (for exporters on other threads)."""
