@@ -1,0 +1,221 @@
+"""Writes deploy/grafana/dashboards/otel-llm.json, the Grafana dashboard of the collector's metrics.
+
+Target: Grafana 11 (dashboard JSON model, schemaVersion 39). Every panel is PromQL over the
+collector's /metrics; ``tests/test_grafana.py`` evaluates each expression against a real Prometheus
+that scraped a collector under a known load, and checks the JSON against the model's schema.
+
+Run: ``.venv/bin/python deploy/grafana/make_dashboard.py`` (the test fails if the JSON differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "dashboards", "otel-llm.json")
+DS = {"type": "prometheus", "uid": "${datasource}"}
+M = 'model=~"$model"'
+R = "$__rate_interval"
+
+_panels: list[dict] = []
+_y = 0
+
+
+def _quantiles(metric: str) -> list[tuple[str, str]]:
+    return [
+        (
+            f"histogram_quantile({q}, sum by (le, boundary) (rate({metric}_bucket{{{M}}}[{R}])))",
+            f"p{int(q * 100)} {{{{boundary}}}}",
+        )
+        for q in (0.5, 0.9, 0.99)
+    ]
+
+
+def panel(
+    title: str,
+    targets: list[tuple[str, str]],
+    unit: str,
+    *,
+    w: int = 12,
+    h: int = 8,
+    stack: bool = False,
+    kind: str = "timeseries",
+    description: str = "",
+) -> None:
+    global _y
+    x = (
+        0
+        if not _panels or _panels[-1]["gridPos"]["x"] + _panels[-1]["gridPos"]["w"] + w > 24
+        else (_panels[-1]["gridPos"]["x"] + _panels[-1]["gridPos"]["w"])
+    )
+    if x == 0 and _panels:
+        _y += _panels[-1]["gridPos"]["h"]
+    custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 30 if stack else 0, "showPoints": "never"}
+    if stack:
+        custom["stacking"] = {"mode": "normal", "group": "A"}
+    _panels.append(
+        {
+            "id": len(_panels) + 1,
+            "type": kind,
+            "title": title,
+            "description": description,
+            "datasource": DS,
+            "gridPos": {"h": h, "w": w, "x": x, "y": _y},
+            "fieldConfig": {"defaults": {"unit": unit, "custom": custom}, "overrides": []},
+            "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+            "targets": [
+                {"refId": chr(ord("A") + i), "expr": expr, "legendFormat": legend, "datasource": DS}
+                for i, (expr, legend) in enumerate(targets)
+            ],
+        }
+    )
+
+
+def build() -> dict:
+    _panels.clear()
+    global _y
+    _y = 0
+    panel(
+        "Time to first token",
+        _quantiles("gen_ai_server_time_to_first_token_seconds"),
+        "s",
+        description="TTFT quantiles at each boundary (client: what the caller saw; engine: arrival to first output)",
+    )
+    panel("Time per output token", _quantiles("gen_ai_server_time_per_output_token_seconds"), "s")
+    panel(
+        "Inter-token latency",
+        _quantiles("llm_inter_token_latency_seconds"),
+        "s",
+        description="every gap between token events of completed requests, pooled",
+    )
+    panel("End-to-end latency", _quantiles("gen_ai_server_request_duration_seconds"), "s")
+    panel(
+        "Client TTFT in its parts (mean per request)",
+        [
+            (
+                f"sum by (part) (rate(llm_ttft_part_seconds_sum{{{M}}}[{R}])) / sum by (part) "
+                f"(rate(llm_ttft_part_seconds_count{{{M}}}[{R}]))",
+                "{{part}}",
+            )
+        ],
+        "s",
+        stack=True,
+        description="network_in: client send -> engine arrival; queue; prefill; delivery: first token generated -> "
+        "client has it. network_in and delivery span two clocks (uncorrected)",
+    )
+    panel(
+        "Stall seconds by cause (per second)",
+        [(f"sum by (cause) (rate(llm_stall_seconds_total{{{M}}}[{R}]))", "{{cause}}")],
+        "s",
+        stack=True,
+        description="each paired request's largest client gap over --stall-threshold: delivery, engine:preemption, "
+        "engine:other",
+    )
+    panel(
+        "Goodput per SLO",
+        [(f"sum by (slo, boundary) (rate(llm_slo_good_requests_total{{{M}}}[{R}]))", "{{slo}} {{boundary}}")],
+        "reqps",
+    )
+    panel(
+        "SLO attainment",
+        [
+            (
+                f"sum by (slo, boundary) (rate(llm_slo_good_requests_total{{{M}}}[{R}])) / ignoring(slo) group_left "
+                f'sum by (boundary) (rate(llm_requests_total{{{M},status="ok"}}[{R}]))',
+                "{{slo}} {{boundary}}",
+            )
+        ],
+        "percentunit",
+    )
+    panel(
+        "Requests by status",
+        [(f"sum by (status, boundary) (rate(llm_requests_total{{{M}}}[{R}]))", "{{status}} {{boundary}}")],
+        "reqps",
+        stack=True,
+    )
+    panel(
+        "Output tokens per second",
+        [(f"sum by (boundary) (rate(llm_usage_output_tokens_total{{{M}}}[{R}]))", "{{boundary}}")],
+        "short",
+    )
+    panel(
+        "Collector: spans in, rejected, evicted, late",
+        [
+            (f"sum(rate(otel_llm_collector_receiver_spans_total[{R}]))", "spans in"),
+            (f"sum(rate(otel_llm_collector_receiver_spans_rejected_total[{R}]))", "rejected"),
+            (f"sum(rate(otel_llm_collector_assembly_traces_evicted_total[{R}]))", "traces evicted"),
+            (f"sum(rate(otel_llm_collector_assembly_spans_late_total[{R}]))", "late spans dropped"),
+            (f"sum(rate(otel_llm_collector_receiver_payloads_refused_overload_total[{R}]))", "requests refused (503)"),
+        ],
+        "short",
+    )
+    panel(
+        "Collector: store lag and buffers",
+        [
+            (
+                "sum(otel_llm_collector_records_derived_total) - sum(otel_llm_collector_store_records_total)",
+                "records derived, not yet stored",
+            ),
+            (
+                "sum(otel_llm_collector_assembly_traces_in_flight) / sum(otel_llm_collector_assembly_traces_limit)",
+                "traces in flight / --max-traces",
+            ),
+            ("sum(otel_llm_collector_derivation_backlog_traces)", "derivation backlog"),
+        ],
+        "short",
+    )
+    return {
+        "uid": "otel-llm",
+        "title": "otel-llm: LLM inference latency",
+        "description": "TTFT, TPOT, ITL, E2E at each boundary, the TTFT decomposition, stalls, goodput and the "
+        "collector's health, from the otel-llm collector's /metrics",
+        "tags": ["otel-llm", "llm", "opentelemetry"],
+        "editable": True,
+        "graphTooltip": 1,
+        "schemaVersion": 39,
+        "version": 1,
+        "refresh": "10s",
+        "time": {"from": "now-30m", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {
+            "list": [
+                {
+                    "name": "datasource",
+                    "label": "Prometheus",
+                    "type": "datasource",
+                    "query": "prometheus",
+                    "current": {},
+                    "hide": 0,
+                },
+                {
+                    "name": "model",
+                    "label": "model",
+                    "type": "query",
+                    "datasource": DS,
+                    "query": {"query": "label_values(llm_requests_total, model)", "refId": "model"},
+                    "definition": "label_values(llm_requests_total, model)",
+                    "includeAll": True,
+                    "allValue": ".*",
+                    "multi": True,
+                    "current": {"text": "All", "value": "$__all"},
+                    "refresh": 2,
+                    "hide": 0,
+                },
+            ]
+        },
+        "panels": list(_panels),
+    }
+
+
+def render() -> str:
+    return json.dumps(build(), indent=2) + "\n"
+
+
+if __name__ == "__main__":
+    with open(OUT, "w") as fh:
+        fh.write(render())
+    print(f"wrote {OUT}")
