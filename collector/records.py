@@ -167,6 +167,9 @@ def timeline_batch(
         (np.repeat(rel, counts) + event_offsets_ns) / 1e9,
         event_tokens,
         input_tokens,
+        submit_ns,
+        end_ns,
+        event_offsets_ns,
     )
 
 

@@ -50,7 +50,14 @@ def itl_samples(event_times: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarra
 
 
 def request_metrics(batch: TimelineBatch) -> RequestMetrics:
-    """TTFT, TPOT, E2E, ITL samples and counts for every request of ``batch``."""
+    """TTFT, TPOT, E2E, ITL samples and counts for every request of ``batch``. When the batch
+    carries integer ns (``event_offsets_ns``: timelines from the collector's records), every
+    value is computed from one request's own integers and converted to seconds once, so it does
+    not depend on what else is in the batch (:func:`request_metrics_ns`)."""
+    if batch.event_offsets_ns is not None and batch.submit_ns is not None and batch.end_ns is not None:
+        return request_metrics_ns(
+            batch.submit_ns, batch.end_ns, batch.offsets, batch.event_offsets_ns, batch.event_tokens
+        )
     off = batch.offsets
     start, stop = off[:-1], off[1:]
     m = stop - start
@@ -89,6 +96,55 @@ def request_metrics(batch: TimelineBatch) -> RequestMetrics:
         output_tokens=ntok,
         multi_token_events=multi,
         itl=itl,
+        itl_request=itl_req,
+    )
+
+
+def request_metrics_ns(
+    submit_ns: np.ndarray,
+    end_ns: np.ndarray,
+    offsets: np.ndarray,
+    event_offsets_ns: np.ndarray,
+    event_tokens: np.ndarray,
+) -> RequestMetrics:
+    """:func:`request_metrics` from integers: request ``i`` was submitted at ``submit_ns[i]``,
+    ended at ``end_ns[i]`` (Unix ns) and owns the token events ``event_offsets_ns[offsets[i]:
+    offsets[i + 1]]`` (ns after its submit, ascending). Differences are taken in integer ns,
+    divided (TPOT) in ns, and converted to seconds once: 90,000,000 ns over 9 gaps is 0.01 s
+    exactly as the spec's arithmetic says, in any batch."""
+    start, stop = offsets[:-1], offsets[1:]
+    m = stop - start
+    has = m > 0
+    n_req = len(submit_ns)
+    ntok = segment_sum(event_tokens, offsets)
+    ev = np.asarray(event_offsets_ns, np.int64)
+    first = np.zeros(n_req, np.int64)
+    last = np.zeros(n_req, np.int64)
+    first[has] = ev[start[has]]
+    last[has] = ev[stop[has] - 1]
+    ttft = np.full(n_req, np.nan)
+    ttft[has] = first[has] / 1e9
+    tpot = np.full(n_req, np.nan)
+    many = ntok > 1
+    tpot[many] = ((last[many] - first[many]) / (ntok[many] - 1)) / 1e9
+    itl_ns, itl_req = itl_samples(ev, offsets)
+    itl_max = np.full(n_req, np.nan)
+    if len(itl_ns):
+        gap_counts = np.maximum(m - 1, 0)
+        nz = gap_counts > 0
+        gstart = np.zeros(n_req, np.int64)
+        np.cumsum(gap_counts[:-1], out=gstart[1:])
+        itl_max[nz] = np.maximum.reduceat(itl_ns, gstart[nz]) / 1e9
+    multi = segment_sum((event_tokens > 1).astype(np.int64), offsets)
+    return RequestMetrics(
+        ttft=ttft,
+        tpot=tpot,
+        e2e=(np.asarray(end_ns, np.int64) - np.asarray(submit_ns, np.int64)) / 1e9,
+        itl_max=itl_max,
+        events=m,
+        output_tokens=ntok,
+        multi_token_events=multi,
+        itl=itl_ns / 1e9,
         itl_request=itl_req,
     )
 

@@ -63,6 +63,11 @@ class TimelineBatch:
     event_time: np.ndarray  # float64[E], seconds
     event_tokens: np.ndarray  # int64[E]
     input_tokens: np.ndarray  # int64[n], -1 where unknown
+    # the same times as integers, where the timelines come from the collector's records: the
+    # per-request metrics are then computed from them, exactly, whatever else is in the batch
+    submit_ns: np.ndarray | None = None  # int64[n], Unix ns
+    end_ns: np.ndarray | None = None  # int64[n], Unix ns
+    event_offsets_ns: np.ndarray | None = None  # int64[E], ns after the request's submit
 
     def __len__(self) -> int:
         return len(self.submit)

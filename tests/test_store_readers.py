@@ -1,7 +1,9 @@
 """The store's readers give the numbers they gave before the record schema was rebuilt.
 
 ``tests/data`` holds a real store (one ``make demo`` run) and what ``analyze --store`` and
-``compare`` printed for it at commit 94e242e; today's commands must print the same bytes.
+``compare`` printed for it at commit 94e242e; today's commands must print the same bytes (the
+``analyze`` outputs were written again when the per-request metrics became exact integer-ns
+arithmetic: see tests/data/README.md and the test below).
 """
 
 import os
@@ -34,6 +36,24 @@ def test_analyze_store_prints_what_it_printed_before(store, boundary):
         "analyze", "--store", store, "--boundary", boundary, "--slo", "ttft=0.05,tpot=0.01", "--format", "json"
     ).stdout
     assert out == _expected(f"demo_store.analyze-{boundary}.json")
+
+
+def test_analyze_store_percentiles_are_exact_nanoseconds(store):
+    """Nearest-rank percentiles of TTFT and E2E from a store are a record's own ns difference,
+    converted once: no float64-Unix-seconds rounding (it moved them by up to 0.1 us)."""
+    import json
+
+    from collector.store import open_existing
+
+    s = open_existing(store)
+    recs = s.batch("client").records()
+    s.close()
+    ttfts = {r.event_offsets_ns[0] / 1e9 for r in recs}
+    e2es = {(r.end_ns - r.submit_ns) / 1e9 for r in recs}
+    out = json.loads(run_cli("analyze", "--store", store, "--format", "json").stdout)
+    lat = out["latency"]
+    for key in ("p50", "p90", "p99", "min", "max"):
+        assert lat["ttft"][key] in ttfts and lat["e2e"][key] in e2es, key
 
 
 def test_compare_prints_what_it_printed_before(store):
