@@ -152,7 +152,13 @@ def register_compare(sub) -> None:
         "and those it did (preemption, other). Bounds the clock offset between client and engine hosts "
         "from the nesting of their spans and corrects network_in and delivery by it.",
     )
-    p.add_argument("--store", required=True, metavar="PATH", help="the collector's store")
+    p.add_argument(
+        "--store",
+        required=True,
+        metavar="PATH",
+        action="append",
+        help="the collector's store; repeat it (or a quoted glob) for the stores of several collectors",
+    )
     p.add_argument(
         "--clock-offset",
         default="auto",
@@ -190,23 +196,20 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from .compare import compare, summarize_comparison, to_json
     from .compare_format import format_comparison
-    from .store import open_existing
+    from .store import read_stores
 
     try:
         offset = None if args.clock_offset == "auto" else float(args.clock_offset)
     except ValueError:
         raise CLIError("--clock-offset: 'auto' or a number of seconds") from None
     try:
-        store = open_existing(args.store)
+        batch, _ = read_stores(args.store)
     except (OSError, ValueError) as exc:
         raise CLIError(str(exc)) from None
-    try:
-        records = store.batch().selected(selection_of(args)).records()
-    finally:
-        store.close()
+    records = batch.selected(selection_of(args)).records()
     cmp = compare(records, offset, args.stall)
     if not cmp.rows:
-        raise CLIError(f"{args.store}: no request seen at both boundaries ({len(records)} records)")
+        raise CLIError(f"{', '.join(args.store)}: no request seen at both boundaries ({len(records)} records)")
     summary = summarize_comparison(cmp, args.percentiles, args.percentile_method)
     if args.format == "json":
         print(json.dumps(to_json(cmp, summary), indent=2))

@@ -256,6 +256,15 @@ class CollectorConfig:
         float,
         0.0,
     )
+    instance_id: str | None = option(
+        None,
+        "--instance-id",
+        "ID",
+        "this collector's id among several: a collector_instance label on every /metrics series (default: "
+        "service.instance.id from OTEL_RESOURCE_ATTRIBUTES, else none) and service.instance.id on pushed "
+        "metrics and records (default: that, else HOST:PID)",
+        text_or_off,
+    )
     auth_token: str | None = option(
         None, "--auth-token", "TOKEN", "require 'Authorization: Bearer TOKEN' on both receivers", text_or_off
     )

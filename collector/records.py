@@ -260,6 +260,25 @@ class _BatchMethods:
         )
 
     @classmethod
+    def concat(cls, batches: Sequence[RecordBatch]) -> RecordBatch:
+        """The records of several batches, one after the other."""
+        if len(batches) == 1:
+            return batches[0]
+        cols = {}
+        for c in COLUMNS:
+            parts = [getattr(b, c.name) for b in batches]
+            cols[c.name] = [v for p in parts for v in p] if c.kind.dtype is None else np.concatenate(parts)
+        counts = np.concatenate([np.diff(b.event_start) for b in batches]) if batches else np.zeros(0, np.int64)
+        start = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(counts, out=start[1:])
+        return cls(
+            **cols,
+            event_start=start,
+            event_offsets_ns=np.concatenate([b.event_offsets_ns for b in batches]),
+            event_tokens=np.concatenate([b.event_tokens for b in batches]),
+        )
+
+    @classmethod
     def from_records(cls, records: Sequence[RequestRecord]) -> RecordBatch:
         """The inverse of :meth:`records`."""
         cols = {name: [getattr(r, name) for r in records] for name in COLUMN_NAMES}

@@ -370,7 +370,7 @@ def register_report(sub) -> None:
         "the slowest requests and a sample with their token events, the engine's steps on the same axis, ITL "
         "CDFs, TTFT/E2E over time, stall seconds by cause, and (several runs) attainment and latency against load.",
     )
-    p.add_argument("--store", metavar="PATH", help="the collector's store")
+    p.add_argument("--store", metavar="PATH", action="append", help="the collector's store (repeat, or a glob)")
     p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines, as OTEL_LLM_TRACES_FILE writes)")
     p.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file (default report.html)")
     p.add_argument("--png", metavar="DIR", help="also write each figure as DIR/<figure>.png (needs Chromium)")
@@ -436,13 +436,10 @@ def run_report(args: argparse.Namespace) -> int:
 
 def _load(args):
     if args.store is not None:
-        from .store import open_existing
+        from .store import read_stores
 
-        store = open_existing(args.store)
-        try:
-            return store.batch(), store.steps(), args.store
-        finally:
-            store.close()
+        batch, steps = read_stores(args.store)
+        return batch, steps, ", ".join(args.store)
     from .offline import read_trace_file
 
     batch, steps = read_trace_file(args.traces)
@@ -469,7 +466,7 @@ def register_export(sub) -> None:
         "preemptions) and one per engine process (its steps, with batch size and KV usage counters); open the "
         "file in ui.perfetto.dev or chrome://tracing.",
     )
-    p.add_argument("--store", metavar="PATH", help="the collector's store")
+    p.add_argument("--store", metavar="PATH", action="append", help="the collector's store (repeat, or a glob)")
     p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines)")
     p.add_argument("--format", choices=("perfetto",), default="perfetto", help="output format (default perfetto)")
     p.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: standard output)")

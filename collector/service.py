@@ -27,6 +27,24 @@ from .store_writer import StoreWriter
 log = logging.getLogger("collector")
 
 
+def _resource_instance_id() -> str | None:
+    """service.instance.id from OTEL_RESOURCE_ATTRIBUTES."""
+    import os
+
+    for kv in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
+        k, _, v = kv.partition("=")
+        if k.strip() == "service.instance.id" and v.strip():
+            return v.strip()
+    return None
+
+
+def _default_instance_id() -> str:
+    import os
+    import socket
+
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
 class Collector:
     def __init__(self, config: CollectorConfig | None = None):
         self.config = cfg = config or CollectorConfig()
@@ -52,6 +70,10 @@ class Collector:
         self._process_lock = threading.Lock()
         self._json_slots = threading.BoundedSemaphore(cfg.max_json_decodes)
         self.receivers: list = []
+        # labelled on /metrics only when given (Prometheus labels each scrape target `instance`
+        # itself); always the pushed metrics' and records' service.instance.id
+        self.instance_label = cfg.instance_id or _resource_instance_id()
+        self.instance_id = self.instance_label or _default_instance_id()
         self.prometheus = self.forwarder = self.pusher = None
 
     # -- intake (receiver threads) ---------------------------------------------------------------
@@ -247,12 +269,19 @@ class Collector:
                 self.registry.snapshot,
                 self.self_counters,
                 token=cfg.auth_token if cfg.metrics_auth else None,
+                instance=self.instance_label,
             ).start()
         if cfg.forward_metrics:
+            from opentelemetry.sdk.resources import Resource
+
             from .exporters.otlp_metrics import MetricsPusher
 
             self.pusher = MetricsPusher(
-                cfg.forward_metrics, self.registry.snapshot, self.registry.start_time_ns, cfg.metrics_interval_s
+                cfg.forward_metrics,
+                self.registry.snapshot,
+                self.registry.start_time_ns,
+                cfg.metrics_interval_s,
+                Resource.create({"service.name": "otel-llm-collector", "service.instance.id": self.instance_id}),
             ).start()
         self._worker.start()
         return self

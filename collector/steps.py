@@ -94,6 +94,17 @@ class StepBatch:
         )
 
     @classmethod
+    def concat(cls, batches: list[StepBatch]) -> StepBatch:
+        """Steps of several stores, by start time, each step once (by trace and span id)."""
+        if len(batches) == 1:
+            return batches[0]
+        rows = list(dict.fromkeys(r for b in batches for r in b.rows()))
+        seen: dict = {}
+        for r in rows:
+            seen.setdefault((r[0], r[1]), r)
+        return cls.from_rows(sorted(seen.values(), key=lambda r: (r[3], r[0], r[1])))
+
+    @classmethod
     def from_rows(cls, rows: list[tuple]) -> StepBatch:
         cols = list(zip(*rows)) if rows else [()] * 12
         ints = lambda xs: np.array([-1 if v is None else v for v in xs], np.int64)

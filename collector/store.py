@@ -17,6 +17,7 @@ import os
 import sqlite3
 import threading
 import urllib.parse
+from collections.abc import Sequence
 from itertools import chain, pairwise
 
 import numpy as np
@@ -260,11 +261,52 @@ def open_existing(path: str) -> RequestStore:
     return RequestStore(path, readonly=True)
 
 
-def load_timelines(path: str, boundary: str, selection: Selection | None = None) -> TimelineBatch:
-    """Entry point ``otel_llm.timeline_sources: store``: the store's records at one boundary that
-    ``selection`` keeps (default: every run, warm-ups left out), in Unix seconds."""
-    store = open_existing(path)
-    try:
-        return store.batch(boundary).selected(selection).timelines(epoch_ns=0)
-    finally:
-        store.close()
+def store_paths(paths: str | Sequence[str]) -> list[str]:
+    """The store files named: paths, or glob patterns (``shard-*.db``), each matching at least one."""
+    import glob
+
+    out: list[str] = []
+    for p in [paths] if isinstance(paths, str) else paths:
+        if any(ch in p for ch in "*?["):
+            hits = sorted(glob.glob(p))
+            if not hits:
+                raise FileNotFoundError(f"{p}: no store matches")
+            out += hits
+        else:
+            out.append(p)
+    return list(dict.fromkeys(out))
+
+
+def read_stores(paths: str | Sequence[str], boundary: str | None = None) -> tuple[RecordBatch, StepBatch]:
+    """The records (at one boundary) and engine steps of one or several stores (the shards of
+    several collectors), as one store holding them all would give them: records stored twice (the
+    same request, boundary and end in two shards) once, in the order of one store (by submit,
+    then trace, boundary and request id).
+
+    A trace whose spans reached two collectors gives each the records of the boundaries it saw,
+    derived there and not paired (``paired`` false): merged, they stay two unpaired records, as
+    each collector counted them; pairing only happens where both halves of a trace were."""
+    batches, steps = [], []
+    for path in store_paths(paths):
+        s = open_existing(path)
+        try:
+            batches.append(s.batch(boundary))
+            steps.append(s.steps())
+        finally:
+            s.close()
+    batch = RecordBatch.concat(batches)
+    if len(batches) > 1:
+        keys = list(zip(batch.end_ns.tolist(), batch.trace_id, batch.boundary, batch.request_id))
+        first: dict = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        order = sorted(first.values(), key=lambda i: (int(batch.submit_ns[i]), keys[i][1], keys[i][2], keys[i][3]))
+        batch = batch.take(order)
+    return batch, StepBatch.concat(steps)
+
+
+def load_timelines(path: str | Sequence[str], boundary: str, selection: Selection | None = None) -> TimelineBatch:
+    """Entry point ``otel_llm.timeline_sources: store``: the records at one boundary of one store
+    or several (:func:`read_stores`) that ``selection`` keeps (default: every run, warm-ups left
+    out), in Unix seconds (and exact ns)."""
+    return read_stores(path, boundary)[0].selected(selection).timelines(epoch_ns=0)

@@ -39,13 +39,16 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     extra = None
     if args.store is not None or args.traces is not None:
         kind, path = ("store", args.store) if args.store is not None else ("traces", args.traces)
+        if kind == "store" and len(path) == 1:
+            path = path[0]
         sel = selection_of(args)
         try:
             batch = load_source(kind)(path, args.boundary, sel)
         except (OSError, ValueError) as exc:  # the data layer says what is wrong; this is the CLI's exit 2
             raise CLIError(str(exc)) from None
         if len(batch) == 0:
-            raise CLIError(f"{path}: no {args.boundary}-boundary requests in the {kind} match the selection")
+            where = path if isinstance(path, str) else ", ".join(path)
+            raise CLIError(f"{where}: no {args.boundary}-boundary requests in the {kind} match the selection")
         if args.window is not None and args.window.relative:  # --window 0,60: from the selection's start
             args.window = args.window.after(float(batch.submit.min()))
         extra = {"selection": sel.describe()} if selection_given(args) else None
@@ -69,7 +72,13 @@ def _register_analyze(sub) -> None:
         "Bad input exits with code 2 naming the file and line.",
     )
     p.add_argument("file", nargs="?", metavar="TIMELINES.jsonl", help="timelines file ('-' for stdin)")
-    p.add_argument("--store", metavar="PATH", help="read the collector's per-request store instead of a file")
+    p.add_argument(
+        "--store",
+        metavar="PATH",
+        action="append",
+        help="read the collector's per-request store instead of a file; repeat it (or give a glob, quoted) for "
+        "the stores of several collectors: the numbers are those of one store holding every record",
+    )
     p.add_argument(
         "--traces",
         metavar="FILE",

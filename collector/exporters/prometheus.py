@@ -65,8 +65,12 @@ SELF_GAUGES = frozenset(
 )
 
 
-def render(families: list, self_counters: dict[str, float] | None = None) -> str:
+def render(families: list, self_counters: dict[str, float] | None = None, instance: str | None = None) -> str:
+    """The exposition text. ``instance`` labels every series ``collector_instance`` (several
+    collectors behind a load balancer: each series says which one; sum them away in PromQL)."""
     out: list[str] = []
+    inst = f'collector_instance="{_esc(instance)}"' if instance else ""
+    join = lambda *xs: ",".join(x for x in xs if x)
     for f in families:
         if isinstance(f, Histogram):
             n = prom_name(f.name, f.unit)
@@ -76,20 +80,21 @@ def render(families: list, self_counters: dict[str, float] | None = None) -> str
                 cum = 0
                 for b, c in zip(list(f.bounds) + [math.inf], s.counts.tolist()):
                     cum += c
-                    out.append(f"{n}_bucket{_labels(f.label_names, labels, 'le=' + chr(34) + _num(b) + chr(34))} {cum}")
-                out.append(f"{n}_sum{_labels(f.label_names, labels)} {_num(s.sum)}")
-                out.append(f"{n}_count{_labels(f.label_names, labels)} {s.count}")
+                    le = "le=" + chr(34) + _num(b) + chr(34)
+                    out.append(f"{n}_bucket{_labels(f.label_names, labels, join(inst, le))} {cum}")
+                out.append(f"{n}_sum{_labels(f.label_names, labels, inst)} {_num(s.sum)}")
+                out.append(f"{n}_count{_labels(f.label_names, labels, inst)} {s.count}")
         elif isinstance(f, Counter):
             n = prom_name(f.name, "", counter=True)
             out.append(f"# HELP {n} {f.description}")
             out.append(f"# TYPE {n} counter")
             for labels, v in sorted(f.series.items()):
-                out.append(f"{n}{_labels(f.label_names, labels)} {_num(v)}")
+                out.append(f"{n}{_labels(f.label_names, labels, inst)} {_num(v)}")
     for key, v in sorted((self_counters or {}).items()):  # the collector's own health
         gauge = key in SELF_GAUGES
         n = "otel_llm_collector_" + key + ("" if gauge else "_total")
         out.append(f"# TYPE {n} {'gauge' if gauge else 'counter'}")
-        out.append(f"{n} {_num(v)}")
+        out.append(f"{n}{_labels((), (), inst)} {_num(v)}")
     return "\n".join(out) + "\n"
 
 
@@ -103,6 +108,7 @@ class PrometheusEndpoint:
         snapshot: Callable[[], list],
         self_counters: Callable[[], dict],
         token: str | None = None,
+        instance: str | None = None,
     ):
         snap, selfc = snapshot, self_counters
 
@@ -117,7 +123,7 @@ class PrometheusEndpoint:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                body = render(snap(), selfc()).encode()
+                body = render(snap(), selfc(), instance).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
