@@ -172,6 +172,14 @@ class CollectorConfig:
         int,
         1,
     )
+    forward_records: str | None = option(
+        None,
+        "--forward-records",
+        "URL",
+        "send each derived record as an OTLP log record (event otel_llm.request): http://HOST:4318 or "
+        "grpc://HOST:4317 (Loki, ClickHouse, Elasticsearch behind the OpenTelemetry Collector)",
+        text_or_off,
+    )
     forward_metrics: str | None = option(
         None, "--forward-metrics", "URL", "push metrics over OTLP: http://HOST:4318 or grpc://HOST:4317", text_or_off
     )

@@ -460,15 +460,17 @@ def register_export(sub) -> None:
 
     p = sub.add_parser(
         "export",
-        help="a run in another format: perfetto (Chrome trace event JSON for ui.perfetto.dev)",
+        help="a run in another format: perfetto (Chrome trace event JSON for ui.perfetto.dev), parquet",
         description="Export records and engine steps from the collector's store or a traces file. "
         "--format perfetto: one track per request (client span, engine phases, token events as instants, "
         "preemptions) and one per engine process (its steps, with batch size and KV usage counters); open the "
-        "file in ui.perfetto.dev or chrome://tracing.",
+        "file in ui.perfetto.dev or chrome://tracing. --format parquet: the records, one row per request and "
+        "boundary with every column of the store (token events as int64 lists), for DuckDB, pandas or Spark; "
+        "the engine steps go to FILE with .steps.parquet (needs pyarrow: pip install 'otel-llm[parquet]').",
     )
     p.add_argument("--store", metavar="PATH", action="append", help="the collector's store (repeat, or a glob)")
     p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines)")
-    p.add_argument("--format", choices=("perfetto",), default="perfetto", help="output format (default perfetto)")
+    p.add_argument("--format", choices=("perfetto", "parquet"), default="perfetto", help="output format")
     p.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: standard output)")
     add_selection_options(p)
     p.set_defaults(func=run_export)
@@ -490,6 +492,16 @@ def run_export(args: argparse.Namespace) -> int:
     batch = batch.selected(selection_of(args))
     if not len(batch):
         raise CLIError(f"{source}: no records match the selection")
+    if args.format == "parquet":
+        if args.output == "-":
+            raise CLIError("export --format parquet: give -o FILE.parquet")
+        try:
+            from .parquet import write_parquet
+        except ImportError as exc:
+            raise CLIError(f"export --format parquet needs pyarrow (pip install 'otel-llm[parquet]'): {exc}") from None
+        rows, steps_path, n_steps = write_parquet(batch, steps, args.output)
+        print(f"otel-llm export: {args.output} ({rows:,} records); {steps_path} ({n_steps:,} steps)", file=sys.stderr)
+        return 0
     doc = trace_events(batch, steps)
     text = json.dumps(doc, separators=(",", ":"))
     if args.output == "-":

@@ -74,7 +74,7 @@ class Collector:
         # itself); always the pushed metrics' and records' service.instance.id
         self.instance_label = cfg.instance_id or _resource_instance_id()
         self.instance_id = self.instance_label or _default_instance_id()
-        self.prometheus = self.forwarder = self.pusher = None
+        self.prometheus = self.forwarder = self.pusher = self.records_forwarder = None
 
     # -- intake (receiver threads) ---------------------------------------------------------------
     def accept(self, body: bytes, *, json_body: bool = False, gzipped: bool = False) -> AcceptResult:
@@ -150,6 +150,10 @@ class Collector:
             if self.store_writer is not None:
                 self.store_writer.put(batch)
             self.registry.record(batch, rm)
+            if self.records_forwarder is not None and len(batch):
+                from .exporters.records_logs import records_to_logs
+
+                self.records_forwarder.submit(records_to_logs(batch, self.instance_id))
             self.records_derived += len(batch)
             self.events_rejected += int(batch.events_rejected.sum())
         return len(batch)
@@ -232,6 +236,14 @@ class Collector:
                 spool_torn_records=self.spool.torn_records,
                 spool_segments_deleted=self.spool.segments_deleted,
             )
+        if self.records_forwarder is not None:
+            f = self.records_forwarder
+            out.update(
+                forward_records_sent=f.sent,
+                forward_records_failed=f.failed,
+                forward_records_dropped=f.dropped,
+                forward_records_queued_bytes=f.queued_bytes,
+            )
         if self.forwarder is not None:
             out.update(
                 forward_traces_sent=self.forwarder.sent,
@@ -250,9 +262,15 @@ class Collector:
         if self.spool is not None:
             self.replay_spool()
         if cfg.forward_traces:
-            from .exporters.forward_traces import TraceForwarder
+            from .exporters.otlp_forward import OTLPForwarder
 
-            self.forwarder = TraceForwarder(cfg.forward_traces, max_queue_bytes=cfg.forward_queue_bytes).start()
+            self.forwarder = OTLPForwarder(cfg.forward_traces, max_queue_bytes=cfg.forward_queue_bytes).start()
+        if cfg.forward_records:
+            from .exporters.otlp_forward import OTLPForwarder
+
+            self.records_forwarder = OTLPForwarder(
+                cfg.forward_records, max_queue_bytes=cfg.forward_queue_bytes, signal="logs"
+            ).start()
         if cfg.otlp_grpc:
             self.receivers.append(
                 GrpcReceiver(self, cfg.receiver, self.receiver_counters, *host_port(cfg.otlp_grpc)).start()
@@ -309,6 +327,8 @@ class Collector:
             self.pusher.stop()
         if self.forwarder is not None:
             self.forwarder.stop(min(5.0, left()))
+        if self.records_forwarder is not None:
+            self.records_forwarder.stop(min(5.0, left()))
         if self.prometheus is not None:
             self.prometheus.stop()
         if self.store is not None:

@@ -279,7 +279,7 @@ def test_otlp_metrics_push(make_collector):
 def test_the_forward_queue_is_bounded_in_bytes():
     """600 bodies of 100 KB for a target that is not draining them: the queue holds at most its
     byte bound (it held 600 x 1 MiB before: RSS 57 -> 661 MB), the rest is dropped and counted."""
-    from collector.exporters.forward_traces import TraceForwarder
+    from collector.exporters.otlp_forward import OTLPForwarder as TraceForwarder
 
     f = TraceForwarder("http://127.0.0.1:9", max_queue_bytes=1 << 20)  # not started: nothing drains
     for _ in range(600):

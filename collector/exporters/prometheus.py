@@ -52,6 +52,7 @@ SELF_GAUGES = frozenset(
         "assembly_traces_in_flight",
         "derivation_backlog_traces",
         "forward_traces_queued_bytes",
+        "forward_records_queued_bytes",
         "assembly_traces_limit",
         "derivation_backlog_limit",
         "receiver_http_connections_limit",

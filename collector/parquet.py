@@ -1,0 +1,60 @@
+"""``otel-llm export --format parquet``: the store's records as a Parquet table (and the engine's
+steps as a second one), for DuckDB, pandas or Spark.
+
+One row per request and boundary; one column per field of :data:`collector.records.COLUMNS` with
+its type (text, int64, float64 seconds, bool; null where unknown) and its unit and meaning in the
+field's metadata, plus ``event_offsets_ns`` and ``event_tokens`` as lists of int64. Steps: one row
+per ``llm.engine.step`` (:mod:`collector.steps`).
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import pairwise
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .records import COLUMNS, FLAG, RecordBatch
+from .steps import STEP_COLUMNS, StepBatch
+
+
+def _arrow_type(kind) -> pa.DataType:
+    if kind is FLAG:
+        return pa.bool_()
+    if kind.dtype is None:
+        return pa.string()
+    return pa.float64() if kind.dtype == np.float64 else pa.int64()
+
+
+def records_table(batch: RecordBatch) -> pa.Table:
+    cols = batch.scalar_columns()  # Python values, None where unknown
+    fields, arrays = [], []
+    for c in COLUMNS:
+        t = _arrow_type(c.kind)
+        fields.append(pa.field(c.name, t, metadata={"unit": c.unit, "doc": c.doc}))
+        arrays.append(pa.array(cols[c.name], type=t))
+    st = batch.event_start.tolist()
+    for name, values in (("event_offsets_ns", batch.event_offsets_ns), ("event_tokens", batch.event_tokens)):
+        v = values.tolist()
+        fields.append(pa.field(name, pa.list_(pa.int64())))
+        arrays.append(pa.array([v[a:b] for a, b in pairwise(st)], type=pa.list_(pa.int64())))
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
+
+
+def steps_table(steps: StepBatch) -> pa.Table:
+    rows = steps.rows()
+    cols = list(zip(*rows)) if rows else [()] * len(STEP_COLUMNS)
+    types = [pa.string(), pa.string(), pa.string(), *[pa.int64()] * 7, pa.float64(), pa.int64()]
+    return pa.Table.from_arrays([pa.array(list(c), type=t) for c, t in zip(cols, types)], names=STEP_COLUMNS)
+
+
+def write_parquet(batch: RecordBatch, steps: StepBatch | None, path: str) -> tuple[int, str, int]:
+    """Write the records to ``path`` and the steps beside it (``*.steps.parquet``)."""
+    pq.write_table(records_table(batch), path)
+    root, _ = os.path.splitext(path)
+    steps_path = root + ".steps.parquet"
+    st = steps if steps is not None else StepBatch.from_rows([])
+    pq.write_table(steps_table(st), steps_path)
+    return len(batch), steps_path, len(st)
