@@ -1,7 +1,9 @@
 """Client vs engine, request by request: where the client's time went.
 
 Pure functions over the store's records. Per paired request (both boundaries in one trace):
-``client_ttft = network_in + queue + prefill + delivery`` (seconds), client and engine ITL, and a
+``client_ttft = network_in + front_end + queue + prefill + delivery`` (seconds; ``front_end`` is
+arrival -> queued where the engine reports when its scheduler queued the request, vLLM does, else
+unknown and the queue holds it), client and engine ITL, and a
 stall classification. Clock offset between the client's and the engine's hosts
 (``theta = engine clock - client clock``) is bounded from the nesting of the engine's span inside
 the client's: the engine receives after the client sends (``theta <= e.submit - c.submit``), and
@@ -124,6 +126,7 @@ class RequestComparison:
     client_ttft: float | None
     engine_ttft: float | None
     network_in: float | None
+    front_end: float | None  # None: the engine did not say when it queued the request (the queue holds it)
     queue: float | None
     prefill: float | None
     delivery: float | None
@@ -180,7 +183,8 @@ def compare(
         net = None if c.network_in is None else c.network_in - off.theta
         dly = None if c.delivery is None else c.delivery + off.theta
         parts = (net, c.queue, c.prefill, dly)
-        miss = None if c.ttft is None or any(p is None for p in parts) else sum(parts) - c.ttft
+        fe = c.front_end
+        miss = None if c.ttft is None or any(p is None for p in parts) else sum(parts) + (fe or 0.0) - c.ttft
         rows.append(
             RequestComparison(
                 id=c.request_id,
@@ -189,6 +193,7 @@ def compare(
                 client_ttft=c.ttft,
                 engine_ttft=e.ttft,
                 network_in=net,
+                front_end=c.front_end,
                 queue=c.queue,
                 prefill=c.prefill,
                 delivery=dly,
@@ -207,7 +212,7 @@ def compare(
 
 
 #: The parts of the client TTFT, in the order they happen.
-TTFT_PARTS = ("network_in", "queue", "prefill", "delivery")
+TTFT_PARTS = ("network_in", "front_end", "queue", "prefill", "delivery")
 #: Per-request distributions of the summary, in the order they are shown.
 PER_REQUEST = ("client_ttft", "engine_ttft", *TTFT_PARTS)
 
@@ -269,7 +274,9 @@ def summarize_comparison(
     share = err = None
     if known:
         tot = sum(r.client_ttft for r in known)
-        share = {k: sum(getattr(r, k) for r in known) / tot for k in TTFT_PARTS}
+        share = {k: sum(getattr(r, k) or 0.0 for r in known) / tot for k in TTFT_PARTS}
+        if all(r.front_end is None for r in known):  # not reported: the queue holds it, it is not 0
+            share["front_end"] = None
         err = max(abs(r.parts_sum_minus_ttft) for r in known)
     return ComparisonSummary(
         requests_paired=len(rows),

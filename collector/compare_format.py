@@ -45,7 +45,10 @@ def format_comparison(
     if summary.ttft_share is not None:
         out.append(
             "share of client TTFT: "
-            + ", ".join(f"{k} {v * 100:.1f}%" for k, v in summary.ttft_share.items())
+            + ", ".join(
+                f"{k} {v * 100:.1f}%" if v is not None else f"{k} unknown (in the queue)"
+                for k, v in summary.ttft_share.items()
+            )
             + f"  (parts sum to the TTFT within {summary.max_abs_parts_sum_error_s * 1e6:.1f} us)"
         )
     st = summary.stalls
@@ -63,6 +66,7 @@ def format_comparison(
             "id",
             "client_ttft",
             "network_in",
+            "front_end",
             "queue",
             "prefill",
             "delivery",
@@ -76,6 +80,7 @@ def format_comparison(
                 r.id,
                 _ms(r.client_ttft),
                 _ms(r.network_in),
+                _ms(r.front_end),
                 _ms(r.queue),
                 _ms(r.prefill),
                 _ms(r.delivery),

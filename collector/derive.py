@@ -115,6 +115,7 @@ class _Requests:
 
     recs: list[tuple]
     code: np.ndarray  # CLIENT / ENGINE per record
+    front_end_ns: np.ndarray  # int64, NO_NS unknown
     queue_ns: np.ndarray  # int64, NO_NS unknown
     prefill_ns: np.ndarray
     decode_ns: np.ndarray
@@ -164,7 +165,9 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     kstart = np.fromiter(map(_START, kids), np.int64, len(kids))
     kend = np.fromiter(map(_END, kids), np.int64, len(kids))
     dur = kend - kstart
-    queue, prefill, decode = (np.full(n, NO_NS, np.int64) for _ in range(3))
+    front_end, queue, prefill, decode = (np.full(n, NO_NS, np.int64) for _ in range(4))
+    m = ok & (kc == sp.FRONTEND)
+    front_end[own[m]] = dur[m]
     first_sched, first_gen = np.full(n, NO_NS, np.int64), np.full(n, NO_NS, np.int64)
     m = ok & (kc == sp.QUEUE)
     if m.any():
@@ -210,7 +213,9 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
                 recs,
                 traces[t].spans,
             )
-    return _Requests(recs, code, queue, prefill, decode, preemptions, preempted, first_sched, first_gen, pairs)
+    return _Requests(
+        recs, code, front_end, queue, prefill, decode, preemptions, preempted, first_sched, first_gen, pairs
+    )
 
 
 #: More tokens than this in one event is not an output chunk: the event is invalid.
@@ -280,6 +285,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     first_event = np.full(n, NO_NS, np.int64)  # Unix ns of each record's first token event
     first_event[has] = submit[has] + offs[start[:-1][has]]
     queue, prefill, decode = _seconds(rq.queue_ns), _seconds(rq.prefill_ns), _seconds(rq.decode_ns)
+    front_end = _seconds(rq.front_end_ns)
     preemptions, preemption_time = rq.preemptions, rq.preempted_ns / _NS
     first_sched, first_gen = rq.first_scheduled_ns, rq.first_generated_ns
     engine_delivery = np.full(n, np.nan)
@@ -292,7 +298,17 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         ci, ei = np.array(rq.pairs, np.int64).T
         paired[ci] = paired[ei] = True
         network_in[ci] = (submit[ei] - submit[ci]) / _NS
-        for col in (queue, prefill, decode, preemption_time, engine_delivery, preemptions, first_sched, first_gen):
+        for col in (
+            front_end,
+            queue,
+            prefill,
+            decode,
+            preemption_time,
+            engine_delivery,
+            preemptions,
+            first_sched,
+            first_gen,
+        ):
             col[ci] = col[ei]
         engine_first = np.where(first_gen[ei] != NO_NS, first_gen[ei], first_event[ei])
         ok = has[ci] & (engine_first != NO_NS)
@@ -344,6 +360,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         tpot=rm.tpot,
         e2e=rm.e2e,
         itl_max=rm.itl_max,
+        front_end=front_end,
         queue=queue,
         prefill=prefill,
         decode=decode,

@@ -155,7 +155,15 @@ class MetricsRegistry:
         self.itl_max = h(
             "llm.inter_token_latency.max", "s", "Largest inter-token gap per completed request", ITL_BUCKETS
         )
-        self.queue = h("llm.queue.duration", "s", "Engine queue time: arrival to first scheduled", TTFT_BUCKETS)
+        self.front_end = h(
+            "llm.frontend.duration",
+            "s",
+            "Engine front-end time: arrival to queued (rendering, tokenization, the hand-off to the engine core)",
+            TTFT_BUCKETS,
+        )
+        self.queue = h(
+            "llm.queue.duration", "s", "Engine queue time: queued (else arrival) to first scheduled", TTFT_BUCKETS
+        )
         self.prefill = h(
             "llm.prefill.duration", "s", "Engine prefill time: first scheduled to first token generated", TTFT_BUCKETS
         )
@@ -173,7 +181,8 @@ class MetricsRegistry:
         self.ttft_part = Histogram(
             "llm.ttft.part",
             "s",
-            "The client TTFT in its parts (network_in, queue, prefill, delivery; paired ok requests; network_in "
+            "The client TTFT in its parts (network_in, front_end, queue, prefill, delivery; paired ok requests; "
+            "network_in "
             "and delivery span two clocks, uncorrected for their offset)",
             TTFT_BUCKETS,
             BM + ("part",),
@@ -209,6 +218,7 @@ class MetricsRegistry:
             self.duration,
             self.itl,
             self.itl_max,
+            self.front_end,
             self.queue,
             self.prefill,
             self.requests,
@@ -250,6 +260,7 @@ class MetricsRegistry:
                     mask[sel] = True
                     self.itl.observe(labels, rm.itl[np.repeat(mask, itl_counts)])
                 if labels[0] == "engine":
+                    self.front_end.observe(labels, batch.front_end[sel])
                     self.queue.observe(labels, batch.queue[sel])
                     self.prefill.observe(labels, batch.prefill[sel])
                     self.preemptions.add(labels, int(batch.preemptions[idx].sum()))

@@ -95,7 +95,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("e2e", SECONDS, "s", "end - submit"),
     Column("itl_max", SECONDS, "s", "the largest gap between token events; unknown for fewer than two"),
     # engine internals (engine records; copied onto the paired client record)
-    Column("queue", SECONDS, "s", "llm.queue: queued -> first scheduled"),
+    Column("front_end", SECONDS, "s", "llm.frontend: arrival -> queued (rendering, tokenization, hand-off)"),
+    Column("queue", SECONDS, "s", "llm.queue: queued -> first scheduled (the scheduler's queue)"),
     Column("prefill", SECONDS, "s", "llm.prefill: first scheduled -> first token generated"),
     Column("decode", SECONDS, "s", "llm.decode: first token -> last token generated"),
     Column("preemptions", INT, "", "llm.preemption spans"),

@@ -22,6 +22,7 @@ from .report_data import PART_MEANING, ReportData
 
 COLORS = {
     "network_in": "#8c8c8c",
+    "front_end": "#c0c4cc",
     "queue": "#e6a23c",
     "prefill": "#409eff",
     "delivery": "#b37feb",
@@ -101,7 +102,7 @@ def figures(d: ReportData) -> dict[str, object]:
         seg("client (send -> stream closed)", "rgba(48,49,51,0.18)", [(r.client_submit, r.client_end) for r in rows])
         seg(
             "front end (arrival -> queued)",
-            COLORS["network_in"],
+            COLORS["front_end"],
             [(r.engine_arrival, r.queue_start) for r in rows],
             0.5,
         )

@@ -24,7 +24,8 @@ from .steps import StepBatch
 #: What each part of the client TTFT holds (shown in the report beside the bars).
 PART_MEANING = {
     "network_in": "client send -> engine arrival: the network, HTTP parsing, the API server and the front end",
-    "queue": "llm.queue: waiting for the scheduler",
+    "front_end": "llm.frontend: arrival -> queued: rendering, tokenization, the hand-off to the engine core",
+    "queue": "llm.queue: queued -> first scheduled: waiting for the scheduler (holds the front end where unknown)",
     "prefill": "llm.prefill: first scheduled -> first token generated",
     "delivery": "first token generated -> the client has it: detokenizing, the API server, the network",
 }
@@ -207,9 +208,9 @@ def decomposition(cmp: Comparison, slowest: int, ps=("50", "90", "99")) -> list[
     for p in ps:
         (v,) = percentiles(ttfts, [p], "nearest-rank", presorted=True)
         r = rows[int(np.searchsorted(ttfts, v))]
-        out.append((f"p{p} ({r.id})", {k: getattr(r, k) for k in TTFT_PARTS}))
+        out.append((f"p{p} ({r.id})", {k: getattr(r, k) or 0.0 for k in TTFT_PARTS}))
     for r in rows[::-1][:slowest]:
-        out.append((r.id, {k: getattr(r, k) for k in TTFT_PARTS}))
+        out.append((r.id, {k: getattr(r, k) or 0.0 for k in TTFT_PARTS}))
     return out
 
 

@@ -21,7 +21,7 @@ import numpy as np
 from otel_llm import semconv as sc
 
 # span codes
-CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP = range(8)
+CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP, FRONTEND = range(9)
 CODES = {
     sc.SPAN_CLIENT_REQUEST: CLIENT,
     sc.SPAN_REQUEST: ENGINE,
@@ -31,6 +31,7 @@ CODES = {
     sc.SPAN_PREEMPTION: PREEMPTION,
     sc.SPAN_STREAM: STREAM,
     sc.SPAN_STEP: STEP,
+    sc.SPAN_FRONTEND: FRONTEND,
 }
 NAMES = {v: k for k, v in CODES.items()}
 BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine"}

@@ -116,9 +116,15 @@ class SpanFactory:
             self._span(name, self._ctx(trace_id), root, clamp(t0), clamp(t1), {**b, **(a or {})})
         )
         sched = r.first_scheduled_ns
+        queued = r.queued_ns
+        if queued is not None and s0 <= queued <= (sched if sched is not None else s1):
+            # the engine says when the request reached its scheduler: the front end's own time first
+            child(sc.SPAN_FRONTEND, s0, queued)
+        else:
+            queued = s0  # an engine with no separate front end: its queue starts at arrival
         child(
             sc.SPAN_QUEUE,
-            s0,
+            queued,
             sched if sched is not None else s1,
             None if sched is not None else {sc.QUEUE_INCOMPLETE: True},
         )

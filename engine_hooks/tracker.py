@@ -40,6 +40,7 @@ class FinishedRequest:
     finish_reason: str | None = None
     trace_headers: Mapping[str, str] | None = None
     input_tokens: int | None = None
+    queued_ns: int | None = None  # the engine core's QUEUED event: the request entered the scheduler's queue
     first_scheduled_ns: int | None = None
     first_generated_ns: int | None = None
     last_generated_ns: int | None = None
@@ -123,6 +124,12 @@ class RequestTracker:
         if st is None:
             self.unknown_events += 1
         return st
+
+    def queued(self, rid: str, wall_ns: int) -> None:
+        """The request entered the scheduler's queue (the front end's own work before it is done)."""
+        st = self._get(rid)
+        if st is not None and st.rec.queued_ns is None:
+            st.rec.queued_ns = wall_ns
 
     def scheduled(self, rid: str, wall_ns: int) -> None:
         st = self._get(rid)

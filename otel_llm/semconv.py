@@ -5,7 +5,8 @@ engine internals under ``llm.``. Add keys freely; change none of these silently.
 # span names
 SPAN_CLIENT_REQUEST = "llm.client.request"
 SPAN_REQUEST = "llm.request"
-SPAN_QUEUE = "llm.queue"
+SPAN_FRONTEND = "llm.frontend"  # arrival -> queued: rendering, tokenization, hand-off to the engine core
+SPAN_QUEUE = "llm.queue"  # queued -> first scheduled: the scheduler's queue
 SPAN_PREFILL = "llm.prefill"
 SPAN_DECODE = "llm.decode"
 SPAN_PREEMPTION = "llm.preemption"

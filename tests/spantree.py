@@ -8,7 +8,7 @@ from span_records import SpanRecord
 
 from otel_llm import semconv as sc
 
-PHASES = (sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_PREEMPTION, sc.SPAN_STREAM)
+PHASES = (sc.SPAN_FRONTEND, sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_PREEMPTION, sc.SPAN_STREAM)
 
 
 def request_trees(spans: list[SpanRecord], root_name: str = sc.SPAN_REQUEST) -> dict[str, dict]:
@@ -34,7 +34,12 @@ def check_nesting_and_order(tree: dict) -> None:
             assert root.start_ns <= c.start_ns <= c.end_ns <= root.end_ns, (name, c, root)
             assert c.attributes[sc.BOUNDARY] == root.attributes[sc.BOUNDARY]
     q = kids[sc.SPAN_QUEUE]
-    assert len(q) == 1 and q[0].start_ns == root.start_ns
+    fe = kids.get(sc.SPAN_FRONTEND, [])
+    assert len(q) == 1 and len(fe) <= 1
+    if fe:  # the front end's own time, then the scheduler's queue
+        assert fe[0].start_ns == root.start_ns and fe[0].end_ns == q[0].start_ns
+    else:
+        assert q[0].start_ns == root.start_ns
     if kids.get(sc.SPAN_PREFILL):
         (p,) = kids[sc.SPAN_PREFILL]
         assert q[0].end_ns <= p.start_ns

@@ -80,11 +80,12 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
     for tid, cl in clients.items():
         en = engines[tid]
         assert cl.paired and en.paired and cl.status == en.status == "ok"
-        parts = cl.network_in + cl.queue + cl.prefill + cl.delivery
+        parts = cl.network_in + (cl.front_end or 0.0) + cl.queue + cl.prefill + cl.delivery
         assert abs(parts - cl.ttft) < 1e-3  # the decomposition sums to the client TTFT within 1 ms
         assert en.ttft <= cl.ttft
         assert cl.output_tokens == en.output_tokens == 24
         assert min(cl.network_in, cl.queue, cl.prefill, cl.delivery) > -1e-3
+        assert cl.front_end is not None and 0 < cl.front_end < cl.ttft  # vLLM says when it queued the request
     out = json.loads(run_cli("compare", "--store", c.config.store, "--format", "json").stdout)
     assert out["summary"]["requests_paired"] == 40  # the 4 warm-ups are left out, as everywhere
     with_warmup = run_cli("compare", "--store", c.config.store, "--include-warmup", "--format", "json").stdout

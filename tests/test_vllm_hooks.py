@@ -93,3 +93,21 @@ def test_async_cancelled_mid_stream_and_traceparent(tmp_path, tiny_model):
     assert ok0.trace_id == trace_id and ok0.parent_span_id == parent_id
     assert trees["ok-1"]["root"].trace_id != trace_id
     assert [s for s in spans if s.name == sc.SPAN_STEP]  # class form: step spans from the engine core
+
+
+def test_queue_is_the_schedulers_queue(tmp_path, tiny_model):
+    """With vLLM's own tracing on beside ours: each request's llm.queue is vLLM's
+    gen_ai.latency.time_in_queue (QUEUED -> first SCHEDULED, the same scheduler timestamps) to well
+    under a millisecond, and the front end's own time before it is llm.frontend (arrival ->
+    QUEUED); together they span arrival -> first scheduled."""
+    truth, spans = run_vllm_scenario(tmp_path, "own-tracing", tiny_model)
+    theirs = truth["time_in_queue"]
+    trees = request_trees(spans)
+    assert set(theirs) == set(trees) == {r["id"] for r in truth["requests"]}
+    for rid, tree in trees.items():
+        (q,) = tree["children"][sc.SPAN_QUEUE]
+        (fe,) = tree["children"][sc.SPAN_FRONTEND]
+        (pf,) = tree["children"][sc.SPAN_PREFILL]
+        assert abs((q.end_ns - q.start_ns) / 1e9 - theirs[rid]) < 5e-5, rid
+        assert tree["root"].start_ns == fe.start_ns and fe.end_ns == q.start_ns and q.end_ns == pf.start_ns
+        assert fe.end_ns > fe.start_ns  # rendering and the hand-off take time

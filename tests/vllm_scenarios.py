@@ -116,6 +116,52 @@ async def _async_abort(model: str) -> dict:
     }
 
 
+def scenario_own_tracing(model: str) -> dict:
+    """instrument(vllm.LLM) with vLLM's own tracing on too (otlp_traces_endpoint, to a gRPC
+    receiver here): vLLM's llm_request spans, for their gen_ai.latency.time_in_queue."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+    from vllm import LLM, SamplingParams
+
+    import engine_hooks
+
+    got: list = []
+
+    class Rx(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            got.append(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Rx(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    llm = engine_hooks.instrument(LLM)(
+        model=model, kv_cache_memory_bytes=64 * MiB, otlp_traces_endpoint=f"http://127.0.0.1:{port}", **ENGINE_ARGS
+    )
+    outs = llm.generate(prompts(24), SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
+    import time
+
+    def theirs():
+        out = {}
+        for req in got:
+            for rs in req.resource_spans:
+                for ss in rs.scope_spans:
+                    for sp in ss.spans:
+                        a = {kv.key: kv.value for kv in sp.attributes}
+                        if "gen_ai.latency.time_in_queue" in a:
+                            out[a["gen_ai.request.id"].string_value] = a["gen_ai.latency.time_in_queue"].double_value
+        return out
+
+    deadline = time.monotonic() + 30  # vLLM's batch span processor exports every 5 s
+    while len(theirs()) < len(outs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    server.stop(0)
+    return {"requests": truth_of(outs), "time_in_queue": theirs()}
+
+
 def main() -> None:
     scenario, model, out = sys.argv[1], sys.argv[2], sys.argv[3]
     if scenario == "class":
@@ -124,6 +170,8 @@ def main() -> None:
         result = scenario_class(model, kv_mib=1, n=32, max_tokens=200)
     elif scenario == "instance":
         result = scenario_instance(model)
+    elif scenario == "own-tracing":
+        result = scenario_own_tracing(model)
     elif scenario == "async-abort":
         result = asyncio.run(_async_abort(model))
     else:

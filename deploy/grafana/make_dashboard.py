@@ -101,7 +101,8 @@ def build() -> dict:
         ],
         "s",
         stack=True,
-        description="network_in: client send -> engine arrival; queue; prefill; delivery: first token generated -> "
+        description="network_in: client send -> engine arrival; front_end: arrival -> queued; queue; prefill; "
+        "delivery: first token generated -> "
         "client has it. network_in and delivery span two clocks (uncorrected)",
     )
     panel(

@@ -9,7 +9,9 @@ generic :class:`~engine_hooks.api.EngineHooks`:
   step's ``EngineCoreOutput`` list and their token counts (one ``map(len, ...)`` in C); unpacked
   later into token events, and into the engine core's
   own QUEUED / SCHEDULED / PREEMPTED events (recorded inside vLLM's scheduler, monotonic clock of
-  this host) that give the queue, prefill, decode and preemption spans;
+  this host) that give the front-end (arrival -> QUEUED), queue (QUEUED -> first SCHEDULED, what
+  vLLM's own tracing reports as ``gen_ai.latency.time_in_queue``), prefill, decode and preemption
+  spans;
 * ``abort_requests`` -> finish with status ``cancelled``.
 """
 
@@ -54,6 +56,8 @@ def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float |
                 t = anchor.wall_ns_from_mono_s(ev.timestamp)
                 if ev.type == _SCHEDULED:
                     tracker.scheduled(rid, t)
+                elif ev.type == _QUEUED:
+                    tracker.queued(rid, t)
                 elif ev.type == _PREEMPTED:
                     tracker.preempted(rid, t, "recompute")  # vLLM v1 preempts by recomputation only
         if n:
