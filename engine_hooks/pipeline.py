@@ -112,6 +112,8 @@ class TracingPipeline:
                 for r in finished:
                     spans.extend(self.factory.request_spans(r))
                 spans.extend(self.factory.step_spans(steps))
+                for h in self.tracker.take_http():
+                    spans.append(self.factory.http_span(h, self.anchor.wall_ns))
                 c = self.counters
                 c.requests_traced += len(finished)
                 c.steps_traced += len(steps)

@@ -138,6 +138,34 @@ class SpanFactory:
             child(sc.SPAN_STREAM, r.out_times_ns[0], r.out_times_ns[-1], {sc.STREAM_EVENTS: len(r.out_times_ns)})
         return out
 
+    def http_span(self, h, wall_ns) -> ReadableSpan:
+        """The server span of one HTTP request (:class:`engine_hooks.asgi.HttpRecord`; ``wall_ns``
+        turns its monotonic times into wall-clock ns)."""
+        t0, t1 = wall_ns(h.start_mono), wall_ns(h.end_mono)
+        ctx = SpanContext(
+            int.from_bytes(h.trace_id, "big"),
+            int.from_bytes(h.span_id, "big"),
+            is_remote=False,
+            trace_flags=TraceFlags(h.parent_flags & 1 or 1),
+        )
+        parent = None
+        if h.parent_span_id:
+            parent = SpanContext(
+                int.from_bytes(h.trace_id, "big"), int.from_bytes(h.parent_span_id, "big"), is_remote=True
+            )
+        attrs = {
+            sc.BOUNDARY: "server",
+            sc.HTTP_METHOD: h.method,
+            sc.URL_PATH: h.path,
+            sc.HTTP_CHUNK_OFFSETS: [wall_ns(m) - t0 for m in h.chunk_mono],
+        }
+        if h.status is not None:
+            attrs[sc.HTTP_STATUS] = int(h.status)
+        if h.response_start_mono is not None:
+            attrs[sc.HTTP_RESPONSE_START] = wall_ns(h.response_start_mono) - t0
+        status = Status(StatusCode.ERROR) if h.status is not None and h.status >= 500 else None
+        return self._span(f"{h.method} {h.path}", ctx, parent, t0, t1, attrs, SpanKind.SERVER, status)
+
     def step_spans(self, steps: list[StepRecord]) -> list[ReadableSpan]:
         if not steps:
             return []

@@ -96,6 +96,7 @@ class RequestTracker:
         self.pending_gpu: list[tuple[StepRecord, object]] = []
         self.evicted = 0
         self.unknown_events = 0
+        self.http_done: list = []  # engine_hooks.asgi.HttpRecord, finished
 
     # -- request lifecycle, wall-clock ns ---------------------------------------------------------
     def arrival(
@@ -245,6 +246,10 @@ class RequestTracker:
                 self.preempted(ev[2], wall(ev[1]), ev[3])
             elif kind == FINISH:
                 self.finish(ev[2], wall(ev[1]), ev[3], ev[4])
+
+    def take_http(self) -> list:
+        h, self.http_done = self.http_done, []
+        return h
 
     def take(self) -> tuple[list[FinishedRequest], list[StepRecord]]:
         f, s = self.finished, self.steps

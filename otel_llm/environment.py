@@ -27,6 +27,12 @@ OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
 OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 BSP_MAX_EXPORT_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"  # spans per export call (standard: 512)
 CAPTURE_MESSAGE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+# URLs the HTTP server span skips, as OpenTelemetry's ASGI instrumentation reads them: comma-separated
+# regular expressions searched in the path (the ASGI one first, then the Python-wide one)
+ASGI_EXCLUDED_URLS = "OTEL_PYTHON_ASGI_EXCLUDED_URLS"
+EXCLUDED_URLS = "OTEL_PYTHON_EXCLUDED_URLS"
+#: what otel-llm's server span skips when neither is set: probes and scrapes, not requests for tokens
+DEFAULT_EXCLUDED_URLS = "^/health$,^/ping$,^/metrics$,^/version$,^/load$"
 
 # -- the project's own
 TRACES_FILE = "OTEL_LLM_TRACES_FILE"  # a path: OTLP JSON lines instead of OTLP export
@@ -88,6 +94,22 @@ def env_int(name: str, default: int, minimum: int | None = None) -> int:
         return n
 
     return parsed(name, default, convert, "" if minimum is None else f"expected an integer >= {minimum}")
+
+
+def excluded_urls():
+    """The compiled pattern of paths the HTTP server span skips (see ASGI_EXCLUDED_URLS)."""
+    import re
+
+    text = raw(ASGI_EXCLUDED_URLS)
+    if text is None:
+        text = raw(EXCLUDED_URLS)
+    if text is None:
+        text = DEFAULT_EXCLUDED_URLS
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    try:
+        return re.compile("|".join(f"(?:{p})" for p in parts)) if parts else None
+    except re.error:
+        return re.compile("|".join(f"(?:{p})" for p in DEFAULT_EXCLUDED_URLS.split(",")))
 
 
 def collector_variable(option: str) -> str:

@@ -14,7 +14,20 @@ SPAN_STREAM = "llm.stream"
 SPAN_STEP = "llm.engine.step"
 SPAN_STEPS = "llm.engine.steps"  # parent of a run of step spans (one trace per export batch)
 
-SPAN_BENCH_RUN = "llm.bench.run"  # one per otel-llm bench run, carrying its conditions
+SPAN_BENCH_RUN = "llm.bench.run"
+
+# the HTTP server boundary (engine_hooks.asgi): OpenTelemetry HTTP server conventions
+HTTP_METHOD = "http.request.method"
+HTTP_STATUS = "http.response.status_code"
+URL_PATH = "url.path"
+HTTP_RESPONSE_START = "llm.http.response_start_offset_ns"  # int: ns after the span start
+HTTP_CHUNK_OFFSETS = "llm.http.chunk_offsets_ns"  # int[]: each body chunk written, ns after the span start
+#: the routes whose server spans the collector derives (span name "{method} {path}")
+SERVER_SPAN_NAMES = (
+    "POST /v1/completions",
+    "POST /v1/chat/completions",
+    "POST /v1/responses",
+)  # one per otel-llm bench run, carrying its conditions
 
 # attributes
 BOUNDARY = "llm.boundary"  # "client" | "engine"

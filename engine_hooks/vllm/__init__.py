@@ -177,3 +177,30 @@ def instrument_frontend_classes() -> None:
             return mark_hooked(__init__)
 
         cls.__init__ = make(init)
+
+
+def install_http_middleware() -> bool:
+    """Plugin mode: vLLM's API server builds its app with :class:`engine_hooks.asgi.TracingMiddleware`
+    outermost (the server boundary: one span per HTTP request, the parent of ``llm.request``).
+    Returns False where vLLM has no such hook point (then ``--middleware`` still works)."""
+    try:
+        import vllm.entrypoints.launchers.app as launcher
+    except ImportError:
+        return False
+    init = getattr(launcher, "init_entrypoints_middleware", None)
+    if init is None or hooked(init):
+        return init is not None
+
+    @functools.wraps(init)
+    def init_entrypoints_middleware(args, app, *rest, **kwargs):
+        out = init(args, app, *rest, **kwargs)
+        try:
+            from ..asgi import TracingMiddleware
+
+            app.add_middleware(TracingMiddleware)  # added last: outermost, closest to the wire
+        except Exception as exc:
+            _warn_once("http", "otel-llm: could not add the HTTP server span (%s); the server boundary is off", exc)
+        return out
+
+    launcher.init_entrypoints_middleware = mark_hooked(init_entrypoints_middleware)
+    return True

@@ -4,7 +4,8 @@ With ``OTEL_LLM_ENABLE=1`` in the environment:
 * in the engine-core process it hooks the scheduler (step spans);
 * in the front-end process (``vllm serve`` / the OpenAI API server) it hooks every
   ``OutputProcessor`` and ``AsyncLLM`` built from then on (request spans, and the caller's W3C
-  ``traceparent`` joined).
+  ``traceparent`` joined), and adds the HTTP server span's ASGI middleware to the app
+  (:mod:`engine_hooks.asgi`).
 Without it, the plugin does nothing. ``instrument()`` sets the variable while it builds an engine,
 with ``OTEL_LLM_FRONTEND=0`` so that only that engine's front end is hooked.
 """
@@ -52,9 +53,10 @@ def register() -> None:
 
         instrument_scheduler_class()
         if environment.env_bool(ENV_FRONTEND, True):
-            from . import instrument_frontend_classes
+            from . import install_http_middleware, instrument_frontend_classes
 
             instrument_frontend_classes()
+            install_http_middleware()
     except Exception as exc:
         log.warning(
             "otel-llm: vLLM plugin could not install its hooks (%s: %s); vLLM runs untraced", type(exc).__name__, exc

@@ -1,0 +1,138 @@
+"""The HTTP server boundary: an ASGI middleware that records each HTTP request the server takes.
+
+One span per request, kind SERVER, after the OpenTelemetry HTTP server conventions (name
+``{method} {path}``, ``http.request.method``, ``url.path``, ``http.response.status_code``), with
+``llm.boundary = server``: it starts when the request reached the app and ends when the last body
+chunk was written, and carries the time the response started and the time of every body chunk
+written (``llm.http.chunk_offsets_ns``, ns after the span's start, like the token events; no SSE
+payload is read). The caller's ``traceparent`` parents it, and the middleware hands the request on
+with its own ``traceparent``, so the engine's ``llm.request`` becomes its child.
+
+Cheap on the event loop: a monotonic clock read and a list append per chunk; the span is built
+later on the tracing pipeline's thread (a RAW event, as the engine hooks record). vLLM's API server
+takes it through the plugin (``OTEL_LLM_ENABLE=1``) or as ``--middleware
+engine_hooks.asgi.TracingMiddleware``. Health probes and metric scrapes get no span
+(``OTEL_PYTHON_ASGI_EXCLUDED_URLS`` / ``OTEL_PYTHON_EXCLUDED_URLS``, as OpenTelemetry's ASGI
+instrumentation reads them; default ``/health``, ``/ping``, ``/metrics``, ``/version``, ``/load``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from otel_llm.clock import monotonic_ns
+
+from .recorder import RAW
+
+_TRACEPARENT = b"traceparent"
+_SEEN = "otel_llm.http_traced"  # scope key: an inner copy of the middleware passes through
+
+
+@dataclass
+class HttpRecord:
+    """One HTTP request at the server. Times are monotonic ns of this process."""
+
+    start_mono: int
+    end_mono: int
+    method: str
+    path: str
+    status: int | None
+    response_start_mono: int | None
+    chunk_mono: list[int] = field(default_factory=list)
+    trace_id: bytes = b""
+    span_id: bytes = b""
+    parent_span_id: bytes | None = None
+    parent_flags: int = 1
+
+
+def parse_traceparent(value: bytes | str | None) -> tuple[bytes, bytes, int] | None:
+    """(trace id, span id, flags) of a W3C traceparent, or None."""
+    if not value:
+        return None
+    try:
+        text = value.decode("ascii") if isinstance(value, bytes) else value
+        ver, tid, sid, flags = text.strip().split("-")[:4]
+        t, s = bytes.fromhex(tid), bytes.fromhex(sid)
+        if len(ver) != 2 or ver == "ff" or len(t) != 16 or len(s) != 8 or not any(t) or not any(s):
+            return None
+        return t, s, int(flags, 16)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def _expand(tracker, mono: int, rec: HttpRecord) -> None:
+    tracker.http_done.append(rec)
+
+
+class TracingMiddleware:
+    """ASGI middleware (a class, as vLLM's ``--middleware`` and Starlette's ``add_middleware`` take)."""
+
+    def __init__(self, app, recorder=None):
+        from otel_llm import environment
+
+        self.app = app
+        self._recorder = recorder
+        self._excluded = environment.excluded_urls()  # health probes, metric scrapes: no span
+
+    @property
+    def recorder(self):
+        if self._recorder is None:
+            from .vllm import frontend_hooks
+
+            self._recorder = frontend_hooks().pipeline.recorder
+        return self._recorder
+
+    async def __call__(self, scope, receive, send):
+        if (
+            scope.get("type") != "http"
+            or scope.get(_SEEN)
+            or (self._excluded is not None and self._excluded.search(scope.get("path", "")))
+        ):
+            await self.app(scope, receive, send)
+            return
+        t0 = monotonic_ns()
+        headers = list(scope.get("headers") or [])
+        parent = None
+        for i, (k, v) in enumerate(headers):
+            if k.lower() == _TRACEPARENT:
+                parent = parse_traceparent(v)
+                del headers[i]
+                break
+        trace_id = parent[0] if parent else os.urandom(16)
+        span_id = os.urandom(8)
+        flags = parent[2] if parent else 1
+        headers.append((_TRACEPARENT, f"00-{trace_id.hex()}-{span_id.hex()}-{flags:02x}".encode()))
+        rec = HttpRecord(
+            t0,
+            t0,
+            scope.get("method", ""),
+            scope.get("path", ""),
+            None,
+            None,
+            [],
+            trace_id,
+            span_id,
+            parent[1] if parent else None,
+            flags,
+        )
+        chunks = rec.chunk_mono
+
+        async def traced_send(message):
+            typ = message.get("type")
+            if typ == "http.response.body":
+                if message.get("body"):
+                    chunks.append(monotonic_ns())
+            elif typ == "http.response.start":
+                rec.response_start_mono = monotonic_ns()
+                rec.status = message.get("status")
+            await send(message)
+
+        try:
+            await self.app({**scope, "headers": headers, _SEEN: True}, receive, traced_send)
+        finally:
+            rec.end_mono = monotonic_ns()
+            try:
+                self.recorder.record((RAW, rec.end_mono, _expand, rec))
+            except Exception:  # tracing never breaks the server
+                pass

@@ -1,0 +1,117 @@
+"""engine_hooks.asgi.TracingMiddleware without a server: what the app sees and sends is unchanged
+but for the traceparent it hands on; every body chunk is timed; probes are skipped; a failing app
+still gets its span and its exception."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine_hooks.asgi import TracingMiddleware, parse_traceparent
+from engine_hooks.recorder import RAW, Recorder
+from engine_hooks.tracker import RequestTracker
+
+
+def run(app, path="/v1/completions", headers=(), recorder=None):
+    sent, seen = [], {}
+
+    async def inner(scope, receive, send):
+        seen.update(scope)
+        await app(scope, receive, send)
+
+    mw = TracingMiddleware(inner, recorder=recorder if recorder is not None else Recorder())
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(m):
+        sent.append(m)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": list(headers)}
+    asyncio.run(mw(scope, receive, send))
+    return mw, sent, seen
+
+
+async def streaming_app(scope, receive, send):
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+    for i in range(5):
+        await send({"type": "http.response.body", "body": f"data: {i}\n\n".encode(), "more_body": True})
+        await asyncio.sleep(0.002)
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def records(rec: Recorder):
+    t = RequestTracker()
+    events = rec.drain()
+    assert all(e[0] == RAW for e in events)
+    t.feed(events)
+    return t.take_http()
+
+
+def test_chunks_timed_and_traceparent_handed_on():
+    rec = Recorder()
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    _, sent, seen = run(streaming_app, headers=[(b"traceparent", tp.encode()), (b"x-other", b"1")], recorder=rec)
+    assert [m["type"] for m in sent] == ["http.response.start"] + ["http.response.body"] * 6  # unchanged
+    assert sent[1]["body"] == b"data: 0\n\n"
+    handed = dict(seen["headers"])
+    assert handed[b"x-other"] == b"1"
+    new = parse_traceparent(handed[b"traceparent"])
+    assert new[0].hex() == "4bf92f3577b34da6a3ce929d0e0e4736" and new[1].hex() != "00f067aa0ba902b7"
+    (h,) = records(rec)
+    assert h.status == 200 and len(h.chunk_mono) == 5  # the empty closing body is not a chunk
+    assert h.start_mono <= h.response_start_mono <= h.chunk_mono[0] and h.chunk_mono == sorted(h.chunk_mono)
+    assert h.chunk_mono[-1] - h.chunk_mono[0] >= 4 * 2_000_000 * 0.9
+    assert h.parent_span_id.hex() == "00f067aa0ba902b7" and h.span_id == new[1]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"garbage",
+        b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",
+        b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+    ],
+)
+def test_a_bad_traceparent_starts_a_new_trace(bad):
+    rec = Recorder()
+    _, _, seen = run(streaming_app, headers=[(b"traceparent", bad)], recorder=rec)
+    (h,) = records(rec)
+    assert h.parent_span_id is None and any(h.trace_id)
+    assert parse_traceparent(dict(seen["headers"])[b"traceparent"])[0] == h.trace_id
+
+
+def test_probes_get_no_span():
+    rec = Recorder()
+    run(streaming_app, path="/health", recorder=rec)
+    run(streaming_app, path="/metrics", recorder=rec)
+    assert records(rec) == []
+
+
+def test_a_failing_app_keeps_its_exception_and_its_span():
+    async def boom(scope, receive, send):
+        await send({"type": "http.response.start", "status": 500, "headers": []})
+        raise RuntimeError("engine died")
+
+    rec = Recorder()
+    with pytest.raises(RuntimeError, match="engine died"):
+        run(boom, recorder=rec)
+    (h,) = records(rec)
+    assert h.status == 500 and h.chunk_mono == []
+
+
+def test_the_span_follows_the_http_conventions():
+    from opentelemetry.sdk.resources import Resource
+
+    from engine_hooks.span_factory import SpanFactory
+    from otel_llm import semconv as sc
+
+    rec = Recorder()
+    run(streaming_app, recorder=rec)
+    (h,) = records(rec)
+    s = SpanFactory(Resource.create({})).http_span(h, lambda m: m)
+    assert s.name == "POST /v1/completions" and s.kind.name == "SERVER"
+    a = s.attributes
+    assert a[sc.HTTP_METHOD] == "POST" and a[sc.URL_PATH] == "/v1/completions" and a[sc.HTTP_STATUS] == 200
+    assert a[sc.BOUNDARY] == "server" and list(a[sc.HTTP_CHUNK_OFFSETS]) == [m - h.start_mono for m in h.chunk_mono]

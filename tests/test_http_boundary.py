@@ -1,0 +1,76 @@
+"""The HTTP server boundary inside vLLM's API server (engine_hooks.asgi): one SERVER span per HTTP
+request with the OpenTelemetry HTTP conventions, parented by the caller's traceparent and the
+parent of the engine's llm.request, holding the time of every body chunk written. Real server on
+the CPU, requests shaped by hand at the wire level (raw HTTP with a traceparent)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import urllib.parse
+
+import pytest
+from conftest import start_vllm_server
+from span_records import read_trace_file
+
+from otel_llm import semconv as sc
+
+pytestmark = pytest.mark.slow
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = "00f067aa0ba902b7"
+
+
+def raw_stream(base_url: str, body: dict, headers: dict) -> list[bytes]:
+    """POST by hand on a socket; the response's body chunks as they arrive."""
+    u = urllib.parse.urlparse(base_url)
+    data = json.dumps(body).encode()
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
+    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    head += f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    out = []
+    with socket.create_connection((u.hostname, u.port), timeout=60) as s:
+        s.sendall(head.encode() + data)
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out.append(chunk)
+    return out
+
+
+def test_server_span_parents_the_engine_request(tiny_model, tmp_path):
+    from engine_hooks.tiny_model import prompt
+
+    traces = tmp_path / "server.jsonl"
+    env = {"OTEL_LLM_ENABLE": "1", "OTEL_LLM_TRACES_FILE": str(traces), "OTEL_LLM_SCHEDULE_DELAY": "50"}
+    server, base_url = start_vllm_server(tiny_model, env)
+    try:
+        body = {"model": tiny_model, "prompt": prompt(32), "max_tokens": 12, "stream": True, "ignore_eos": True}
+        got = b"".join(raw_stream(base_url, body, {"traceparent": f"00-{TRACE}-{PARENT}-01"}))
+        assert got.startswith(b"HTTP/1.1 200") and got.count(b"data: ") >= 12
+        plain = b"".join(raw_stream(base_url, {**body, "stream": False}, {}))
+        assert plain.startswith(b"HTTP/1.1 200")
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    spans = read_trace_file(traces)
+    http = [s for s in spans if s.attributes.get(sc.BOUNDARY) == "server"]
+    assert len(http) == 2, [s.name for s in spans]
+    streamed = next(s for s in http if s.trace_id == TRACE)
+    assert streamed.name == "POST /v1/completions" and streamed.kind == 2  # SERVER
+    assert streamed.parent_span_id == PARENT
+    a = streamed.attributes
+    assert a[sc.HTTP_METHOD] == "POST" and a[sc.URL_PATH] == "/v1/completions" and a[sc.HTTP_STATUS] == 200
+    chunks = a[sc.HTTP_CHUNK_OFFSETS]
+    assert len(chunks) >= 12 and chunks == sorted(chunks) and 0 <= a[sc.HTTP_RESPONSE_START] <= chunks[0]
+    assert chunks[-1] <= streamed.end_ns - streamed.start_ns
+    (req,) = [s for s in spans if s.name == sc.SPAN_REQUEST and s.trace_id == TRACE]
+    assert req.parent_span_id == streamed.span_id  # the engine's span is the HTTP span's child
+    assert streamed.start_ns <= req.start_ns and req.end_ns <= streamed.end_ns
+    # the first chunk carrying a token is written after the engine handed the first token out
+    first_out = req.start_ns + req.attributes[sc.TOKEN_EVENT_OFFSETS][0]
+    assert any(streamed.start_ns + c >= first_out for c in chunks)
+    other = next(s for s in http if s.trace_id != TRACE)
+    assert other.parent_span_id in (None, "") and len(other.attributes[sc.HTTP_CHUNK_OFFSETS]) >= 1
