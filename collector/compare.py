@@ -15,7 +15,7 @@ hands out each token and finishes before the client sees them (``theta >= e_i - 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from itertools import pairwise
 
 import numpy as np
@@ -29,10 +29,20 @@ from .stalls import STALL_CLASSES, classify_stalls
 
 @dataclass
 class OffsetEstimate:
+    """The clock offset between the client's and the engine's hosts (``theta`` = engine clock minus
+    client clock, seconds), NTP style: each pair bounds it (the engine received after the client sent:
+    ``theta <= e.submit - c.submit``; it handed each token out before the client got it, and, when both
+    completed, finished before the client did: ``theta >= e_i - c_i``, ``theta >= e.end - c.end``).
+    Only pairs whose own bounds hold (low <= high) are intersected; the others are excluded and
+    counted by reason. When even those disagree, the pair with the narrowest interval (the least
+    delay, NTP's choice) decides."""
+
     low: float | None  # seconds; theta >= low
     high: float | None  # theta <= high
     theta: float  # applied
-    source: str  # "given", "zero (bounds contain 0)", "midpoint of bounds", "no pairs"
+    source: str  # "given", "zero (bounds contain 0)", "midpoint of bounds", "no pairs", ...
+    pairs_used: int = 0
+    excluded: dict = field(default_factory=dict)  # reason -> pairs left out of the bounds
 
     @property
     def width(self) -> float | None:
@@ -91,31 +101,53 @@ def _abs_events(r: RequestRecord) -> np.ndarray:
     return r.submit_ns + np.asarray(r.event_offsets_ns, dtype=np.int64)
 
 
+def pair_bounds(c: RequestRecord, e: RequestRecord) -> tuple[int, int]:
+    """One pair's bounds on theta, integer ns: (low, high)."""
+    hi = e.submit_ns - c.submit_ns
+    lo = -(2**62)
+    if c.status == "ok" and e.status == "ok":  # a client that gave up early: the engine rightly outlives it
+        lo = e.end_ns - c.end_ns
+    ce, ee = _abs_events(c), _abs_events(e)
+    n = min(len(ce), len(ee))
+    if n and len(ce) == len(ee):
+        lo = max(lo, int((ee - ce).max()))
+    elif n:  # chunks merged on the way: the first token is the first at both ends
+        lo = max(lo, int(ee[0] - ce[0]))
+    return lo, hi
+
+
+def _bounds(pairs) -> tuple[float | None, float | None, int, dict]:
+    """(low, high) in seconds over the pairs whose own bounds hold, how many those are, and the
+    others by reason."""
+    if not pairs:
+        return None, None, 0, {}
+    b = [pair_bounds(c, e) for c, e in pairs]
+    good = [(lo, hi) for lo, hi in b if lo <= hi]
+    excluded = {}
+    if len(good) < len(b):
+        excluded["bounds of their own do not hold (a clock jump, a span cut short)"] = len(b) - len(good)
+    if not good:
+        return None, None, 0, excluded
+    lo = max(x for x, _ in good)
+    hi = min(y for _, y in good)
+    if lo > hi:  # the pairs disagree with each other: the least-delay pair alone
+        lo, hi = min(good, key=lambda p: p[1] - p[0] if p[0] > -(2**61) else 2**62)
+        excluded["disagreeing with the least-delay pair"] = len(good) - 1
+        return lo / 1e9, hi / 1e9, 1, excluded
+    return lo / 1e9, hi / 1e9, len(good), excluded
+
+
 def estimate_offset(pairs: list[tuple[RequestRecord, RequestRecord]], given: float | None = None) -> OffsetEstimate:
+    lo, hi, used, excluded = _bounds(pairs)
     if given is not None:
-        lo, hi = _bounds(pairs)
-        return OffsetEstimate(lo, hi, given, "given")
-    if not pairs:
-        return OffsetEstimate(None, None, 0.0, "no pairs")
-    lo, hi = _bounds(pairs)
+        return OffsetEstimate(lo, hi, given, "given", used, excluded)
+    if lo is None or hi is None:
+        return OffsetEstimate(lo, hi, 0.0, "no pairs" if not pairs else "no pair with bounds that hold", used, excluded)
+    if lo < -(2**60) / 1e9:  # no lower bound from any pair (none completed, no token seen at both)
+        return OffsetEstimate(None, hi, min(0.0, hi), "at most the upper bound (no lower bound)", used, excluded)
     if lo <= 0 <= hi:
-        return OffsetEstimate(lo, hi, 0.0, "zero (the bounds contain 0: one clock)")
-    return OffsetEstimate(lo, hi, (lo + hi) / 2, "midpoint of the bounds")
-
-
-def _bounds(pairs) -> tuple[float | None, float | None]:
-    if not pairs:
-        return None, None
-    hi = min(e.submit_ns - c.submit_ns for c, e in pairs)
-    lo = max(e.end_ns - c.end_ns for c, e in pairs)
-    for c, e in pairs:
-        ce, ee = _abs_events(c), _abs_events(e)
-        n = min(len(ce), len(ee))
-        if n and len(ce) == len(ee):
-            lo = max(lo, int((ee - ce).max()))
-        elif n:
-            lo = max(lo, int(ee[0] - ce[0]))
-    return lo / 1e9, hi / 1e9
+        return OffsetEstimate(lo, hi, 0.0, "zero (the bounds contain 0: one clock)", used, excluded)
+    return OffsetEstimate(lo, hi, (lo + hi) / 2, "midpoint of the bounds", used, excluded)
 
 
 @dataclass
@@ -242,6 +274,8 @@ class ComparisonSummary:
                 "width_s": o.width,
                 "consistent": o.consistent,
                 "source": o.source,
+                "pairs_used": o.pairs_used,
+                "pairs_excluded": o.excluded,
                 "meaning": "engine clock minus client clock",
             },
             "percentile_method": self.percentile_method,

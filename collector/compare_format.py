@@ -17,14 +17,18 @@ def format_comparison(
     h = (lambda t: f"### {t}") if markdown else (lambda t: f"== {t} ==")
     out = [h("Clock offset (engine - client)")]
     o = summary.offset
-    if o.low is None:
-        out.append("no pairs to bound it")
+    if o.high is None:
+        out.append(f"applied {o.theta * 1000:.3f} ms ({o.source})")
+    elif o.low is None:
+        out.append(f"applied {o.theta * 1000:.3f} ms ({o.source}); at most {o.high * 1000:.3f} ms")
     else:
         out.append(
             f"applied {o.theta * 1000:.3f} ms ({o.source}); bounds [{o.low * 1000:.3f}, "
-            f"{o.high * 1000:.3f}] ms, width {o.width * 1000:.3f} ms"
+            f"{o.high * 1000:.3f}] ms, width {o.width * 1000:.3f} ms, from {o.pairs_used} pairs"
             + ("" if o.consistent else "  (inconsistent: the bounds cross; timing jitter or clock drift)")
         )
+    for why, n in o.excluded.items():
+        out.append(f"  {n} pairs left out of the bounds: {why}")
     out += ["", h(f"Client TTFT decomposition (ms; {summary.percentile_method})")]
     d = summary.distributions
     keys = list(next(iter(d.values())).percentiles)

@@ -319,7 +319,8 @@ def render_html(d: ReportData, figs: dict[str, object]) -> str:
     runs = ", ".join(f"{html.escape(r)} ({n})" for r, n in d.runs) or "-"
     offset = (
         f"engine clock minus client clock {d.clock_offset_s * 1e3:.3f} ms "
-        f"(bounds {d.clock_offset_width_s * 1e3:.3f} ms wide), {d.paired} requests paired"
+        + (f"(bounds {d.clock_offset_width_s * 1e3:.3f} ms wide), " if d.clock_offset_width_s is not None else "")
+        + f"{d.paired} requests paired"
         if d.clock_offset_s is not None
         else "no request seen at both boundaries"
     )

@@ -131,3 +131,32 @@ def test_compare_without_pairs_says_so(make_collector):
     store = fill(make_collector, [Req("solo", engine=False)])
     proc = run_cli("compare", "--store", store, check=False)
     assert proc.returncode == 2 and "no request seen at both boundaries" in proc.stderr
+
+
+def test_offset_survives_abandoned_and_failed_requests(make_collector):
+    """A known offset between hosts, recovered within the bounds, with a client that gave up early
+    (the engine outlives it), a request the engine failed and one whose client span was cut short
+    mixed in: those do not bound the offset by their ends, the decomposition of every other request
+    stays within the bounds' width of the truth, and the pairs left out are counted."""
+    theta_ms = 1500.0
+    reqs = [shifted(varied(k), theta_ms) for k in range(6)]
+    gave_up = shifted(varied(6), theta_ms)
+    gave_up.status = "cancelled"  # the client closed the stream after two tokens, at 135 ms
+    gave_up.client_events, gave_up.client_end = gave_up.client_events[:2], gave_up.client_events[1][0] + 5
+    failed = shifted(Req("x7", status="error"), theta_ms)
+    store = fill(make_collector, [*reqs, gave_up, failed])
+    from collector.store import RequestStore
+
+    recs = RequestStore(store).records()
+    rows, off, _pairs, _ = compare(recs)
+    assert off.low <= theta_ms / 1000 <= off.high and off.width < 0.005
+    assert off.pairs_used == 8 and off.excluded == {}
+    for r in rows:
+        if r.id.startswith("x"):
+            continue
+        k = int(r.id[1:])
+        if k < 6:
+            assert abs(r.network_in - (1 + k) / 1000) <= off.width
+            assert r.network_in > 0 and r.delivery > 0
+    out = json.loads(run_cli("compare", "--store", store, "--format", "json").stdout)
+    assert out["summary"]["clock_offset"]["pairs_used"] == 8
