@@ -1,9 +1,15 @@
 """Client vs engine, request by request: where the client's time went.
 
 Pure functions over the store's records. Per paired request (both boundaries in one trace):
-``client_ttft = network_in + front_end + queue + prefill + delivery`` (seconds; ``front_end`` is
-arrival -> queued where the engine reports when its scheduler queued the request, vLLM does, else
-unknown and the queue holds it), client and engine ITL, and a
+the client TTFT in its parts (seconds), from the client's send to its first token:
+
+    network_in + api_in + front_end + queue + prefill + api_out + network_out
+
+with the HTTP server's span (engine_hooks.asgi), or, without it, the adjacent parts merged under
+names that say what they hold: ``to_engine`` (= network_in + api_in: the network and the HTTP
+server in) and ``delivery`` (= api_out + network_out: detokenizing, the API server, the network).
+``front_end`` is arrival -> queued where the engine says when its scheduler queued the request
+(vLLM does), else unknown and the queue holds it. Also client and engine ITL, and a
 stall classification. Clock offset between the client's and the engine's hosts
 (``theta = engine clock - client clock``) is bounded from the nesting of the engine's span inside
 the client's: the engine receives after the client sends (``theta <= e.submit - c.submit``), and
@@ -157,11 +163,15 @@ class RequestComparison:
     status: str
     client_ttft: float | None
     engine_ttft: float | None
-    network_in: float | None
+    to_engine: float | None  # client send -> engine arrival (= network_in + api_in)
+    network_in: float | None  # client send -> HTTP server received (None: no server span)
+    api_in: float | None  # HTTP server received -> engine arrival
     front_end: float | None  # None: the engine did not say when it queued the request (the queue holds it)
     queue: float | None
     prefill: float | None
-    delivery: float | None
+    api_out: float | None  # first token generated -> the server's first chunk after it
+    network_out: float | None  # that chunk -> the client's first token
+    delivery: float | None  # first token generated -> client first token (= api_out + network_out)
     parts_sum_minus_ttft: float | None  # how far the parts miss the client TTFT (0 when all known)
     client_itl_max: float | None
     engine_itl_max: float | None
@@ -171,6 +181,22 @@ class RequestComparison:
     preemption_time: float
     stall: str  # none | delivery | engine:preemption | engine:other
     stall_gap: float | None  # the client's largest gap, seconds
+
+    @property
+    def parts(self) -> dict:
+        """This request's TTFT parts at the finest level known (see :func:`parts_of`)."""
+        p = parts_of(
+            self.network_in,
+            self.api_in,
+            self.to_engine,
+            self.front_end,
+            self.queue,
+            self.prefill,
+            self.api_out,
+            self.network_out,
+            self.delivery,
+        )
+        return p or {}
 
 
 def _itl_by_request(records: Sequence[RequestRecord]) -> list[np.ndarray]:
@@ -212,11 +238,17 @@ def compare(
     )
     rows = []
     for (c, e), stall, gap in zip(pairs, stalls, gaps.tolist()):
-        net = None if c.network_in is None else c.network_in - off.theta
-        dly = None if c.delivery is None else c.delivery + off.theta
-        parts = (net, c.queue, c.prefill, dly)
-        fe = c.front_end
-        miss = None if c.ttft is None or any(p is None for p in parts) else sum(parts) + (fe or 0.0) - c.ttft
+        to_engine, network_in = c.to_engine, c.network_in
+        if to_engine is None and network_in is not None and c.api_in is None:  # a store before the server span
+            to_engine, network_in = network_in, None
+        shift = lambda v, sign: None if v is None else v + sign * off.theta
+        to_engine, network_in = shift(to_engine, -1), shift(network_in, -1)
+        dly, network_out = shift(c.delivery, +1), shift(c.network_out, +1)
+        row_parts = parts_of(
+            network_in, c.api_in, to_engine, c.front_end, c.queue, c.prefill, c.api_out, network_out, dly
+        )
+        known = row_parts is not None and c.ttft is not None
+        miss = sum(v or 0.0 for v in row_parts.values()) - c.ttft if known else None
         rows.append(
             RequestComparison(
                 id=c.request_id,
@@ -224,10 +256,14 @@ def compare(
                 status=c.status,
                 client_ttft=c.ttft,
                 engine_ttft=e.ttft,
-                network_in=net,
+                to_engine=to_engine,
+                network_in=network_in,
+                api_in=c.api_in,
                 front_end=c.front_end,
                 queue=c.queue,
                 prefill=c.prefill,
+                api_out=c.api_out,
+                network_out=network_out,
                 delivery=dly,
                 parts_sum_minus_ttft=miss,
                 client_itl_max=c.itl_max,
@@ -243,8 +279,43 @@ def compare(
     return Comparison(rows, off, pairs, alone, c_itl, e_itl)
 
 
-#: The parts of the client TTFT, in the order they happen.
-TTFT_PARTS = ("network_in", "front_end", "queue", "prefill", "delivery")
+#: The parts of the client TTFT, in the order they happen: with the HTTP server boundary, and the
+#: merged names where it is missing (``to_engine`` = network_in + api_in, ``delivery`` = api_out +
+#: network_out); a request has one or the other on each side, never both.
+TTFT_PARTS = (
+    "network_in",
+    "api_in",
+    "to_engine",
+    "front_end",
+    "queue",
+    "prefill",
+    "api_out",
+    "network_out",
+    "delivery",
+)
+
+
+def parts_of(network_in, api_in, to_engine, front_end, queue, prefill, api_out, network_out, delivery):
+    """One request's TTFT parts (name -> seconds; front_end None: unknown, the queue holds it), each
+    side at the finest level known; None when a side is not known at all."""
+    if network_in is not None and api_in is not None:
+        first = {"network_in": network_in, "api_in": api_in}
+    elif to_engine is not None:
+        first = {"to_engine": to_engine}
+    else:
+        return None
+    if queue is None or prefill is None:
+        return None
+    mid = {"front_end": front_end, "queue": queue, "prefill": prefill}
+    if api_out is not None and network_out is not None:
+        last = {"api_out": api_out, "network_out": network_out}
+    elif delivery is not None:
+        last = {"delivery": delivery}
+    else:
+        return None
+    return {**first, **mid, **last}
+
+
 #: Per-request distributions of the summary, in the order they are shown.
 PER_REQUEST = ("client_ttft", "engine_ttft", *TTFT_PARTS)
 
@@ -297,7 +368,9 @@ def summarize_comparison(
 
     rows = cmp.rows
     ok = [r for r in rows if r.status == "ok"]
-    d = {key: dist(f"per-request {key} of paired ok requests", [getattr(r, key) for r in ok]) for key in PER_REQUEST}
+    present = set().union(*(r.parts for r in rows)) if rows else set()
+    keys = [k for k in PER_REQUEST if k in ("client_ttft", "engine_ttft") or k in present]
+    d = {key: dist(f"per-request {key} of paired ok requests", [getattr(r, key) for r in ok]) for key in keys}
     is_ok = [r.status == "ok" for r in rows]
     for side, samples in (("client", cmp.client_itl), ("engine", cmp.engine_itl)):
         pooled = np.concatenate([x for x, keep in zip(samples, is_ok) if keep] or [np.zeros(0)])
@@ -308,7 +381,10 @@ def summarize_comparison(
     share = err = None
     if known:
         tot = sum(r.client_ttft for r in known)
-        share = {k: sum(getattr(r, k) or 0.0 for r in known) / tot for k in TTFT_PARTS}
+        rows_parts = [r.parts for r in known]
+        share = {
+            k: sum(p.get(k) or 0.0 for p in rows_parts) / tot for k in TTFT_PARTS if any(k in p for p in rows_parts)
+        }
         if all(r.front_end is None for r in known):  # not reported: the queue holds it, it is not 0
             share["front_end"] = None
         err = max(abs(r.parts_sum_minus_ttft) for r in known)

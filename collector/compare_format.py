@@ -43,6 +43,8 @@ def format_comparison(
         "client_itl_max",
         "engine_itl_max",
     ):
+        if k not in d:  # a part no request has (the server boundary's, without a server span)
+            continue
         x = d[k]
         lines.append([k, str(x.n), _ms(x.mean), *(_ms(x.percentiles[p]) for p in keys), _ms(x.max)])
     out += grid(cols, lines, markdown)
@@ -65,29 +67,14 @@ def format_comparison(
         h(f"Slowest {min(top, len(rows))} by client TTFT (ms)"),
     ]
     worst = sorted(rows, key=lambda r: -(r.client_ttft or 0))[:top]
+    shown = [k for k in TTFT_PARTS if any(k in r.parts for r in rows)]
     out += grid(
-        [
-            "id",
-            "client_ttft",
-            "network_in",
-            "front_end",
-            "queue",
-            "prefill",
-            "delivery",
-            "engine_ttft",
-            "itl_max c/e",
-            "preempt",
-            "stall",
-        ],
+        ["id", "client_ttft", *shown, "engine_ttft", "itl_max c/e", "preempt", "stall"],
         [
             [
                 r.id,
                 _ms(r.client_ttft),
-                _ms(r.network_in),
-                _ms(r.front_end),
-                _ms(r.queue),
-                _ms(r.prefill),
-                _ms(r.delivery),
+                *(_ms(getattr(r, k)) for k in shown),
                 _ms(r.engine_ttft),
                 f"{_ms(r.client_itl_max)}/{_ms(r.engine_itl_max)}",
                 str(r.preemptions),

@@ -124,6 +124,8 @@ class _Requests:
     first_scheduled_ns: np.ndarray
     first_generated_ns: np.ndarray
     pairs: list[tuple[int, int]]  # (client record, engine record)
+    server_received_ns: np.ndarray  # per record (engine records under an HTTP server span), NO_NS unknown
+    server_chunks: list  # per record: int64 array of the server's body chunks (Unix ns), or None
 
 
 def _owners(key: dict, ids: list[bytes], tix: np.ndarray, rec_tix: np.ndarray, spans_tix) -> np.ndarray:
@@ -184,10 +186,28 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     m = ok & (kc == sp.PREEMPTION)
     preemptions = np.bincount(own[m], minlength=n).astype(np.int64)
     preempted = np.bincount(own[m], weights=dur[m].astype(np.float64), minlength=n)
-    # pairs: an engine request span whose parent is a client request span of its trace; traces
-    # where that does not pair everything it could go through the general matching
+    # the HTTP server span between a client span and the engine's (engine_hooks.asgi): the engine
+    # record gets its times, and pairs with the server span's parent
     eng = np.flatnonzero(code == sp.ENGINE)
-    cl = _owners(key, [recs[e][sp.PARENT_ID] for e in eng.tolist()], rec_tix[eng], rec_tix, per_trace)
+    parents = [recs[e][sp.PARENT_ID] for e in eng.tolist()]
+    server_received = np.full(n, NO_NS, np.int64)
+    server_chunks: list = [None] * n
+    srv_at = np.flatnonzero(codes == sp.SERVER)
+    if len(srv_at):
+        srv = {(int(tix[i]), flat[i][sp.SPAN_ID]): flat[i] for i in srv_at.tolist()}
+        for j, e in enumerate(eng.tolist()):
+            s = srv.get((int(rec_tix[e]), parents[j]))
+            if s is None:
+                continue
+            parents[j] = s[sp.PARENT_ID]
+            server_received[e] = s[sp.START]
+            ch = s[sp.CHUNK_OFFSETS]
+            if type(ch) is bytes and len(ch) % 8 == 0:
+                server_chunks[e] = s[sp.START] + np.frombuffer(ch, np.int64)
+    # pairs: an engine request span whose parent is a client request span of its trace (or the
+    # HTTP server span under it); traces where that does not pair everything it could go through
+    # the general matching
+    cl = _owners(key, parents, rec_tix[eng], rec_tix, per_trace)
     good = cl >= 0
     good[good] = code[cl[good]] == sp.CLIENT
     ci, ei = cl[good], eng[good]
@@ -214,7 +234,19 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
                 traces[t].spans,
             )
     return _Requests(
-        recs, code, front_end, queue, prefill, decode, preemptions, preempted, first_sched, first_gen, pairs
+        recs,
+        code,
+        front_end,
+        queue,
+        prefill,
+        decode,
+        preemptions,
+        preempted,
+        first_sched,
+        first_gen,
+        pairs,
+        server_received,
+        server_chunks,
     )
 
 
@@ -291,13 +323,24 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     engine_delivery = np.full(n, np.nan)
     m = has & (first_gen != NO_NS)
     engine_delivery[m] = (first_event[m] - first_gen[m]) / _NS
-    network_in = np.full(n, np.nan)
-    delivery = np.full(n, np.nan)
+    to_engine, network_in, api_in = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    delivery, api_out, network_out = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    server_received, server_first = rq.server_received_ns, np.full(n, NO_NS, np.int64)
+    for e, ch in enumerate(rq.server_chunks):  # the first chunk written once the engine had a token out
+        if ch is not None and has[e] and len(ch):
+            k = int(np.searchsorted(ch, first_event[e], side="left"))
+            if k < len(ch):
+                server_first[e] = ch[k]
     paired = np.zeros(n, bool)
     if rq.pairs:
         ci, ei = np.array(rq.pairs, np.int64).T
         paired[ci] = paired[ei] = True
-        network_in[ci] = (submit[ei] - submit[ci]) / _NS
+        to_engine[ci] = (submit[ei] - submit[ci]) / _NS
+        srv = server_received[ei] != NO_NS
+        network_in[ci[srv]] = (server_received[ei[srv]] - submit[ci[srv]]) / _NS
+        api_in[ci[srv]] = (submit[ei[srv]] - server_received[ei[srv]]) / _NS
+        server_received[ci] = server_received[ei]
+        server_first[ci] = server_first[ei]
         for col in (
             front_end,
             queue,
@@ -313,6 +356,9 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         engine_first = np.where(first_gen[ei] != NO_NS, first_gen[ei], first_event[ei])
         ok = has[ci] & (engine_first != NO_NS)
         delivery[ci[ok]] = (first_event[ci[ok]] - engine_first[ok]) / _NS
+        chunk = ok & (server_first[ei] != NO_NS)
+        api_out[ci[chunk]] = (server_first[ei[chunk]] - engine_first[chunk]) / _NS
+        network_out[ci[chunk]] = (first_event[ci[chunk]] - server_first[ei[chunk]]) / _NS
     # one object per distinct value (each span brings its own copy): less to hold, pickle, compare
     same: dict = {}
     status = [
@@ -369,8 +415,14 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         first_scheduled_ns=first_sched,
         first_generated_ns=first_gen,
         engine_delivery=engine_delivery,
+        to_engine=to_engine,
         network_in=network_in,
+        api_in=api_in,
         delivery=delivery,
+        api_out=api_out,
+        network_out=network_out,
+        server_received_ns=server_received,
+        server_first_chunk_ns=server_first,
         paired=paired,
         peer_request_id=peer,
     )

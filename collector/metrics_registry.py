@@ -181,8 +181,8 @@ class MetricsRegistry:
         self.ttft_part = Histogram(
             "llm.ttft.part",
             "s",
-            "The client TTFT in its parts (network_in, front_end, queue, prefill, delivery; paired ok requests; "
-            "network_in "
+            "The client TTFT in its parts (network_in, api_in, front_end, queue, prefill, api_out, network_out with "
+            "the HTTP server span; to_engine and delivery where it is missing; paired ok requests; network_in "
             "and delivery span two clocks, uncorrected for their offset)",
             TTFT_BUCKETS,
             BM + ("part",),
@@ -299,8 +299,15 @@ class MetricsRegistry:
         c, e = batch.take(ci), batch.take(ei)
         causes, gaps = classify_stalls(c, e, self.stall_threshold)
         labels = [("client", self._model_label(m)) for m in c.model]
+        # each request's parts at the finest level known: the merged ones only where the server's are not
+        fine_in = np.isfinite(np.asarray(c.network_in, dtype=float)) & np.isfinite(np.asarray(c.api_in, dtype=float))
+        fine_out = np.isfinite(np.asarray(c.api_out, dtype=float)) & np.isfinite(np.asarray(c.network_out, dtype=float))
         for part in TTFT_PARTS:
             v = np.asarray(getattr(c, part), dtype=float)
+            if part == "to_engine":
+                v = np.where(fine_in, np.nan, v)
+            elif part == "delivery":
+                v = np.where(fine_out, np.nan, v)
             for lab in set(labels):
                 sel = np.array([x == lab for x in labels]) & np.isfinite(v)
                 if sel.any():

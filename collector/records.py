@@ -105,8 +105,29 @@ COLUMNS: tuple[Column, ...] = (
     Column("first_generated_ns", NS, "ns", "Unix ns, engine clock: first token generated (end of prefill)"),
     Column("engine_delivery", SECONDS, "s", "first token generated -> first output handed out"),
     # client TTFT decomposition (client records paired with an engine record)
-    Column("network_in", SECONDS, "s", "engine arrival - client send (two clocks)"),
-    Column("delivery", SECONDS, "s", "client first token - engine first token generated (two clocks)"),
+    Column(
+        "to_engine",
+        SECONDS,
+        "s",
+        "client send -> engine arrival (two clocks): the network and the HTTP server in; = network_in + api_in",
+    ),
+    Column("network_in", SECONDS, "s", "client send -> HTTP server received (two clocks; needs the server span)"),
+    Column("api_in", SECONDS, "s", "HTTP server received -> engine arrival (the API server; needs the server span)"),
+    Column(
+        "delivery",
+        SECONDS,
+        "s",
+        "engine first token generated -> client first token (two clocks); = api_out + network_out",
+    ),
+    Column(
+        "api_out",
+        SECONDS,
+        "s",
+        "engine first token generated -> the first body chunk the HTTP server wrote after it (needs the server span)",
+    ),
+    Column("network_out", SECONDS, "s", "that chunk written -> client first token (two clocks; needs the server span)"),
+    Column("server_received_ns", NS, "ns", "Unix ns, server clock: the HTTP server received the request"),
+    Column("server_first_chunk_ns", NS, "ns", "Unix ns, server clock: the first body chunk after the first token"),
     Column("paired", FLAG, "", "the trace held this request at both boundaries"),
     Column("peer_request_id", TEXT, "", "the request id of the paired record at the other boundary"),
 )

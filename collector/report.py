@@ -22,6 +22,10 @@ from .report_data import PART_MEANING, ReportData
 
 COLORS = {
     "network_in": "#8c8c8c",
+    "api_in": "#a0cfff",
+    "to_engine": "#8c8c8c",
+    "api_out": "#d3adf7",
+    "network_out": "#909399",
     "front_end": "#c0c4cc",
     "queue": "#e6a23c",
     "prefill": "#409eff",
@@ -57,10 +61,12 @@ def figures(d: ReportData) -> dict[str, object]:
         labels = [label for label, _ in d.decomposition]
         fig = go.Figure()
         for part in PART_MEANING:
+            if not any(part in parts for _, parts in d.decomposition):
+                continue
             fig.add_bar(
                 name=part,
                 y=labels,
-                x=[parts[part] * 1e3 for _, parts in d.decomposition],
+                x=[parts.get(part, 0.0) * 1e3 for _, parts in d.decomposition],
                 orientation="h",
                 marker_color=COLORS[part],
                 hovertemplate=f"{part}: %{{x:.2f}} ms<extra>{html.escape(PART_MEANING[part])}</extra>",

@@ -17,17 +17,21 @@ from otel_llm.percentiles import percentile_key, percentiles
 from otel_llm.slo import SLO
 from otel_llm.summary import Summary, summarize
 
-from .compare import STALL_CLASSES, TTFT_PARTS, Comparison, compare
+from .compare import STALL_CLASSES, Comparison, compare
 from .records import RecordBatch, RequestRecord
 from .steps import StepBatch
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
 PART_MEANING = {
-    "network_in": "client send -> engine arrival: the network, HTTP parsing, the API server and the front end",
+    "network_in": "client send -> the HTTP server received the request: the network (two clocks)",
+    "api_in": "HTTP server received -> engine arrival: HTTP parsing, validation, the API server's event loop",
+    "to_engine": "client send -> engine arrival, without the server span: the network and the HTTP server in",
     "front_end": "llm.frontend: arrival -> queued: rendering, tokenization, the hand-off to the engine core",
     "queue": "llm.queue: queued -> first scheduled: waiting for the scheduler (holds the front end where unknown)",
     "prefill": "llm.prefill: first scheduled -> first token generated",
-    "delivery": "first token generated -> the client has it: detokenizing, the API server, the network",
+    "api_out": "first token generated -> the HTTP server wrote its chunk: detokenizing, the API server",
+    "network_out": "that chunk written -> the client has it: the network (two clocks)",
+    "delivery": "first token generated -> the client has it, without the server span: the API server and the network",
 }
 
 
@@ -208,9 +212,9 @@ def decomposition(cmp: Comparison, slowest: int, ps=("50", "90", "99")) -> list[
     for p in ps:
         (v,) = percentiles(ttfts, [p], "nearest-rank", presorted=True)
         r = rows[int(np.searchsorted(ttfts, v))]
-        out.append((f"p{p} ({r.id})", {k: getattr(r, k) or 0.0 for k in TTFT_PARTS}))
+        out.append((f"p{p} ({r.id})", {k: v or 0.0 for k, v in r.parts.items()}))
     for r in rows[::-1][:slowest]:
-        out.append((r.id, {k: getattr(r, k) or 0.0 for k in TTFT_PARTS}))
+        out.append((r.id, {k: v or 0.0 for k, v in r.parts.items()}))
     return out
 
 

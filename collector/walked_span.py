@@ -21,7 +21,7 @@ import numpy as np
 from otel_llm import semconv as sc
 
 # span codes
-CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP, FRONTEND = range(9)
+CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP, FRONTEND, SERVER = range(10)
 CODES = {
     sc.SPAN_CLIENT_REQUEST: CLIENT,
     sc.SPAN_REQUEST: ENGINE,
@@ -32,8 +32,9 @@ CODES = {
     sc.SPAN_STREAM: STREAM,
     sc.SPAN_STEP: STEP,
     sc.SPAN_FRONTEND: FRONTEND,
+    **dict.fromkeys(sc.SERVER_SPAN_NAMES, SERVER),  # the HTTP server span ("POST /v1/completions", ...)
 }
-NAMES = {v: k for k, v in CODES.items()}
+NAMES = {v: k for k, v in reversed(CODES.items())}
 BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine"}
 
 QUEUE_INCOMPLETE = sc.QUEUE_INCOMPLETE
@@ -58,6 +59,7 @@ _ATTRIBUTES = (
     ("preempted", sc.STEP_PREEMPTED),
     ("kv_usage", sc.STEP_KV_USAGE),
     ("gpu_time_ns", sc.STEP_GPU_TIME_NS),
+    ("chunk_offsets", sc.HTTP_CHUNK_OFFSETS),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -83,6 +85,7 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     STEP_PREEMPTED,
     STEP_KV_USAGE,
     STEP_GPU_TIME_NS,
+    CHUNK_OFFSETS,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

@@ -100,7 +100,7 @@ def test_each_choice_pairs_with_its_own_engine_request(engine_order, tmp_path):
         c, e = recs[("client", f"X#{k}")], recs[("engine", f"X#{k}")]
         assert c.choice == e.choice == k and c.peer_request_id == e.request_id and e.peer_request_id == c.request_id
         assert c.output_tokens == e.output_tokens == n
-        assert c.network_in == pytest.approx((2 + k) / 1000)  # from its own engine request's arrival
+        assert c.to_engine == pytest.approx((2 + k) / 1000)  # from its own engine request's arrival
     assert recs[("client", "Y")].paired and recs[("client", "Y")].choice is None
     from collector.store import RequestStore
 

@@ -57,9 +57,9 @@ def test_both_boundaries_and_decomposition(make_collector, transport):
     assert en.ttft == pytest.approx(0.075, abs=US) and en.e2e == pytest.approx(0.150, abs=US)
     assert en.queue == pytest.approx(0.020, abs=US) and en.prefill == pytest.approx(0.050, abs=US)
     assert en.engine_delivery == pytest.approx(0.005, abs=US)
-    # client TTFT = network_in + queue + prefill + delivery, exactly
-    assert (cl.network_in, cl.queue, cl.prefill, cl.delivery) == pytest.approx((0.010, 0.020, 0.050, 0.020), abs=US)
-    assert cl.network_in + cl.queue + cl.prefill + cl.delivery == pytest.approx(cl.ttft, abs=1e-9)
+    # client TTFT = to_engine + queue + prefill + delivery, exactly (no HTTP server span here)
+    assert (cl.to_engine, cl.queue, cl.prefill, cl.delivery) == pytest.approx((0.010, 0.020, 0.050, 0.020), abs=US)
+    assert cl.to_engine + cl.queue + cl.prefill + cl.delivery == pytest.approx(cl.ttft, abs=1e-9)
     assert cl.paired and en.paired and cl.model == "tiny"
     assert cl.service == en.service == "test"  # the resource's service.name, carried into the record
     assert en.ttft <= cl.ttft
@@ -92,7 +92,7 @@ def test_one_boundary_preemptions_and_statuses(make_collector):
     assert e.preemptions == 2 and e.preemption_time == pytest.approx(0.029, abs=US)
     assert e.output_tokens == 4 and e.tpot == pytest.approx(0.070 / 3, abs=US)
     assert not e.paired and ("client", "engine-only") not in recs
-    assert recs[("client", "client-only")].network_in is None and not recs[("client", "client-only")].paired
+    assert recs[("client", "client-only")].to_engine is None and not recs[("client", "client-only")].paired
     assert recs[("client", "cut")].status == "cancelled" and recs[("engine", "cut")].status == "cancelled"
     assert recs[("client", "cut")].tpot is None  # N = 1: undefined, never 0
 

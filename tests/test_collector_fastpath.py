@@ -216,12 +216,12 @@ def test_derive_pairs_by_request_id_and_ancestry():
     recs = {(r.boundary, r.request_id): r for r in batch.records()}
     c1, c2 = recs[("client", "r1")], recs[("client", "r2")]
     # r1: by ancestry (its engine span has another request id)
-    assert c1.network_in == pytest.approx(0.010) and c1.queue == pytest.approx(0.005)
+    assert c1.to_engine == pytest.approx(0.010) and c1.queue == pytest.approx(0.005)
     assert c1.prefill == pytest.approx(0.020) and c1.preemptions == 1 and c1.preemption_time == pytest.approx(0.002)
     assert c1.delivery == pytest.approx(0.050 - 0.035)  # client first token - engine first generated
-    assert c1.network_in + c1.queue + c1.prefill + c1.delivery == pytest.approx(c1.ttft)
+    assert c1.to_engine + c1.queue + c1.prefill + c1.delivery == pytest.approx(c1.ttft)
     # r2: by request id (no ancestry); no engine phases, so delivery runs from the engine's first output
-    assert c2.network_in == pytest.approx(0.005) and c2.queue is None
+    assert c2.to_engine == pytest.approx(0.005) and c2.queue is None
     assert c2.delivery == pytest.approx(0.060 - (0.005 + 0.050))
     assert recs[("engine", "r2")].output_tokens == 3 and c2.tpot == pytest.approx(0.010 / 2)
 
@@ -409,7 +409,7 @@ def test_derive_span_ids_shared_across_traces():
     recs = {(r.boundary, r.request_id): r for r in batch.records()}
     assert recs[("client", "r2")].paired and recs[("engine", "r1")].paired != recs[("engine", "r2")].paired
     assert recs[("engine", "r2")].paired and not recs[("engine", "r1")].paired
-    assert recs[("client", "r2")].network_in == pytest.approx(0.025)
+    assert recs[("client", "r2")].to_engine == pytest.approx(0.025)
 
 
 def test_compare_uses_the_pairs_derivation_made(tmp_path):
@@ -473,7 +473,7 @@ def test_compare_uses_the_pairs_derivation_made(tmp_path):
         ("client-a", "engine-a"),
         ("client-b", "engine-b"),
     ]
-    assert {c.request_id: c.network_in for c, _ in pairs} == pytest.approx({"client-a": 0.001, "client-b": 0.003})
+    assert {c.request_id: c.to_engine for c, _ in pairs} == pytest.approx({"client-a": 0.001, "client-b": 0.003})
 
 
 def test_store_written_by_an_earlier_version_gains_new_columns(tmp_path):
@@ -781,3 +781,64 @@ def test_c_walk_reads_string_value_strindex():
     w = decode.walk_bytes(body2)
     rid_slot, off_slot = sp.ATTRIBUTE_SLOTS[sc.REQUEST_ID], sp.ATTRIBUTE_SLOTS[sc.TOKEN_EVENT_OFFSETS]
     assert w.spans[0][9 + rid_slot] is sp.INVALID and w.spans[0][9 + off_slot] is sp.INVALID
+
+
+def test_the_http_server_span_gives_the_seven_parts():
+    """client -> HTTP server span -> engine span: paired on the fast path through the server span,
+    and the client TTFT splits into network_in + api_in + front_end + queue + prefill + api_out +
+    network_out, exactly, in integer ns; api_out ends at the first chunk written once the engine
+    had a token out (an earlier chunk, e.g. response headers flushed, does not count)."""
+    t = "ab" * 16
+    ms = 1_000_000
+    spans = [
+        make_span(
+            t,
+            "c1" * 8,
+            sc.SPAN_CLIENT_REQUEST,
+            start=0,
+            end=200 * ms,
+            request_id="r",
+            offsets=[70 * ms, 90 * ms],
+            tokens=[1, 1],
+        ),
+        make_span(
+            t,
+            "5e" * 8,
+            "POST /v1/completions",
+            parent="c1" * 8,
+            start=3 * ms,
+            end=195 * ms,
+            chunk_offsets=[1 * ms, 61 * ms, 81 * ms],
+        ),
+        make_span(
+            t,
+            "e1" * 8,
+            sc.SPAN_REQUEST,
+            parent="5e" * 8,
+            start=5 * ms,
+            end=190 * ms,
+            request_id="r",
+            offsets=[57 * ms, 77 * ms],
+            tokens=[1, 1],
+        ),
+        make_span(t, "0f" * 8, sc.SPAN_FRONTEND, parent="e1" * 8, start=5 * ms, end=9 * ms),
+        make_span(t, "01" * 8, sc.SPAN_QUEUE, parent="e1" * 8, start=9 * ms, end=20 * ms),
+        make_span(t, "02" * 8, sc.SPAN_PREFILL, parent="e1" * 8, start=20 * ms, end=60 * ms),
+    ]
+    batch, _ = derive([ReleasedTrace(bytes.fromhex(t), spans, "grace")])
+    recs = {r.boundary: r for r in batch.records()}
+    assert set(recs) == {"client", "engine"} and recs["client"].paired
+    c = recs["client"]
+    assert c.network_in == pytest.approx(0.003) and c.api_in == pytest.approx(0.002)
+    assert (c.front_end, c.queue, c.prefill) == pytest.approx((0.004, 0.011, 0.040))
+    # engine first output at 5 + 57 = 62 ms; the server's chunks at 4, 64, 84 ms: the first after it is 64
+    assert c.api_out == pytest.approx(0.004) and c.network_out == pytest.approx(0.006)
+    assert c.to_engine == pytest.approx(0.005) and c.delivery == pytest.approx(0.010)
+    parts = [c.network_in, c.api_in, c.front_end, c.queue, c.prefill, c.api_out, c.network_out]
+    assert sum(parts) == pytest.approx(c.ttft, abs=1e-12) and c.ttft == pytest.approx(0.070)
+    assert c.server_received_ns == 3 * ms and c.server_first_chunk_ns == 64 * ms
+    from collector.compare import compare
+
+    (row,) = compare(batch.records()).rows
+    assert set(row.parts) == {"network_in", "api_in", "front_end", "queue", "prefill", "api_out", "network_out"}
+    assert row.parts_sum_minus_ttft == pytest.approx(0, abs=1e-9)

@@ -57,14 +57,14 @@ def test_same_host_decomposition_through_the_cli(make_collector):
     assert s["clock_offset"]["low_s"] <= 0 <= s["clock_offset"]["high_s"]
     for r in out["requests"]:
         k = int(r["id"][1:])
-        assert r["network_in"] == pytest.approx((1 + k) / 1000, abs=US)
+        assert r["to_engine"] == pytest.approx((1 + k) / 1000, abs=US)
         assert (r["queue"], r["prefill"]) == pytest.approx((0.005, 0.015), abs=US)
         assert r["delivery"] == pytest.approx((2 + k) / 1000, abs=US)
-        assert r["network_in"] + r["queue"] + r["prefill"] + r["delivery"] == pytest.approx(r["client_ttft"], abs=US)
+        assert r["to_engine"] + r["queue"] + r["prefill"] + r["delivery"] == pytest.approx(r["client_ttft"], abs=US)
         assert r["engine_ttft"] <= r["client_ttft"] and r["client_tokens"] == r["engine_tokens"] == 3
     assert s["max_abs_parts_sum_error_s"] < 1e-6
     table = run_cli("compare", "--store", store).stdout
-    assert "Client TTFT decomposition" in table and "network_in" in table
+    assert "Client TTFT decomposition" in table and "to_engine" in table
 
 
 def test_injected_clock_offset_is_bounded_and_corrected(make_collector):
@@ -80,13 +80,13 @@ def test_injected_clock_offset_is_bounded_and_corrected(make_collector):
     assert off.source.startswith("midpoint")
     for r in rows:
         k = int(r.id[1:])
-        assert abs(r.network_in - (1 + k) / 1000) <= off.width
+        assert abs(r.to_engine - (1 + k) / 1000) <= off.width
         assert abs(r.delivery - (2 + k) / 1000) <= off.width
-        assert r.network_in + r.queue + r.prefill + r.delivery == pytest.approx(r.client_ttft, abs=US)
+        assert r.to_engine + r.queue + r.prefill + r.delivery == pytest.approx(r.client_ttft, abs=US)
     # an offset can also be given: then it is applied as is
     rows2, off2, _, _ = compare(recs, clock_offset=theta_ms / 1000)
     assert off2.source == "given"
-    assert [round(r.network_in, 6) for r in rows2] == [round((1 + int(r.id[1:])) / 1000, 6) for r in rows2]
+    assert [round(r.to_engine, 6) for r in rows2] == [round((1 + int(r.id[1:])) / 1000, 6) for r in rows2]
     out = json.loads(run_cli("compare", "--store", store, "--format", "json").stdout)
     assert out["summary"]["clock_offset"]["width_s"] == pytest.approx(off.width, abs=US)
 
@@ -156,7 +156,7 @@ def test_offset_survives_abandoned_and_failed_requests(make_collector):
             continue
         k = int(r.id[1:])
         if k < 6:
-            assert abs(r.network_in - (1 + k) / 1000) <= off.width
-            assert r.network_in > 0 and r.delivery > 0
+            assert abs(r.to_engine - (1 + k) / 1000) <= off.width
+            assert r.to_engine > 0 and r.delivery > 0
     out = json.loads(run_cli("compare", "--store", store, "--format", "json").stdout)
     assert out["summary"]["clock_offset"]["pairs_used"] == 8

@@ -170,4 +170,4 @@ def test_every_panel_query_returns_data(make_collector, prometheus):  # noqa: F8
     statuses = {s["metric"]["status"] for s in promql(prom, "sum by (status) (llm_requests_total)")}
     assert statuses == {"ok", "error"}
     parts = {s["metric"]["part"] for s in promql(prom, "sum by (part) (llm_ttft_part_seconds_count)")}
-    assert parts == {"network_in", "queue", "prefill", "delivery"}
+    assert parts == {"to_engine", "queue", "prefill", "delivery"}  # no HTTP server span in this load
