@@ -111,7 +111,13 @@ COLUMNS: tuple[Column, ...] = (
         "s",
         "client send -> engine arrival (two clocks): the network and the HTTP server in; = network_in + api_in",
     ),
-    Column("network_in", SECONDS, "s", "client send -> HTTP server received (two clocks; needs the server span)"),
+    Column(
+        "network_in",
+        SECONDS,
+        "s",
+        "client send -> the HTTP app got the request: client library, network, HTTP parsing (two clocks; "
+        "needs the server span)",
+    ),
     Column("api_in", SECONDS, "s", "HTTP server received -> engine arrival (the API server; needs the server span)"),
     Column(
         "delivery",

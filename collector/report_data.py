@@ -23,14 +23,16 @@ from .steps import StepBatch
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
 PART_MEANING = {
-    "network_in": "client send -> the HTTP server received the request: the network (two clocks)",
+    "network_in": "client send -> the HTTP app got the request: the client library after its send time, the "
+    "network, the HTTP server's parsing (two clocks)",
     "api_in": "HTTP server received -> engine arrival: HTTP parsing, validation, the API server's event loop",
     "to_engine": "client send -> engine arrival, without the server span: the network and the HTTP server in",
     "front_end": "llm.frontend: arrival -> queued: rendering, tokenization, the hand-off to the engine core",
     "queue": "llm.queue: queued -> first scheduled: waiting for the scheduler (holds the front end where unknown)",
     "prefill": "llm.prefill: first scheduled -> first token generated",
     "api_out": "first token generated -> the HTTP server wrote its chunk: detokenizing, the API server",
-    "network_out": "that chunk written -> the client has it: the network (two clocks)",
+    "network_out": "that chunk written -> the client library handed it over: the HTTP server's and the client's "
+    "buffering, the network (two clocks)",
     "delivery": "first token generated -> the client has it, without the server span: the API server and the network",
 }
 
