@@ -147,10 +147,11 @@ def register_compare(sub) -> None:
     p = sub.add_parser(
         "compare",
         help="client vs engine per request: where the client's TTFT went",
-        description="From the collector's store: per request and as distributions, client TTFT = network_in + "
-        "queue + prefill + delivery; client vs engine ITL; stalls the engine did not have (delivery) "
-        "and those it did (preemption, other). Bounds the clock offset between client and engine hosts "
-        "from the nesting of their spans and corrects network_in and delivery by it.",
+        description="From the collector's store: per request and as distributions, the client TTFT in its "
+        "parts (network_in + api_in + front_end + queue + prefill + api_out + network_out with the HTTP server "
+        "span; to_engine and delivery where it is missing); client vs engine ITL; stalls the engine did not "
+        "have (delivery) and those it did (preemption, other). Bounds the clock offset between client and "
+        "engine hosts per pair and corrects the two-clock parts by it.",
     )
     p.add_argument(
         "--store",
