@@ -337,7 +337,11 @@ def render_html(d: ReportData, figs: dict[str, object]) -> str:
         "<h2>Summary</h2>",
         _summary_html(d),
         "<h2>Where the time went</h2><dl class='parts'>"
-        + "".join(f"<dt>{k}</dt><dd>{html.escape(v)}</dd>" for k, v in PART_MEANING.items())
+        + "".join(
+            f"<dt>{k}</dt><dd>{html.escape(v)}</dd>"
+            for k, v in PART_MEANING.items()
+            if not d.decomposition or any(k in parts for _, parts in d.decomposition)
+        )
         + "</dl>",
     ]
     for fid, fig in figs.items():
