@@ -372,7 +372,7 @@ def write_pngs(figs: dict[str, object], directory: str) -> list[str]:
 
 
 def register_report(sub) -> None:
-    from otel_llm.cli_options import add_selection_options, number
+    from otel_llm.cli_options import number
 
     p = sub.add_parser(
         "report",
@@ -382,8 +382,7 @@ def register_report(sub) -> None:
         "the slowest requests and a sample with their token events, the engine's steps on the same axis, ITL "
         "CDFs, TTFT/E2E over time, stall seconds by cause, and (several runs) attainment and latency against load.",
     )
-    p.add_argument("--store", metavar="PATH", action="append", help="the collector's store (repeat, or a glob)")
-    p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines, as OTEL_LLM_TRACES_FILE writes)")
+    _add_source_options(p)
     p.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file (default report.html)")
     p.add_argument("--png", metavar="DIR", help="also write each figure as DIR/<figure>.png (needs Chromium)")
     p.add_argument("--slo", metavar="BOUNDS", help="goodput SLO, e.g. ttft=1,tpot=0.05")
@@ -391,32 +390,23 @@ def register_report(sub) -> None:
     p.add_argument("--sample", type=number(int, 0), default=100, metavar="N", help="other requests shown (100)")
     p.add_argument("--stall", type=number(float, 0, strict=True), default=0.1, metavar="S", help="stall threshold")
     p.add_argument("--title", default="otel-llm report")
-    add_selection_options(p)
     p.set_defaults(func=run_report)
 
 
 def run_report(args: argparse.Namespace) -> int:
     import sys
 
-    from otel_llm.cli_options import CLIError, selection_of
+    from otel_llm.cli_options import CLIError
     from otel_llm.slo import SLO
 
     from .report_data import build_report
 
-    if (args.store is None) == (args.traces is None):
-        raise CLIError("report: give one of --store PATH or --traces FILE")
     try:
         slo = SLO.parse(args.slo, "pass") if args.slo else None
     except ValueError as exc:
         raise CLIError(f"--slo: {exc}") from None
     t0 = time.perf_counter()
-    try:
-        batch, steps, source = _load(args)
-    except (OSError, ValueError) as exc:
-        raise CLIError(str(exc)) from None
-    batch = batch.selected(selection_of(args))
-    if not len(batch):
-        raise CLIError(f"{source}: no records match the selection")
+    batch, steps, source = _load_selected(args, "report")
     d = build_report(
         batch,
         steps,
@@ -446,6 +436,31 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_source_options(p) -> None:
+    """--store / --traces and the selection options, as report and export take them."""
+    from otel_llm.cli_options import add_selection_options
+
+    p.add_argument("--store", metavar="PATH", action="append", help="the collector's store (repeat, or a glob)")
+    p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines, as OTEL_LLM_TRACES_FILE writes)")
+    add_selection_options(p)
+
+
+def _load_selected(args, command: str):
+    """(records the selection keeps, engine steps, source text); usage errors as CLIError."""
+    from otel_llm.cli_options import CLIError, selection_of
+
+    if (args.store is None) == (args.traces is None):
+        raise CLIError(f"{command}: give one of --store PATH or --traces FILE")
+    try:
+        batch, steps, source = _load(args)
+    except (OSError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+    batch = batch.selected(selection_of(args))
+    if not len(batch):
+        raise CLIError(f"{source}: no records match the selection")
+    return batch, steps, source
+
+
 def _load(args):
     if args.store is not None:
         from .store import read_stores
@@ -468,7 +483,6 @@ def _slo_text(slo) -> str:
 
 
 def register_export(sub) -> None:
-    from otel_llm.cli_options import add_selection_options
 
     p = sub.add_parser(
         "export",
@@ -480,30 +494,20 @@ def register_export(sub) -> None:
         "boundary with every column of the store (token events as int64 lists), for DuckDB, pandas or Spark; "
         "the engine steps go to FILE with .steps.parquet (needs pyarrow: pip install 'otel-llm[parquet]').",
     )
-    p.add_argument("--store", metavar="PATH", action="append", help="the collector's store (repeat, or a glob)")
-    p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines)")
+    _add_source_options(p)
     p.add_argument("--format", choices=("perfetto", "parquet"), default="perfetto", help="output format")
     p.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: standard output)")
-    add_selection_options(p)
     p.set_defaults(func=run_export)
 
 
 def run_export(args: argparse.Namespace) -> int:
     import sys
 
-    from otel_llm.cli_options import CLIError, selection_of
+    from otel_llm.cli_options import CLIError
 
     from .perfetto import trace_events
 
-    if (args.store is None) == (args.traces is None):
-        raise CLIError("export: give one of --store PATH or --traces FILE")
-    try:
-        batch, steps, source = _load(args)
-    except (OSError, ValueError) as exc:
-        raise CLIError(str(exc)) from None
-    batch = batch.selected(selection_of(args))
-    if not len(batch):
-        raise CLIError(f"{source}: no records match the selection")
+    batch, steps, _source = _load_selected(args, "export")
     if args.format == "parquet":
         if args.output == "-":
             raise CLIError("export --format parquet: give -o FILE.parquet")

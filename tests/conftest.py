@@ -147,3 +147,47 @@ def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2**20, timeout
             time.sleep(0.5)
     proc.kill()
     raise AssertionError(f"vLLM server not healthy after {timeout} s; see {log.name}")
+
+
+@pytest.fixture
+def prometheus_jobs(tmp_path):
+    """A real Prometheus (Debian's) scraping ``{job: [ports on 127.0.0.1]}`` every second; returns
+    its port. Stopped after the test."""
+    import shutil
+    import time
+    import urllib.request
+
+    from otlp_helpers import free_port
+
+    prometheus = shutil.which("prometheus") or "/usr/bin/prometheus"
+    if not os.path.exists(prometheus):
+        pytest.fail("Debian's prometheus is not installed: run `make test`, which installs it")
+    procs = []
+
+    def start(jobs: dict[str, list[int]]) -> int:
+        port = free_port()
+        cfg = "global:\n  scrape_interval: 1s\nscrape_configs:\n"
+        for job, ports in jobs.items():
+            targets = ", ".join(repr(f"127.0.0.1:{p}") for p in ports)
+            cfg += f"  - job_name: {job}\n    static_configs:\n      - targets: [{targets}]\n"
+        (tmp_path / "prom.yml").write_text(cfg)
+        proc = subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prom.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}"]
+            + [f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        procs.append(proc)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1)
+                return port
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError("prometheus did not become ready")
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)

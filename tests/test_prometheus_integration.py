@@ -1,20 +1,16 @@
 """A real Prometheus server (Debian's package) scrapes the collector; PromQL gives goodput."""
 
 import json
-import shutil
-import subprocess
 import time
 import urllib.parse
 import urllib.request
 
 import pytest
-from otlp_helpers import Req, emit, free_port, grpc_exporter, provider
+from otlp_helpers import Req, emit, grpc_exporter, provider
 
 from otel_llm.slo import SLO
 
 pytestmark = pytest.mark.slow
-
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 
 
 def promql(port, q, at=None):
@@ -27,45 +23,9 @@ def promql(port, q, at=None):
 
 
 @pytest.fixture
-def prometheus(tmp_path):
-    def start(target_port):
-        port = free_port()
-        cfg = tmp_path / "prometheus.yml"
-        cfg.write_text(f"""global:
-  scrape_interval: 1s
-  evaluation_interval: 1s
-scrape_configs:
-  - job_name: otel-llm-collector
-    static_configs:
-      - targets: ['127.0.0.1:{target_port}']
-""")
-        proc = subprocess.Popen(
-            [
-                PROMETHEUS,
-                f"--config.file={cfg}",
-                f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        procs.append(proc)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1)
-                return port
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError("prometheus did not become ready: " + proc.stderr.read1(4000).decode())
-
-    procs = []
-    if not shutil.which("prometheus") and not shutil.os.path.exists(PROMETHEUS):
-        pytest.fail("Debian's prometheus is not installed: run `make test`, which installs it")
-    yield start
-    for p in procs:
-        p.terminate()
-        p.wait(10)
+def prometheus(prometheus_jobs):
+    """A real Prometheus scraping one collector's /metrics port every second."""
+    return lambda target_port: prometheus_jobs({"otel-llm-collector": [target_port]})
 
 
 def test_promql_goodput(make_collector, prometheus):

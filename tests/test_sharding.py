@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-import shutil
-import subprocess
 import threading
 import time
 import urllib.parse
@@ -22,11 +20,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from conftest import ROOT, run_cli
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from otlp_helpers import Req, free_port, sample_request
+from otlp_helpers import Req, sample_request
 
 from otel_llm.slo import SLO
 
-PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 HISTOGRAMS = (
     "gen_ai_server_time_to_first_token_seconds",
     "gen_ai_server_time_per_output_token_seconds",
@@ -100,39 +97,6 @@ def promql(port: int, q: str) -> list[dict]:
         d = json.load(r)
     assert d["status"] == "success", d
     return d["data"]["result"]
-
-
-@pytest.fixture
-def prometheus_jobs(tmp_path):
-    procs = []
-
-    def start(jobs: dict[str, list[int]]) -> int:
-        port = free_port()
-        cfg = "global:\n  scrape_interval: 1s\nscrape_configs:\n"
-        for job, ports in jobs.items():
-            targets = ", ".join(repr(f"127.0.0.1:{p}") for p in ports)
-            cfg += f"  - job_name: {job}\n    static_configs:\n      - targets: [{targets}]\n"
-        (tmp_path / "prom.yml").write_text(cfg)
-        proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={tmp_path / 'prom.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}"]
-            + [f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        procs.append(proc)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/-/ready", timeout=1)
-                return port
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError("prometheus did not start")
-
-    yield start
-    for p in procs:
-        p.terminate()
-        p.wait(10)
 
 
 def _settle(collectors, n_records: int, timeout: float = 30) -> None:
