@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
@@ -34,33 +33,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from overhead import start_sink  # noqa: E402
 
 
-def free_port() -> int:
-    import socket
-
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def start_server(model: str, env: dict, log_dir: str, name: str) -> tuple[subprocess.Popen, str]:
-    from engine_hooks.tiny_model import cpu_server_command
+    from engine_hooks.tiny_model import start_cpu_server
 
-    port = free_port()
-    log = open(os.path.join(log_dir, f"{name}.log"), "w")  # noqa: SIM115 (held by the server)
-    full = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "VLLM_LOGGING_LEVEL": "WARNING", **env}
-    proc = subprocess.Popen(cpu_server_command(model, port, 64 * 2**20), env=full, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"{name} server exited; see {log.name}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc, f"http://127.0.0.1:{port}/v1"
-        except OSError:
-            time.sleep(0.5)
-    raise SystemExit(f"{name} server did not come up; see {log.name}")
+    quiet = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
+    return start_cpu_server(model, {**quiet, **env}, os.path.join(log_dir, f"{name}.log"))
 
 
 def bench(base_url: str, model: str, requests: int, concurrency: int, tokens: int) -> float:

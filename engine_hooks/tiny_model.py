@@ -111,3 +111,46 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def free_port() -> int:
+    """A free TCP port on loopback."""
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def start_cpu_server(model: str, env: dict, log_path: str, kv_cache_bytes: int = 64 * 2**20, timeout: float = 300.0):
+    """Start :func:`cpu_server_command` on a free loopback port and wait until it is healthy;
+    returns (process, base URL ending in /v1). Its output goes to ``log_path`` (``{port}`` in it is
+    replaced by the port); the caller stops it."""
+    import os
+    import subprocess
+    import time
+    import urllib.request
+
+    port = free_port()
+    log_path = log_path.replace("{port}", str(port))
+    log = open(log_path, "w")  # noqa: SIM115 (held by the server)
+    proc = subprocess.Popen(
+        cpu_server_command(model, port, kv_cache_bytes),
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=os.path.dirname(os.path.abspath(model)),
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the vLLM server exited with {proc.returncode}; see {log_path}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+            return proc, f"http://127.0.0.1:{port}/v1"
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError(f"the vLLM server was not healthy after {timeout:.0f} s; see {log_path}")

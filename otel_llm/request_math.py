@@ -49,6 +49,20 @@ def itl_samples(event_times: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarra
     return np.diff(event_times)[same], owner[1:][same]
 
 
+def _largest_gap(itl: np.ndarray, events: np.ndarray) -> np.ndarray:
+    """Each request's largest ITL sample (NaN with fewer than two events): a request's samples are
+    contiguous, so one reduceat over the start of each run."""
+    n_req = len(events)
+    out = np.full(n_req, np.nan)
+    if len(itl):
+        gap_counts = np.maximum(events - 1, 0)
+        nz = gap_counts > 0
+        gstart = np.zeros(n_req, np.int64)
+        np.cumsum(gap_counts[:-1], out=gstart[1:])
+        out[nz] = np.maximum.reduceat(itl, gstart[nz])
+    return out
+
+
 def request_metrics(batch: TimelineBatch) -> RequestMetrics:
     """TTFT, TPOT, E2E, ITL samples and counts for every request of ``batch``. When the batch
     carries integer ns (``event_offsets_ns``: timelines from the collector's records), every
@@ -77,14 +91,7 @@ def request_metrics(batch: TimelineBatch) -> RequestMetrics:
     tpot[many] = (last[many] - first[many]) / (ntok[many] - 1)
 
     itl, itl_req = itl_samples(et, off)
-    itl_max = np.full(n_req, np.nan)
-    if len(itl):
-        # samples of one request are contiguous; reduceat over the start of each run
-        gap_counts = np.maximum(m - 1, 0)
-        nz = gap_counts > 0
-        gstart = np.zeros(n_req, np.int64)
-        np.cumsum(gap_counts[:-1], out=gstart[1:])
-        itl_max[nz] = np.maximum.reduceat(itl, gstart[nz])
+    itl_max = _largest_gap(itl, m)
 
     multi = segment_sum((batch.event_tokens > 1).astype(np.int64), off)
     return RequestMetrics(
@@ -128,13 +135,7 @@ def request_metrics_ns(
     many = ntok > 1
     tpot[many] = ((last[many] - first[many]) / (ntok[many] - 1)) / 1e9
     itl_ns, itl_req = itl_samples(ev, offsets)
-    itl_max = np.full(n_req, np.nan)
-    if len(itl_ns):
-        gap_counts = np.maximum(m - 1, 0)
-        nz = gap_counts > 0
-        gstart = np.zeros(n_req, np.int64)
-        np.cumsum(gap_counts[:-1], out=gstart[1:])
-        itl_max[nz] = np.maximum.reduceat(itl_ns, gstart[nz]) / 1e9
+    itl_max = _largest_gap(itl_ns, m) / 1e9
     multi = segment_sum((event_tokens > 1).astype(np.int64), offsets)
     return RequestMetrics(
         ttft=ttft,

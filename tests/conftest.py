@@ -118,35 +118,14 @@ def make_collector(tmp_path):
 
 def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2**20, timeout: float = 180.0):
     """Start vLLM's OpenAI-compatible server on a free loopback port (the CPU build); returns
-    (process, base_url). The caller stops it."""
-    import time
-    import urllib.request
+    (process, base_url). The caller stops it. Its log: ``vllm-server-<port>.log`` beside the model."""
+    from engine_hooks.tiny_model import start_cpu_server
 
-    from otlp_helpers import free_port
-
-    port = free_port()
-    from engine_hooks.tiny_model import cpu_server_command
-
-    cmd = cpu_server_command(model, port, kv_bytes)
-    log = open(os.path.join(os.path.dirname(model), f"vllm-server-{port}.log"), "w")  # noqa: SIM115 (held by the server)
-    proc = subprocess.Popen(
-        cmd,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=os.path.dirname(model),
-    )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"vLLM server exited with {proc.returncode}; see {log.name}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc, f"http://127.0.0.1:{port}/v1"
-        except OSError:
-            time.sleep(0.5)
-    proc.kill()
-    raise AssertionError(f"vLLM server not healthy after {timeout} s; see {log.name}")
+    log = os.path.join(os.path.dirname(model), "vllm-server-{port}.log")
+    try:
+        return start_cpu_server(model, env, log, kv_bytes, timeout)
+    except RuntimeError as exc:
+        raise AssertionError(str(exc)) from None
 
 
 @pytest.fixture
