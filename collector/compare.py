@@ -30,7 +30,8 @@ from otel_llm.request_math import itl_samples
 from otel_llm.summary import Distribution
 
 from .records import RecordBatch, RequestRecord
-from .stalls import STALL_CLASSES, classify_stalls
+from .stalls import ALL_CLASSES, classify_stalls, engine_gap, refine_engine_stall
+from .steps import StepBatch
 
 
 @dataclass
@@ -179,7 +180,7 @@ class RequestComparison:
     engine_tokens: int
     preemptions: int
     preemption_time: float
-    stall: str  # none | delivery | engine:preemption | engine:other
+    stall: str  # none | delivery | engine:preemption | engine:prefill | engine:batch | engine:idle | engine:other
     stall_gap: float | None  # the client's largest gap, seconds
 
     @property
@@ -225,8 +226,14 @@ class Comparison:
 
 
 def compare(
-    records: list[RequestRecord], clock_offset: float | None = None, stall_threshold: float = 0.1
+    records: list[RequestRecord],
+    clock_offset: float | None = None,
+    stall_threshold: float = 0.1,
+    steps: StepBatch | None = None,
 ) -> Comparison:
+    """Pair, decompose and classify. With the engine's ``steps`` (a store's), an ``engine:other``
+    stall is refined from the steps of the same engine process over the engine's own gap
+    (:func:`collector.stalls.refine_engine_stall`)."""
     pairs, alone = pairs_from_records(records)
     off = estimate_offset(pairs, clock_offset)
     c_itl = _itl_by_request([c for c, _ in pairs])
@@ -236,8 +243,19 @@ def compare(
         RecordBatch.from_records([e for _, e in pairs]),
         stall_threshold,
     )
+    by_service: dict = {}
+    if steps is not None and len(steps):
+        for svc in set(steps.service):
+            idx = np.flatnonzero([s == svc for s in steps.service])
+            part = steps.take(idx)
+            by_service[svc] = (part, float(np.median(part.end_ns - part.start_ns)))
     rows = []
     for (c, e), stall, gap in zip(pairs, stalls, gaps.tolist()):
+        if stall == "engine:other" and by_service:
+            own = by_service.get(e.service) or (next(iter(by_service.values())) if len(by_service) == 1 else None)
+            g = engine_gap(c, e)
+            if own is not None and g is not None:
+                stall = refine_engine_stall(g, *own)
         to_engine, network_in = c.to_engine, c.network_in
         if to_engine is None and network_in is not None and c.api_in is None:  # a store before the server span
             to_engine, network_in = network_in, None
@@ -394,7 +412,7 @@ def summarize_comparison(
         offset=cmp.offset,
         percentile_method=method,
         distributions=d,
-        stalls={k: sum(1 for r in rows if r.stall == k) for k in STALL_CLASSES},
+        stalls={k: sum(1 for r in rows if r.stall == k) for k in ALL_CLASSES},
         ttft_share=share,
         max_abs_parts_sum_error_s=err,
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from otel_llm.summary_format import grid
 
 from .compare import TTFT_PARTS, ComparisonSummary, RequestComparison
+from .stalls import STALL_CLASSES
 
 
 def _ms(v) -> str:
@@ -61,8 +62,7 @@ def format_comparison(
     out += [
         "",
         f"paired requests: {summary.requests_paired}, unpaired records: {summary.records_unpaired}; "
-        f"stalls: delivery {st['delivery']}, engine (preemption) {st['engine:preemption']}, "
-        f"engine (other) {st['engine:other']}",
+        "stalls: " + ", ".join(f"{k} {v}" for k, v in st.items() if v or k in STALL_CLASSES),
         "",
         h(f"Slowest {min(top, len(rows))} by client TTFT (ms)"),
     ]

@@ -17,8 +17,9 @@ from otel_llm.percentiles import percentile_key, percentiles
 from otel_llm.slo import SLO
 from otel_llm.summary import Summary, summarize
 
-from .compare import STALL_CLASSES, Comparison, compare
+from .compare import Comparison, compare
 from .records import RecordBatch, RequestRecord
+from .stalls import ALL_CLASSES
 from .steps import StepBatch
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
@@ -264,7 +265,7 @@ def build_report(
         raise ValueError("no records to report on")
     client = [r for r in records if r.boundary == "client"]
     origin = min(r.submit_ns for r in (client or records))
-    cmp = compare(records, None, stall_threshold)
+    cmp = compare(records, None, stall_threshold, steps)
     theta_ns = round(cmp.offset.theta * 1e9)
     summaries = {}
     for b in ("client", "engine"):
@@ -294,8 +295,8 @@ def build_report(
         v = np.array([np.nan if getattr(r, metric) is None else getattr(r, metric) for r in base])
         ok = np.isfinite(v)
         over[metric] = (sub[ok], v[ok])
-    stall_s = {k: 0.0 for k in STALL_CLASSES}
-    stall_n = {k: 0 for k in STALL_CLASSES}
+    stall_s = {k: 0.0 for k in ALL_CLASSES}
+    stall_n = {k: 0 for k in ALL_CLASSES}
     for r in cmp.rows:
         if r.stall in stall_s:
             stall_s[r.stall] += r.stall_gap or 0.0

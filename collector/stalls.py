@@ -17,10 +17,15 @@ import numpy as np
 
 from otel_llm.request_math import itl_samples
 
-from .records import RecordBatch
+from .records import RecordBatch, RequestRecord
+from .steps import StepBatch
 
 NONE = "none"
 STALL_CLASSES = ("delivery", "engine:preemption", "engine:other")
+#: What ``engine:other`` becomes when the engine's steps are known (``otel-llm compare`` on a store
+#: with steps): from the steps of the same engine process that overlap the engine's own gap.
+ENGINE_DETAIL = ("engine:prefill", "engine:batch", "engine:idle")
+ALL_CLASSES = ("delivery", "engine:preemption", *ENGINE_DETAIL, "engine:other")
 
 
 def largest_gaps(batch: RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -61,3 +66,44 @@ def classify_stalls(client: RecordBatch, engine: RecordBatch, threshold: float) 
         ~stalled, NONE, np.where(engine_late, np.where(preempted, "engine:preemption", "engine:other"), "delivery")
     )
     return causes.tolist(), gap
+
+
+def engine_gap(client: RequestRecord, engine: RequestRecord) -> tuple[int, int] | None:
+    """The engine's own gap (Unix ns, engine clock) before the token where the client's largest
+    gap ends: the same token when both saw as many gaps, else the engine's largest gap."""
+    c = np.diff(np.asarray(client.event_offsets_ns, dtype=np.int64))
+    e = np.asarray(engine.event_offsets_ns, dtype=np.int64)
+    if len(e) < 2:
+        return None
+    eg = np.diff(e)
+    i = int(np.argmax(c)) if len(c) == len(eg) and len(c) else int(np.argmax(eg))
+    return engine.submit_ns + int(e[i]), engine.submit_ns + int(e[i + 1])
+
+
+def refine_engine_stall(gap: tuple[int, int], steps: StepBatch, median_step_ns: float) -> str:
+    """Why the engine was late over ``gap`` (engine clock), from its steps that overlap it:
+
+    * ``engine:idle``: steps cover less than half of the gap (no step ran: the scheduler had
+      nothing to run, or the host was busy with something else);
+    * ``engine:prefill``: a step in the gap computed prompt tokens and took at least twice the
+      median step (a batch-mate's prefill ran in the same step);
+    * ``engine:batch``: the batch grew during the gap (more requests in a step than in the step
+      before the gap);
+    * ``engine:other``: none of these.
+    """
+    a, b = gap
+    i0 = int(np.searchsorted(steps.end_ns, a, side="right"))
+    i1 = int(np.searchsorted(steps.start_ns, b, side="left"))
+    if i1 <= i0:
+        return "engine:idle"
+    st, en = steps.start_ns[i0:i1], steps.end_ns[i0:i1]
+    covered = int(np.sum(np.minimum(en, b) - np.maximum(st, a)))
+    if covered < 0.5 * (b - a):
+        return "engine:idle"
+    dur = en - st
+    if np.any((steps.prefill_tokens[i0:i1] > 0) & (dur >= 2 * median_step_ns)):
+        return "engine:prefill"
+    before = steps.batch_size[i0 - 1] if i0 > 0 else steps.batch_size[i0]
+    if steps.batch_size[i0:i1].max() > before:
+        return "engine:batch"
+    return "engine:other"

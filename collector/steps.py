@@ -56,6 +56,21 @@ class StepBatch:
     def __len__(self) -> int:
         return len(self.start_ns)
 
+    def take(self, idx) -> StepBatch:
+        """The steps at ``idx`` (in that order)."""
+        idx = np.asarray(idx, np.int64)
+        pick = idx.tolist()
+        return StepBatch(
+            **{
+                f.name: (
+                    [getattr(self, f.name)[i] for i in pick]
+                    if isinstance(getattr(self, f.name), list)
+                    else getattr(self, f.name)[idx]
+                )
+                for f in fields(self)
+            }
+        )
+
     @property
     def duration_s(self) -> np.ndarray:
         return (self.end_ns - self.start_ns) / 1e9

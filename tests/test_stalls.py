@@ -96,3 +96,49 @@ def test_merged_chunks_fall_back_to_the_engines_largest_gap():
     c.accept(sample_request([r]).SerializeToString())
     c.process(c.assembler.flush())
     assert scrape(c)["llm_stalls_total:engine:other"] == 1
+
+
+def test_engine_stalls_are_refined_from_the_steps():
+    """With the engine's steps, engine:other says why: a batch-mate's long prefill step in the gap
+    (engine:prefill), the batch growing (engine:batch), no step running (engine:idle); a gap the
+    steps explain by none of these stays engine:other."""
+    import numpy as np
+
+    from collector.stalls import engine_gap, refine_engine_stall
+    from collector.steps import StepBatch
+
+    ms = 1_000_000
+
+    def steps(rows):  # (start ms, end ms, batch, prefill tokens)
+        n = len(rows)
+        return StepBatch(
+            trace_id=["s"] * n,
+            span_id=[str(i) for i in range(n)],
+            service=["vllm"] * n,
+            start_ns=np.array([a * ms for a, *_ in rows]),
+            end_ns=np.array([b * ms for _, b, *_ in rows]),
+            step_index=np.arange(n),
+            batch_size=np.array([r[2] for r in rows]),
+            prefill_tokens=np.array([r[3] for r in rows]),
+            decode_tokens=np.ones(n, np.int64),
+            preempted=np.zeros(n, np.int64),
+            kv_usage=np.full(n, 0.5),
+            gpu_time_ns=np.full(n, -1),
+        )
+
+    regular = [(t, t + 9, 4, 0) for t in range(0, 300, 10)]  # 9 ms decode steps, batch of 4
+    gap = (100 * ms, 220 * ms)
+    median = 9 * ms
+    assert refine_engine_stall(gap, steps(regular), median) == "engine:other"
+    prefill = [r for r in regular if not 100 <= r[0] < 220] + [(100, 215, 5, 480)]
+    assert refine_engine_stall(gap, steps(sorted(prefill)), median) == "engine:prefill"
+    grown = [(a, b, 8 if a >= 100 else 4, p) for a, b, _, p in regular]
+    assert refine_engine_stall(gap, steps(grown), median) == "engine:batch"
+    idle = [r for r in regular if not 100 <= r[0] < 220]
+    assert refine_engine_stall(gap, steps(idle), median) == "engine:idle"
+    # the gap is the engine's own, at the token where the client's largest gap ends
+    from types import SimpleNamespace as R
+
+    client = R(event_offsets_ns=[10 * ms, 20 * ms, 300 * ms, 310 * ms], submit_ns=0)
+    engine = R(event_offsets_ns=[5 * ms, 15 * ms, 290 * ms, 300 * ms], submit_ns=1000)
+    assert engine_gap(client, engine) == (1000 + 15 * ms, 1000 + 290 * ms)
