@@ -326,7 +326,9 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     to_engine, network_in, api_in = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     delivery, api_out, network_out = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     server_received, server_first = rq.server_received_ns, np.full(n, NO_NS, np.int64)
-    for e, ch in enumerate(rq.server_chunks):  # the first chunk written once the engine had a token out
+    with_server = np.flatnonzero(server_received != NO_NS).tolist() if len(rq.server_chunks) else []
+    for e in with_server:  # the first chunk written once the engine had a token out
+        ch = rq.server_chunks[e]
         if ch is not None and has[e] and len(ch):
             k = int(np.searchsorted(ch, first_event[e], side="left"))
             if k < len(ch):
@@ -426,4 +428,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         paired=paired,
         peer_request_id=peer,
     )
+    if rq.pairs:
+        pci, pei = np.array(rq.pairs, np.int64).T
+        batch.pairs = (pci, pei)
     return batch, rm

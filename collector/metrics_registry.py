@@ -279,26 +279,21 @@ class MetricsRegistry:
     def _record_pairs(self, batch: RecordBatch, ok: np.ndarray) -> None:
         """The client TTFT parts and the stalls of the requests paired in this batch (both of a
         request's records come from the same trace, so from the same derivation batch)."""
-        paired = np.asarray(batch.paired, bool)
-        if not paired.any():
+        if batch.pairs is None:
             return
-        engine_at = {
-            (t, r): i
-            for i, (b, t, r) in enumerate(zip(batch.boundary, batch.trace_id, batch.request_id))
-            if b == "engine" and paired[i]
-        }
-        ci, ei = [], []
-        for i, (b, t, peer) in enumerate(zip(batch.boundary, batch.trace_id, batch.peer_request_id)):
-            if b == "client" and paired[i] and ok[i]:
-                j = engine_at.get((t, peer))
-                if j is not None:
-                    ci.append(i)
-                    ei.append(j)
-        if not ci:
+        ci, ei = batch.pairs
+        keep = ok[ci]
+        ci, ei = ci[keep], ei[keep]
+        if not len(ci):
             return
         c, e = batch.take(ci), batch.take(ei)
         causes, gaps = classify_stalls(c, e, self.stall_threshold)
-        labels = [("client", self._model_label(m)) for m in c.model]
+        models = [self._model_label(m) for m in c.model]
+        groups: dict[str, list[int]] = {}
+        for i, m in enumerate(models):
+            groups.setdefault(m, []).append(i)
+        sel_of = {("client", m): np.asarray(ix) for m, ix in groups.items()}
+        labels = [("client", m) for m in models]
         # each request's parts at the finest level known: the merged ones only where the server's are not
         fine_in = np.isfinite(np.asarray(c.network_in, dtype=float)) & np.isfinite(np.asarray(c.api_in, dtype=float))
         fine_out = np.isfinite(np.asarray(c.api_out, dtype=float)) & np.isfinite(np.asarray(c.network_out, dtype=float))
@@ -308,10 +303,11 @@ class MetricsRegistry:
                 v = np.where(fine_in, np.nan, v)
             elif part == "delivery":
                 v = np.where(fine_out, np.nan, v)
-            for lab in set(labels):
-                sel = np.array([x == lab for x in labels]) & np.isfinite(v)
-                if sel.any():
-                    self.ttft_part.observe(lab + (part,), v[sel])
+            for lab, ix in sel_of.items():
+                x = v[ix]
+                x = x[np.isfinite(x)]
+                if len(x):
+                    self.ttft_part.observe(lab + (part,), x)
         for lab, cause, gap in zip(labels, causes, gaps.tolist()):
             key = lab + (cause,)
             for k in STALL_CLASSES:  # every cause has a series from the first pair on (rate() needs a base)

@@ -204,6 +204,10 @@ def timeline_batch(
 class _BatchMethods:
     """The behaviour of :class:`RecordBatch` (its fields come from :data:`COLUMNS`)."""
 
+    #: (client rows, engine rows) of the requests paired in this batch, as derivation found them;
+    #: None for a batch from anywhere else (a store, a file)
+    pairs: tuple[np.ndarray, np.ndarray] | None = None
+
     def __len__(self) -> int:
         return len(self.trace_id)
 

@@ -37,13 +37,15 @@ def largest_gaps(batch: RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray
     gap = np.full(n, np.nan)
     pos = np.full(n, -1, np.int64)
     if len(itl_ns):
-        order = np.lexsort((-itl_ns, owner))  # by record, largest gap first (the earliest of ties)
-        first = np.searchsorted(owner[order], np.arange(n))
         has = counts > 0
-        at = order[first[has]]
-        gap[has] = itl_ns[at] / 1e9
-        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        pos[has] = at - starts[has]
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+        mx = np.maximum.reduceat(itl_ns, starts[has])  # each record's gaps are contiguous
+        full = np.zeros(n, itl_ns.dtype)
+        full[has] = mx
+        hit = np.flatnonzero(itl_ns == full[owner])  # where a record's largest gap is
+        first = hit[np.unique(owner[hit], return_index=True)[1]]  # the earliest, per record
+        gap[has] = mx / 1e9
+        pos[has] = first - starts[has]
     return gap, pos, counts
 
 

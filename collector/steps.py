@@ -10,6 +10,7 @@ timeline. Times are Unix ns on the engine's clock; ``service`` says which engine
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import itemgetter
 
 import numpy as np
 
@@ -145,6 +146,6 @@ STEP_COLUMNS = [f.name for f in fields(StepBatch)]
 def split_steps(spans: list[tuple]) -> tuple[list[tuple], list[tuple]]:
     """Walked spans -> (those for trace assembly, the engine's step spans)."""
     code, step = sp.CODE, sp.STEP
-    if not any(s[code] == step for s in spans):
+    if step not in map(itemgetter(code), spans):  # iterated in C: most requests hold no step
         return spans, []
     return [s for s in spans if s[code] != step], [s for s in spans if s[code] == step]
