@@ -26,6 +26,9 @@ from .store_writer import StoreWriter
 
 log = logging.getLogger("collector")
 
+#: engine steps waiting for the store, per trace of --max-backlog (their bound, with it)
+STEPS_PER_BACKLOG_TRACE = 10
+
 
 def _resource_instance_id() -> str | None:
     """service.instance.id from OTEL_RESOURCE_ATTRIBUTES."""
@@ -63,6 +66,7 @@ class Collector:
         self._backlog: list[ReleasedTrace] = []
         self._steps: list[tuple] = []  # walked step spans waiting for the store
         self.steps_received = 0
+        self.steps_dropped = 0  # the store fell behind by more than the steps' bound
         self._backlog_lock = threading.Lock()
         self._stop = threading.Event()
         self._paused = threading.Event()
@@ -128,11 +132,16 @@ class Collector:
         return AcceptResult(w.rejected, w.first_error)
 
     def _take_steps(self, steps: list[tuple]) -> None:
-        """Engine step spans go to the store (in batches, with the next derivation tick)."""
+        """Engine step spans go to the store (in batches, with the next derivation tick); at most
+        ``STEPS_PER_BACKLOG_TRACE`` x ``--max-backlog`` wait at once (beyond, dropped and counted)."""
         self.steps_received += len(steps)
         if self.store_writer is None:
             return
         with self._backlog_lock:
+            room = STEPS_PER_BACKLOG_TRACE * self.config.max_backlog - len(self._steps)
+            if room < len(steps):
+                self.steps_dropped += len(steps) - max(room, 0)
+                steps = steps[: max(room, 0)]
             self._steps.extend(steps)
 
     # -- derivation (worker thread) --------------------------------------------------------------
@@ -217,6 +226,7 @@ class Collector:
         out["receiver_http_connections_limit"] = cfg.max_connections
         out["records_derived"] = self.records_derived
         out["engine_steps_received"] = self.steps_received
+        out["engine_steps_dropped"] = self.steps_dropped
         out["token_events_rejected"] = self.events_rejected
         out["metrics_records_folded"] = self.registry.records_folded
         if self.store is not None:

@@ -67,3 +67,14 @@ def test_steps_from_a_traces_file(tmp_path):
     path.write_text(to_json(req) + "\n")
     batch, steps = read_trace_file(str(path))
     assert len(steps) == 4 and len(batch) == 2 and steps.decode_tokens.tolist() == [4] * 4
+
+
+def test_steps_waiting_for_the_store_are_bounded(make_collector):
+    """Engine steps wait for the store in a buffer bounded by --max-backlog (x10): past it they are
+    dropped and counted, never an unbounded list."""
+    c = make_collector(max_backlog=1)  # room for 10 steps
+    c.pause()
+    c.accept(step_request(6))
+    c.accept(step_request(6, base_ns=1_800_000_000 * 10**9))
+    assert c.steps_received == 12 and c.steps_dropped == 2
+    assert c.self_counters()["engine_steps_dropped"] == 2
