@@ -396,15 +396,11 @@ def register_report(sub) -> None:
 def run_report(args: argparse.Namespace) -> int:
     import sys
 
-    from otel_llm.cli_options import CLIError
-    from otel_llm.slo import SLO
+    from otel_llm.cli_options import CLIError, slo_option
 
     from .report_data import build_report
 
-    try:
-        slo = SLO.parse(args.slo, "pass") if args.slo else None
-    except ValueError as exc:
-        raise CLIError(f"--slo: {exc}") from None
+    slo = slo_option(args.slo)
     t0 = time.perf_counter()
     batch, steps, source = _load_selected(args, "report")
     d = build_report(

@@ -114,10 +114,10 @@ class StepBatch:
         """Steps of several stores, by start time, each step once (by trace and span id)."""
         if len(batches) == 1:
             return batches[0]
-        rows = list(dict.fromkeys(r for b in batches for r in b.rows()))
         seen: dict = {}
-        for r in rows:
-            seen.setdefault((r[0], r[1]), r)
+        for b in batches:
+            for r in b.rows():
+                seen.setdefault((r[0], r[1]), r)
         return cls.from_rows(sorted(seen.values(), key=lambda r: (r[3], r[0], r[1])))
 
     @classmethod

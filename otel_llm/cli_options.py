@@ -97,12 +97,17 @@ def add_analysis_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
 
 
-def analysis_text(batch: TimelineBatch, args: argparse.Namespace, extra: dict | None = None) -> str:
-    """Summarise ``batch`` with the options of :func:`add_analysis_options` and format it."""
+def slo_option(text: str | None, tpot_undefined: str = "pass") -> SLO | None:
+    """The ``--slo BOUNDS`` option's SLO (None when not given); a bad one is a usage error."""
     try:
-        slo = SLO.parse(args.slo, args.tpot_undefined) if args.slo else None
+        return SLO.parse(text, tpot_undefined) if text else None
     except ValueError as exc:
         raise CLIError(f"--slo: {exc}") from None
+
+
+def analysis_text(batch: TimelineBatch, args: argparse.Namespace, extra: dict | None = None) -> str:
+    """Summarise ``batch`` with the options of :func:`add_analysis_options` and format it."""
+    slo = slo_option(args.slo, args.tpot_undefined)
     s = summarize(batch, window=args.window, slo=slo, ps=args.percentiles, method=args.percentile_method)
     if extra:
         s.extra.update(extra)
