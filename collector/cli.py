@@ -143,14 +143,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_stall_options(p: argparse.ArgumentParser) -> None:
+    """``--stall`` and ``--stall-factor`` (compare, report): when a client gap is a stall."""
+    from .stalls import DEFAULT_FACTOR, DEFAULT_FLOOR_S
+
+    p.add_argument(
+        "--stall",
+        type=number(float, 0, strict=True),
+        default=DEFAULT_FLOOR_S,
+        metavar="S",
+        help="a paired request's largest client gap between tokens is a stall when over both S and "
+        f"--stall-factor times the request's own median gap (default {DEFAULT_FLOOR_S} s)",
+    )
+    p.add_argument(
+        "--stall-factor",
+        type=number(float, 0),
+        default=DEFAULT_FACTOR,
+        metavar="K",
+        help=f"see --stall (default {DEFAULT_FACTOR:g}; 0: S alone decides)",
+    )
+
+
 def register_compare(sub) -> None:
     p = sub.add_parser(
         "compare",
         help="client vs engine per request: where the client's TTFT went",
         description="From the collector's store: per request and as distributions, the client TTFT in its "
         "parts (network_in + api_in + front_end + queue + prefill + api_out + network_out with the HTTP server "
-        "span; to_engine and delivery where it is missing); client vs engine ITL; stalls the engine did not "
-        "have (delivery) and those it did (preemption, other). Bounds the clock offset between client and "
+        "span; to_engine and delivery where it is missing); client vs engine ITL; the cause of each stall (the layer "
+        "where it first shows: engine (preemption, a batch-mate's prefill, a growing batch, idle), API server, "
+        "network/client). Bounds the clock offset between client and "
         "engine hosts per pair and corrects the two-clock parts by it.",
     )
     p.add_argument(
@@ -167,13 +189,7 @@ def register_compare(sub) -> None:
         help="engine clock minus client clock: 'auto' estimates it from span nesting (0 when the bounds "
         "allow one clock); a number applies it",
     )
-    p.add_argument(
-        "--stall",
-        type=number(float, 0, strict=True),
-        default=0.1,
-        metavar="S",
-        help="a client inter-token gap above this is a stall (default 0.1 s)",
-    )
+    add_stall_options(p)
     p.add_argument(
         "--percentiles",
         type=percentile_list,
@@ -204,11 +220,11 @@ def run_compare(args: argparse.Namespace) -> int:
     except ValueError:
         raise CLIError("--clock-offset: 'auto' or a number of seconds") from None
     try:
-        batch, _ = read_stores(args.store)
+        batch, steps = read_stores(args.store)
     except (OSError, ValueError) as exc:
         raise CLIError(str(exc)) from None
     records = batch.selected(selection_of(args)).records()
-    cmp = compare(records, offset, args.stall)
+    cmp = compare(records, offset, args.stall, steps, args.stall_factor)
     if not cmp.rows:
         raise CLIError(f"{', '.join(args.store)}: no request seen at both boundaries ({len(records)} records)")
     summary = summarize_comparison(cmp, args.percentiles, args.percentile_method)

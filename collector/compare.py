@@ -30,7 +30,14 @@ from otel_llm.request_math import itl_samples
 from otel_llm.summary import Distribution
 
 from .records import RecordBatch, RequestRecord
-from .stalls import ALL_CLASSES, classify_stalls, engine_gap, refine_engine_stall
+from .stalls import (
+    ALL_CLASSES,
+    DEFAULT_FACTOR,
+    DEFAULT_FLOOR_S,
+    classify_stalls,
+    engine_gap,
+    refine_engine_stall,
+)
 from .steps import StepBatch
 
 
@@ -180,7 +187,7 @@ class RequestComparison:
     engine_tokens: int
     preemptions: int
     preemption_time: float
-    stall: str  # none | delivery | engine:preemption | engine:prefill | engine:batch | engine:idle | engine:other
+    stall: str  # none or one of collector.stalls.ALL_CLASSES
     stall_gap: float | None  # the client's largest gap, seconds
 
     @property
@@ -228,8 +235,9 @@ class Comparison:
 def compare(
     records: list[RequestRecord],
     clock_offset: float | None = None,
-    stall_threshold: float = 0.1,
+    stall_threshold: float = DEFAULT_FLOOR_S,
     steps: StepBatch | None = None,
+    stall_factor: float = DEFAULT_FACTOR,
 ) -> Comparison:
     """Pair, decompose and classify. With the engine's ``steps`` (a store's), an ``engine:other``
     stall is refined from the steps of the same engine process over the engine's own gap
@@ -242,6 +250,7 @@ def compare(
         RecordBatch.from_records([c for c, _ in pairs]),
         RecordBatch.from_records([e for _, e in pairs]),
         stall_threshold,
+        stall_factor,
     )
     by_service: dict = {}
     if steps is not None and len(steps):

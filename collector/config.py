@@ -235,9 +235,13 @@ class CollectorConfig:
         0.1,
         "--stall-threshold",
         "S",
-        "a paired request's largest client gap between tokens over this is a stall (counted by cause)",
+        "a paired request's largest client gap between tokens is a stall (counted by cause) when over both "
+        "this and --stall-factor times the request's own median gap",
         float,
         0.0,
+    )
+    stall_factor: float = option(
+        4.0, "--stall-factor", "K", "see --stall-threshold (0: the threshold alone decides)", float, 0.0
     )
     max_backlog: int = option(
         50_000,

@@ -33,6 +33,7 @@ from otel_llm.timeline import STATUS_CODE, clean_events
 from . import walked_span as sp
 from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch, timeline_batch
+from .stalls import stall_layers
 
 _NS = 1e9
 _CODE, _START, _END, _SID, _PARENT = (
@@ -126,6 +127,7 @@ class _Requests:
     pairs: list[tuple[int, int]]  # (client record, engine record)
     server_received_ns: np.ndarray  # per record (engine records under an HTTP server span), NO_NS unknown
     server_chunks: list  # per record: int64 array of the server's body chunks (Unix ns), or None
+    generated: list  # per engine record: (Unix ns, tokens) int64 arrays of its generation events, or None
 
 
 def _owners(key: dict, ids: list[bytes], tix: np.ndarray, rec_tix: np.ndarray, spans_tix) -> np.ndarray:
@@ -204,6 +206,14 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
             ch = s[sp.CHUNK_OFFSETS]
             if type(ch) is bytes and len(ch) % 8 == 0:
                 server_chunks[e] = s[sp.START] + np.frombuffer(ch, np.int64)
+    generated: list = [None] * n  # the engine's own generation times, apart from its token events
+    for e in eng.tolist():
+        r = recs[e]
+        g = r[sp.GEN_OFFSETS]
+        if type(g) is bytes and g and len(g) % 8 == 0:
+            k = r[sp.GEN_TOKENS]
+            gt = np.frombuffer(k, np.int64) if type(k) is bytes and len(k) == len(g) else None
+            generated[e] = (r[sp.START] + np.frombuffer(g, np.int64), gt)
     # pairs: an engine request span whose parent is a client request span of its trace (or the
     # HTTP server span under it); traces where that does not pair everything it could go through
     # the general matching
@@ -247,6 +257,7 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
         pairs,
         server_received,
         server_chunks,
+        generated,
     )
 
 
@@ -325,6 +336,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     engine_delivery[m] = (first_event[m] - first_gen[m]) / _NS
     to_engine, network_in, api_in = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     delivery, api_out, network_out = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    stall_core, stall_server = np.full(n, np.nan), np.full(n, np.nan)
     server_received, server_first = rq.server_received_ns, np.full(n, NO_NS, np.int64)
     with_server = np.flatnonzero(server_received != NO_NS).tolist() if len(rq.server_chunks) else []
     for e in with_server:  # the first chunk written once the engine had a token out
@@ -361,6 +373,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         chunk = ok & (server_first[ei] != NO_NS)
         api_out[ci[chunk]] = (server_first[ei[chunk]] - engine_first[chunk]) / _NS
         network_out[ci[chunk]] = (first_event[ci[chunk]] - server_first[ei[chunk]]) / _NS
+        stall_core, stall_server = stall_layers(ci, ei, submit, start, offs, toks, rq.generated, rq.server_chunks)
     # one object per distinct value (each span brings its own copy): less to hold, pickle, compare
     same: dict = {}
     status = [
@@ -425,6 +438,8 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         network_out=network_out,
         server_received_ns=server_received,
         server_first_chunk_ns=server_first,
+        stall_core_gap=stall_core,
+        stall_server_gap=stall_server,
         paired=paired,
         peer_request_id=peer,
     )

@@ -25,7 +25,7 @@ from otel_llm.summary import bound_checks
 
 from .compare import TTFT_PARTS
 from .records import RecordBatch
-from .stalls import STALL_CLASSES, classify_stalls
+from .stalls import DEFAULT_FACTOR, DEFAULT_FLOOR_S, STALL_CLASSES, classify_stalls
 
 # GenAI semantic conventions, advisory explicit bucket boundaries (seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -119,9 +119,16 @@ class MetricsRegistry:
     later models fold into :data:`OTHER_MODEL` and are counted (``records_folded``): the series
     and the scrape stay bounded whatever names the spans carry."""
 
-    def __init__(self, slos: dict[str, SLO] | None = None, max_models: int = 100, stall_threshold: float = 0.1):
+    def __init__(
+        self,
+        slos: dict[str, SLO] | None = None,
+        max_models: int = 100,
+        stall_threshold: float = DEFAULT_FLOOR_S,
+        stall_factor: float = DEFAULT_FACTOR,
+    ):
         self.slos = dict(slos or {})
         self.stall_threshold = stall_threshold
+        self.stall_factor = stall_factor
         self.max_models = max_models
         self._models: set[str] = set()
         self.records_folded = 0
@@ -287,7 +294,7 @@ class MetricsRegistry:
         if not len(ci):
             return
         c, e = batch.take(ci), batch.take(ei)
-        causes, gaps = classify_stalls(c, e, self.stall_threshold)
+        causes, gaps = classify_stalls(c, e, self.stall_threshold, self.stall_factor)
         models = [self._model_label(m) for m in c.model]
         groups: dict[str, list[int]] = {}
         for i, m in enumerate(models):

@@ -134,6 +134,20 @@ COLUMNS: tuple[Column, ...] = (
     Column("network_out", SECONDS, "s", "that chunk written -> client first token (two clocks; needs the server span)"),
     Column("server_received_ns", NS, "ns", "Unix ns, server clock: the HTTP server received the request"),
     Column("server_first_chunk_ns", NS, "ns", "Unix ns, server clock: the first body chunk after the first token"),
+    # the layers of the client's largest gap between token events (collector/stalls.py)
+    Column(
+        "stall_core_gap",
+        SECONDS,
+        "s",
+        "over the two tokens that bound the client's largest gap: the engine core's gap between generating "
+        "them (needs an engine that says when it generated tokens)",
+    ),
+    Column(
+        "stall_server_gap",
+        SECONDS,
+        "s",
+        "over the same two tokens: the HTTP server's gap between writing them (needs the server span)",
+    ),
     Column("paired", FLAG, "", "the trace held this request at both boundaries"),
     Column("peer_request_id", TEXT, "", "the request id of the paired record at the other boundary"),
 )

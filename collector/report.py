@@ -374,6 +374,8 @@ def write_pngs(figs: dict[str, object], directory: str) -> list[str]:
 def register_report(sub) -> None:
     from otel_llm.cli_options import number
 
+    from .cli import add_stall_options
+
     p = sub.add_parser(
         "report",
         help="an HTML report of a run: summary, TTFT decomposition, waterfall, engine steps, ITL, stalls",
@@ -388,7 +390,7 @@ def register_report(sub) -> None:
     p.add_argument("--slo", metavar="BOUNDS", help="goodput SLO, e.g. ttft=1,tpot=0.05")
     p.add_argument("--slowest", type=number(int, 0), default=20, metavar="N", help="slowest requests shown (20)")
     p.add_argument("--sample", type=number(int, 0), default=100, metavar="N", help="other requests shown (100)")
-    p.add_argument("--stall", type=number(float, 0, strict=True), default=0.1, metavar="S", help="stall threshold")
+    add_stall_options(p)
     p.add_argument("--title", default="otel-llm report")
     p.set_defaults(func=run_report)
 
@@ -411,6 +413,7 @@ def run_report(args: argparse.Namespace) -> int:
         slowest=args.slowest,
         sample=args.sample,
         stall_threshold=args.stall,
+        stall_factor=args.stall_factor,
         title=args.title,
     )
     figs = figures(d)

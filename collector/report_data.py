@@ -19,7 +19,7 @@ from otel_llm.summary import Summary, summarize
 
 from .compare import Comparison, compare
 from .records import RecordBatch, RequestRecord
-from .stalls import ALL_CLASSES
+from .stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S
 from .steps import StepBatch
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
@@ -256,7 +256,8 @@ def build_report(
     slo: SLO | None = None,
     slowest: int = 20,
     sample: int = 100,
-    stall_threshold: float = 0.1,
+    stall_threshold: float = DEFAULT_FLOOR_S,
+    stall_factor: float = DEFAULT_FACTOR,
     title: str = "otel-llm report",
 ) -> ReportData:
     """Everything the report draws, from the selected records (both boundaries) and steps."""
@@ -265,7 +266,7 @@ def build_report(
         raise ValueError("no records to report on")
     client = [r for r in records if r.boundary == "client"]
     origin = min(r.submit_ns for r in (client or records))
-    cmp = compare(records, None, stall_threshold, steps)
+    cmp = compare(records, None, stall_threshold, steps, stall_factor)
     theta_ns = round(cmp.offset.theta * 1e9)
     summaries = {}
     for b in ("client", "engine"):

@@ -1,14 +1,23 @@
-"""Stalls: the client's largest gap between token events, and which layer it came from.
+"""Stalls: the client's largest gap between token events, and the layer it came from.
 
 For a request seen at both boundaries, its stall is the largest gap between the client's token
-events when that gap is over a threshold (seconds). The engine's own gap before the same token
-tells where it came from: if the engine's gap is at least half the client's, the engine was late
-(``engine:preemption`` when the request was preempted, ``engine:other`` otherwise: a batch-mate's
-prefill, scheduling); if not, the engine handed the token out on time and the time was lost after
-it (``delivery``: detokenizing, the API server, the network, the client). When the two boundaries
-saw different numbers of gaps (chunks merged on the way), the engine's largest gap stands in.
+events when that gap is over its threshold, ``max(floor, factor * the median of the request's
+other gaps)`` (seconds; defaults :data:`DEFAULT_FLOOR_S` and :data:`DEFAULT_FACTOR`). The gap is bounded by two
+tokens; the layers before the client saw the same two tokens at other times, and the stall belongs
+to the first layer where at least half of the gap already shows:
 
-One vectorised function serves ``otel-llm compare`` and the collector's stall counters.
+1. the engine core, from its own generation times (``stall_core_gap``; an engine that does not say
+   when it generated, from its token events): ``engine:preemption`` when the request was
+   preempted, else ``engine:other`` (``otel-llm compare`` refines it from the engine's steps);
+2. the API server: the engine core had the token on time, but the engine handed it out late
+   (vLLM's output processor: detokenizing, the API server's event loop) or the HTTP server wrote it
+   late (``stall_server_gap``, needs the server span): ``api_server``;
+3. after the server wrote it on time: ``network/client`` (the network, socket buffers, the client
+   reading slowly). Without the server span, 2 and 3 cannot be told apart: ``delivery``.
+
+When the two boundaries saw different numbers of gaps (chunks merged on the way), the engine's
+largest gap stands in. One vectorised function serves ``otel-llm compare`` and the collector's
+stall counters; :func:`stall_layers` computes the per-layer gaps where requests are derived.
 """
 
 from __future__ import annotations
@@ -21,20 +30,79 @@ from .records import RecordBatch, RequestRecord
 from .steps import StepBatch
 
 NONE = "none"
-STALL_CLASSES = ("delivery", "engine:preemption", "engine:other")
+STALL_CLASSES = ("network/client", "api_server", "delivery", "engine:preemption", "engine:other")
 #: What ``engine:other`` becomes when the engine's steps are known (``otel-llm compare`` on a store
 #: with steps): from the steps of the same engine process that overlap the engine's own gap.
 ENGINE_DETAIL = ("engine:prefill", "engine:batch", "engine:idle")
-ALL_CLASSES = ("delivery", "engine:preemption", *ENGINE_DETAIL, "engine:other")
+ALL_CLASSES = ("network/client", "api_server", "delivery", "engine:preemption", *ENGINE_DETAIL, "engine:other")
+#: A gap is a stall over max(floor, factor * the median of the request's other gaps): the floor keeps a fast
+#: stream's ordinary jitter out, the factor scales with the request's own pace.
+DEFAULT_FLOOR_S = 0.1
+DEFAULT_FACTOR = 4.0
 
 
-def largest_gaps(batch: RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _gap_index(c_offs: np.ndarray, e_offs: np.ndarray) -> int | None:
+    """Which engine event pair (j, j + 1) bounds the client's largest gap: the same tokens when
+    both saw as many events, else the engine's largest gap; None with fewer than two events."""
+    if len(c_offs) < 2 or len(e_offs) < 2:
+        return None
+    if len(c_offs) == len(e_offs):
+        return int(np.argmax(np.diff(c_offs)))
+    return int(np.argmax(np.diff(e_offs)))
+
+
+def stall_layers(
+    ci: np.ndarray,
+    ei: np.ndarray,
+    submit_ns: np.ndarray,
+    event_start: np.ndarray,
+    offsets_ns: np.ndarray,
+    tokens: np.ndarray,
+    generated: list,
+    server_chunks: list,
+) -> tuple[np.ndarray, np.ndarray]:
+    """For each pair (client record ``ci[k]``, engine record ``ei[k]``): the engine core's and the
+    HTTP server's gap (seconds) over the two tokens bounding the client's largest gap, on the
+    client record's row (NaN where unknown). ``generated[e]``: (Unix ns, tokens or None) of the
+    engine's generation events; ``server_chunks[e]``: Unix ns of the server's body chunks. A token
+    event's generation is the generation event that produced its last token; its write is the
+    first body chunk at or after the engine handed it out."""
+    n = len(submit_ns)
+    core, server = np.full(n, np.nan), np.full(n, np.nan)
+    st = event_start
+    for c, e in zip(ci.tolist(), ei.tolist()):
+        g, ch = generated[e], server_chunks[e]
+        if g is None and ch is None:
+            continue
+        eo = offsets_ns[st[e] : st[e + 1]]
+        j = _gap_index(offsets_ns[st[c] : st[c + 1]], eo)
+        if j is None:
+            continue
+        if g is not None:
+            gt, gk = g
+            et = tokens[st[e] : st[e + 1]]
+            if gk is None:  # one generation per token event
+                gk = et if len(et) == len(gt) else None
+            if gk is not None:
+                k0, k1 = np.searchsorted(np.cumsum(gk), np.cumsum(et)[[j, j + 1]], side="left")
+                if k1 < len(gt):
+                    core[c] = (int(gt[k1]) - int(gt[k0])) / 1e9
+        if ch is not None and len(ch):
+            s0, s1 = np.searchsorted(ch, submit_ns[e] + eo[[j, j + 1]], side="left")
+            if s1 < len(ch):
+                server[c] = (int(ch[s1]) - int(ch[s0])) / 1e9
+    return core, server
+
+
+def largest_gaps(batch: RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per record: its largest gap between token events (seconds; NaN with fewer than two events),
-    the gap's position (0: between the first two events; -1: none) and how many gaps it has."""
+    the gap's position (0: between the first two events; -1: none), how many gaps it has and the
+    median of its other gaps (seconds; NaN with fewer than two gaps)."""
     n = len(batch)
     itl_ns, owner = itl_samples(batch.event_offsets_ns, batch.event_start)
     counts = np.bincount(owner, minlength=n) if len(owner) else np.zeros(n, np.int64)
     gap = np.full(n, np.nan)
+    med = np.full(n, np.nan)
     pos = np.full(n, -1, np.int64)
     if len(itl_ns):
         has = counts > 0
@@ -46,14 +114,29 @@ def largest_gaps(batch: RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray
         first = hit[np.unique(owner[hit], return_index=True)[1]]  # the earliest, per record
         gap[has] = mx / 1e9
         pos[has] = first - starts[has]
-    return gap, pos, counts
+        srt = itl_ns[np.lexsort((itl_ns, owner))]  # each record's gaps, sorted, still contiguous
+        rest = counts - 1  # the median of the others: the largest gap must not set its own bar
+        m = rest > 0
+        lo, hi = starts + (rest - 1) // 2, starts + rest // 2
+        med[m] = (srt[lo[m]] + srt[hi[m]]) / 2e9
+    return gap, pos, counts, med
 
 
-def classify_stalls(client: RecordBatch, engine: RecordBatch, threshold: float) -> tuple[list[str], np.ndarray]:
+def stall_thresholds(median_gap: np.ndarray, floor: float, factor: float) -> np.ndarray:
+    """Per request: the gap (seconds) over which it stalled, ``max(floor, factor * median gap)``."""
+    return np.maximum(floor, factor * np.nan_to_num(median_gap, nan=0.0))
+
+
+def classify_stalls(
+    client: RecordBatch,
+    engine: RecordBatch,
+    floor: float = DEFAULT_FLOOR_S,
+    factor: float = DEFAULT_FACTOR,
+) -> tuple[list[str], np.ndarray]:
     """For aligned pairs (``client[i]`` and ``engine[i]`` are one request): each pair's stall class
     (``none`` or one of :data:`STALL_CLASSES`) and the client's largest gap (seconds; NaN: fewer
     than two token events)."""
-    gap, pos, counts = largest_gaps(client)
+    gap, pos, counts, med = largest_gaps(client)
     e_itl, e_owner = itl_samples(engine.event_offsets_ns, engine.event_start)
     e_counts = np.bincount(e_owner, minlength=len(engine)) if len(e_owner) else np.zeros(len(engine), np.int64)
     e_starts = np.concatenate([[0], np.cumsum(e_counts)[:-1]]).astype(np.int64)
@@ -61,25 +144,32 @@ def classify_stalls(client: RecordBatch, engine: RecordBatch, threshold: float) 
     egap = np.nan_to_num(np.asarray(engine.itl_max, dtype=float), nan=0.0)
     if same.any():
         egap[same] = e_itl[e_starts[same] + pos[same]] / 1e9
-    stalled = np.nan_to_num(gap, nan=0.0) > threshold
-    engine_late = egap >= 0.5 * np.nan_to_num(gap, nan=0.0)
+    g = np.nan_to_num(gap, nan=0.0)
+    half = 0.5 * g
+    stalled = g > stall_thresholds(med, floor, factor)
+    core = np.asarray(client.stall_core_gap, dtype=float)
+    srv = np.asarray(client.stall_server_gap, dtype=float)
+    has_core, has_srv = np.isfinite(core), np.isfinite(srv)
+    engine_late = np.where(has_core, np.nan_to_num(core) >= half, egap >= half)
+    # the core had it on time, the engine handed it out late (the front-end process), or the
+    # server wrote it late
+    api_late = (has_core & (egap >= half)) | (has_srv & (np.nan_to_num(srv) >= half))
     preempted = np.asarray(engine.preemptions) > 0
+    after = np.where(api_late, "api_server", np.where(has_srv, "network/client", "delivery"))
     causes = np.where(
-        ~stalled, NONE, np.where(engine_late, np.where(preempted, "engine:preemption", "engine:other"), "delivery")
+        ~stalled, NONE, np.where(engine_late, np.where(preempted, "engine:preemption", "engine:other"), after)
     )
     return causes.tolist(), gap
 
 
 def engine_gap(client: RequestRecord, engine: RequestRecord) -> tuple[int, int] | None:
     """The engine's own gap (Unix ns, engine clock) before the token where the client's largest
-    gap ends: the same token when both saw as many gaps, else the engine's largest gap."""
-    c = np.diff(np.asarray(client.event_offsets_ns, dtype=np.int64))
+    gap ends (the pair :func:`_gap_index` picks)."""
     e = np.asarray(engine.event_offsets_ns, dtype=np.int64)
-    if len(e) < 2:
+    j = _gap_index(np.asarray(client.event_offsets_ns, dtype=np.int64), e)
+    if j is None:
         return None
-    eg = np.diff(e)
-    i = int(np.argmax(c)) if len(c) == len(eg) and len(c) else int(np.argmax(eg))
-    return engine.submit_ns + int(e[i]), engine.submit_ns + int(e[i + 1])
+    return engine.submit_ns + int(e[j]), engine.submit_ns + int(e[j + 1])
 
 
 def refine_engine_stall(gap: tuple[int, int], steps: StepBatch, median_step_ns: float) -> str:

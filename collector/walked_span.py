@@ -60,6 +60,8 @@ _ATTRIBUTES = (
     ("kv_usage", sc.STEP_KV_USAGE),
     ("gpu_time_ns", sc.STEP_GPU_TIME_NS),
     ("chunk_offsets", sc.HTTP_CHUNK_OFFSETS),
+    ("gen_offsets", sc.TOKEN_GENERATED_OFFSETS),
+    ("gen_tokens", sc.TOKEN_GENERATED_TOKENS),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -86,6 +88,8 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     STEP_KV_USAGE,
     STEP_GPU_TIME_NS,
     CHUNK_OFFSETS,
+    GEN_OFFSETS,
+    GEN_TOKENS,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

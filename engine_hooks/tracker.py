@@ -48,6 +48,9 @@ class FinishedRequest:
     preemptions: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, mode)
     out_times_ns: list[int] = field(default_factory=list)
     out_tokens: list[int] = field(default_factory=list)
+    # tokens generated inside the engine (an engine with a GENERATED hook): when, and how many
+    gen_times_ns: list[int] = field(default_factory=list)
+    gen_tokens: list[int] = field(default_factory=list)
     attrs: dict | None = None
     incomplete: bool = False  # still in flight at shutdown or eviction
 
@@ -154,6 +157,9 @@ class RequestTracker:
             return
         st.gen_seen = True
         self._gen(st.rec, wall_ns, tokens)
+        if tokens > 0:
+            st.rec.gen_times_ns.append(wall_ns)
+            st.rec.gen_tokens.append(tokens)
 
     @staticmethod
     def _gen(rec: FinishedRequest, wall_ns: int, tokens: int) -> None:

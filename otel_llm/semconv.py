@@ -34,6 +34,11 @@ BOUNDARY = "llm.boundary"  # "client" | "engine"
 REQUEST_ID = "llm.request.id"
 TOKEN_EVENT_OFFSETS = "llm.token_event.offsets_ns"  # int[]: ns after the span start
 TOKEN_EVENT_TOKENS = "llm.token_event.tokens"  # int[]: tokens in each event
+#: on llm.request, from an engine that says when it generated tokens (vLLM: the engine core's output
+#: time), apart from when it handed them out: ns after the span start, and tokens in each (absent:
+#: as TOKEN_EVENT_TOKENS, one generation per event)
+TOKEN_GENERATED_OFFSETS = "llm.token_generated.offsets_ns"  # int[]
+TOKEN_GENERATED_TOKENS = "llm.token_generated.tokens"  # int[]
 TOKEN_EVENT_ESTIMATED = "llm.token_event.estimated"  # bool: token counts estimated, not from usage
 INPUT_TOKENS = "gen_ai.usage.input_tokens"
 OUTPUT_TOKENS = "gen_ai.usage.output_tokens"

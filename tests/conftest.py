@@ -116,14 +116,14 @@ def make_collector(tmp_path):
             pass
 
 
-def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2**20, timeout: float = 180.0):
+def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2**20, timeout: float = 180.0, extra_args=()):
     """Start vLLM's OpenAI-compatible server on a free loopback port (the CPU build); returns
     (process, base_url). The caller stops it. Its log: ``vllm-server-<port>.log`` beside the model."""
     from engine_hooks.tiny_model import start_cpu_server
 
     log = os.path.join(os.path.dirname(model), "vllm-server-{port}.log")
     try:
-        return start_cpu_server(model, env, log, kv_bytes, timeout)
+        return start_cpu_server(model, env, log, kv_bytes, timeout, extra_args)
     except RuntimeError as exc:
         raise AssertionError(str(exc)) from None
 

@@ -42,6 +42,9 @@ class Req:
     client: bool = True
     model: str = "tiny"
     client_attrs: dict = field(default_factory=dict)  # more attributes of the client span (bench run id...)
+    generated: list | None = None  # ms: when the engine core generated each engine event's tokens
+    server_received: float | None = None  # ms: an HTTP server span between client and engine from here
+    server_chunks: list = field(default_factory=list)  # ms: the body chunks that server span wrote
 
 
 def provider(exporter, service="test") -> TracerProvider:
@@ -72,8 +75,24 @@ def emit(tracer, r: Req, base_ns: int) -> None:
             },
         )
         ctx = set_span_in_context(client_span)
+    if r.server_received is not None:
+        t0 = t(r.server_received)
+        srv = tracer.start_span(
+            "POST /v1/completions",
+            context=ctx,
+            kind=SpanKind.SERVER,
+            start_time=t0,
+            attributes={
+                sc.BOUNDARY: "server",
+                sc.HTTP_METHOD: "POST",
+                sc.URL_PATH: "/v1/completions",
+                sc.HTTP_CHUNK_OFFSETS: [t(c) - t0 for c in r.server_chunks],
+            },
+        )
+        ctx = set_span_in_context(srv)
     if r.engine:
         offs = [int(e * MS) - int(r.arrival * MS) for e, _ in r.engine_events]
+        gen = {} if r.generated is None else {sc.TOKEN_GENERATED_OFFSETS: [t(g) - t(r.arrival) for g in r.generated]}
         es = tracer.start_span(
             sc.SPAN_REQUEST,
             context=ctx,
@@ -87,6 +106,7 @@ def emit(tracer, r: Req, base_ns: int) -> None:
                 sc.TOKEN_EVENT_OFFSETS: offs,
                 sc.TOKEN_EVENT_TOKENS: [k for _, k in r.engine_events],
                 sc.OUTPUT_TOKENS: sum(k for _, k in r.engine_events),
+                **gen,
             },
         )
         ectx = set_span_in_context(es)
@@ -110,6 +130,8 @@ def emit(tracer, r: Req, base_ns: int) -> None:
             )
             c.end(end_time=t(b))
         es.end(end_time=t(r.engine_end))
+    if r.server_received is not None:
+        srv.end(end_time=t(max([r.engine_end, *r.server_chunks])))
     if client_span is not None:
         client_span.end(end_time=t(r.client_end))
 

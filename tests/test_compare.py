@@ -125,6 +125,8 @@ def test_stall_classification(make_collector):
         "smooth": "none",
     }
     assert out["summary"]["stalls"] == {
+        "network/client": 0,
+        "api_server": 0,
         "delivery": 1,
         "engine:preemption": 1,
         "engine:prefill": 0,

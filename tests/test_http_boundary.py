@@ -69,6 +69,10 @@ def test_server_span_parents_the_engine_request(tiny_model, tmp_path):
     (req,) = [s for s in spans if s.name == sc.SPAN_REQUEST and s.trace_id == TRACE]
     assert req.parent_span_id == streamed.span_id  # the engine's span is the HTTP span's child
     assert streamed.start_ns <= req.start_ns and req.end_ns <= streamed.end_ns
+    # the engine core's own time for each output, before the front end handed it out
+    gen, out = req.attributes[sc.TOKEN_GENERATED_OFFSETS], req.attributes[sc.TOKEN_EVENT_OFFSETS]
+    assert len(gen) == len(out) and all(0 <= g <= o for g, o in zip(gen, out)) and gen == sorted(gen)
+    assert sc.TOKEN_GENERATED_TOKENS not in req.attributes  # the same counts as the token events
     # the first chunk carrying a token is written after the engine handed the first token out
     first_out = req.start_ns + req.attributes[sc.TOKEN_EVENT_OFFSETS][0]
     assert any(streamed.start_ns + c >= first_out for c in chunks)

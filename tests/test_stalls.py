@@ -1,7 +1,10 @@
-"""Stall causes (collector/stalls.py), as the docs define them: the client's largest gap over the
-threshold is a stall; if the engine's gap before the same token is at least half of it, the engine
-was late (preemption if the request was preempted, other otherwise), else the time went after
-the engine (delivery). Counted by cause on the collector's metrics."""
+"""Stall causes (collector/stalls.py), as the docs define them: the client's largest gap between
+token events is a stall when over max(0.1 s, 4 x the median of the request's other gaps). The stall belongs to
+the first layer where at least half of it already shows over the same two tokens: the engine core
+(its generation times; preempted or not), the API server (the engine handed the token out late
+although the core had it, or the HTTP server wrote it late), else what came after the server wrote
+it (network/client); without the server span those last two are one (delivery). Counted by cause
+on the collector's metrics, and the same in otel-llm compare."""
 
 from __future__ import annotations
 
@@ -12,7 +15,61 @@ from collector.config import CollectorConfig
 from collector.exporters.prometheus import render
 from collector.service import Collector
 
-MS = [(100, 1), (130, 1)]
+N, STEP, AT, GAP = 12, 30, 6, 270  # 12 tokens 30 ms apart; a 270 ms gap before the 7th
+
+
+def stream(start: float, gap: bool) -> list[float]:
+    """Token times (ms): every STEP, and GAP instead before token AT when ``gap``."""
+    out, t = [], start
+    for i in range(N):
+        out.append(t)
+        t += GAP if gap and i == AT - 1 else STEP
+    return out
+
+
+def req(rid: str, core: bool, out: bool, server: bool | None, client: bool = True, **kw) -> Req:
+    """A request whose gap shows at the engine core (``core``), the engine's token events
+    (``out``), the server's writes (``server``; None: no server span) and the client."""
+    gen = stream(80, core)
+    ev = stream(85, out)
+    cl = stream(100, client)
+    chunks = None if server is None else stream(90, server)
+    return Req(
+        rid,
+        client_events=[(t, 1) for t in cl],
+        client_end=cl[-1] + 10,
+        engine_events=[(t, 1) for t in ev],
+        engine_end=ev[-1] + 5,
+        generated=gen,
+        server_received=None if server is None else 5,
+        server_chunks=chunks or [],
+        **kw,
+    )
+
+
+CASES = {
+    # the engine core generated the 7th token 270 ms after the 6th
+    "engine:other": req("o", True, True, True),
+    # the same, and the engine preempted the request meanwhile
+    "engine:preemption": req("p", True, True, True, preemptions=[(240, 480)]),
+    # the core had it on time; the engine handed it out 270 ms late (the API server's output processing)
+    "api_server": req("a", False, True, True),
+    # handed out on time; the HTTP server wrote it late
+    "api_server:write": req("w", False, False, True),
+    # written on time; the client got it late
+    "network/client": req("n", False, False, False),
+    # no server span: after the engine, unresolved
+    "delivery": req("d", False, False, None),
+    # a 60 ms gap is under max(0.1 s, 4 x 30 ms)
+    "none": Req(
+        "z",
+        client_events=[(100 + 30 * i + (30 if i >= 6 else 0), 1) for i in range(N)],
+        client_end=500,
+        engine_events=[(85 + 30 * i, 1) for i in range(N)],
+        engine_end=450,
+    ),
+}
+CLASSES = ("network/client", "api_server", "delivery", "engine:preemption", "engine:other")
 
 
 def collector():
@@ -30,41 +87,34 @@ def scrape(c) -> dict[str, float]:
     return out
 
 
-CASES = {
-    # the client waits 270 ms for its third token; the engine generated it 265 ms after the second
-    "engine:other": Req(
-        "o", client_events=[*MS, (400, 1)], client_end=410, engine_events=[(85, 1), (115, 1), (380, 1)], engine_end=390
-    ),
-    # the same, and the engine preempted the request meanwhile
-    "engine:preemption": Req(
-        "p",
-        client_events=[*MS, (400, 1)],
-        client_end=410,
-        engine_events=[(85, 1), (115, 1), (380, 1)],
-        engine_end=390,
-        preemptions=[(120, 370)],
-    ),
-    # the engine had the third token 35 ms after the second: the 270 ms went after it
-    "delivery": Req(
-        "d", client_events=[*MS, (400, 1)], client_end=410, engine_events=[(85, 1), (115, 1), (150, 1)], engine_end=160
-    ),
-    # 60 ms gaps are under the 100 ms threshold
-    "none": Req(
-        "n", client_events=[*MS, (190, 1)], client_end=200, engine_events=[(85, 1), (115, 1), (175, 1)], engine_end=180
-    ),
-}
-
-
-@pytest.mark.parametrize("cause", list(CASES))
-def test_each_cause_is_recognised_and_counted(cause):
+@pytest.mark.parametrize("case", list(CASES))
+def test_each_cause_is_recognised_and_counted(case):
+    cause = case.split(":write")[0]
     c = collector()
-    c.accept(sample_request([CASES[cause]]).SerializeToString())
+    c.accept(sample_request([CASES[case]]).SerializeToString())
     c.process(c.assembler.flush())
     got = scrape(c)
-    for k in ("delivery", "engine:preemption", "engine:other"):
+    for k in CLASSES:
         want = 1 if k == cause else 0
-        assert got[f"llm_stalls_total:{k}"] == want
-        assert got[f"llm_stall_seconds_total:{k}"] == pytest.approx(0.270 if want else 0.0)
+        assert got[f"llm_stalls_total:{k}"] == want, (k, got)
+        assert got[f"llm_stall_seconds_total:{k}"] == pytest.approx(GAP / 1e3 if want else 0.0)
+
+
+def test_the_threshold_follows_the_requests_own_pace():
+    """A 270 ms gap in a stream whose tokens come every 80 ms is under 4 x 80 ms: no stall; with
+    --stall-factor 0 the floor alone decides and it is one."""
+    slow = Req(
+        "s",
+        client_events=[(100 + 80 * i + (190 if i >= 6 else 0), 1) for i in range(N)],
+        client_end=1200,
+        engine_events=[(85 + 80 * i, 1) for i in range(N)],
+        engine_end=1100,
+    )
+    for factor, want in ((4.0, 0), (0.0, 1)):
+        c = Collector(CollectorConfig(otlp_grpc=None, otlp_http=None, prometheus=None, store=None, stall_factor=factor))
+        c.accept(sample_request([slow]).SerializeToString())
+        c.process(c.assembler.flush())
+        assert scrape(c)["llm_stalls_total:delivery"] == want
 
 
 def test_compare_gives_the_same_causes(tmp_path):
@@ -76,10 +126,17 @@ def test_compare_gives_the_same_causes(tmp_path):
     c.accept(sample_request(list(CASES.values())).SerializeToString())
     c.process(c.assembler.flush())
     c.store_writer.drain()
-    rows = {r.id: r for r in compare(c.store.records(), None, 0.1).rows}
+    stored = c.store.records()
+    rows = {r.id: r for r in compare(stored).rows}
     c.stop()
-    assert {cause: rows[req.id].stall for cause, req in CASES.items()} == {k: k for k in CASES}
-    assert rows["d"].stall_gap == pytest.approx(0.270)
+    assert {case: rows[r.id].stall for case, r in CASES.items()} == {k: k.split(":write")[0] for k in CASES}
+    assert rows["d"].stall_gap == pytest.approx(GAP / 1e3)
+    # the layers' own gaps over the two tokens, stored with the client record
+    cl = {r.request_id: r for r in stored if r.boundary == "client"}
+    assert cl["o"].stall_core_gap == pytest.approx(GAP / 1e3) and cl["o"].stall_server_gap == pytest.approx(GAP / 1e3)
+    assert cl["a"].stall_core_gap == pytest.approx(STEP / 1e3) and cl["a"].stall_server_gap == pytest.approx(GAP / 1e3)
+    assert cl["n"].stall_core_gap == pytest.approx(STEP / 1e3) and cl["n"].stall_server_gap == pytest.approx(STEP / 1e3)
+    assert cl["d"].stall_server_gap is None and cl["z"].stall_core_gap is None
 
 
 def test_merged_chunks_fall_back_to_the_engines_largest_gap():

@@ -110,8 +110,8 @@ def build() -> dict:
         [(f"sum by (cause) (rate(llm_stall_seconds_total{{{M}}}[{R}]))", "{{cause}}")],
         "s",
         stack=True,
-        description="each paired request's largest client gap over --stall-threshold: delivery, engine:preemption, "
-        "engine:other",
+        description="each paired request's largest client gap over the stall threshold, by the layer where it "
+        "first shows: engine:preemption, engine:other, api_server, network/client (delivery: no server span)",
     )
     panel(
         "Goodput per SLO",
