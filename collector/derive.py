@@ -128,6 +128,7 @@ class _Requests:
     server_received_ns: np.ndarray  # per record (engine records under an HTTP server span), NO_NS unknown
     server_chunks: list  # per record: int64 array of the server's body chunks (Unix ns), or None
     generated: list  # per engine record: (Unix ns, tokens) int64 arrays of its generation events, or None
+    server_of: list[tuple[int, int]]  # (server record, its engine record)
 
 
 def _owners(key: dict, ids: list[bytes], tix: np.ndarray, rec_tix: np.ndarray, spans_tix) -> np.ndarray:
@@ -140,6 +141,30 @@ def _owners(key: dict, ids: list[bytes], tix: np.ndarray, rec_tix: np.ndarray, s
     for j in wrong.tolist():  # another trace's span has that id: find this trace's own
         own[j] = spans_tix.get((int(tix[j]), ids[j]), -1)
     return own
+
+
+def _server_record(engine: tuple, server: tuple, chunks: np.ndarray) -> tuple:
+    """The server boundary's record of one request, as a walked span: the HTTP server span's times
+    and ids, and the engine record's token events at the times the server wrote them (the first
+    body chunk at or after each was handed out; events written in the same chunk are one event).
+    The server reads no SSE payload, so the tokens are counted where the engine counted them."""
+    row = list(engine)
+    for k in (sp.CODE, sp.SPAN_ID, sp.PARENT_ID, sp.START, sp.END, sp.STATUS_CODE, sp.KIND):
+        row[k] = server[k]
+    row[sp.CODE] = sp.SERVER
+    row[sp.GEN_OFFSETS] = row[sp.GEN_TOKENS] = None
+    ob, tb = engine[sp.OFFSETS], engine[sp.TOKENS]
+    offs = toks = b""
+    if type(ob) is bytes and type(tb) is bytes and len(ob) == len(tb) and len(ob) % 8 == 0 and len(ob):
+        k = np.searchsorted(chunks, engine[sp.START] + np.frombuffer(ob, np.int64), side="left")
+        keep = k < len(chunks)
+        written = chunks[k[keep]]
+        if len(written) and not np.any(np.diff(written) < 0):
+            t, first = np.unique(written, return_index=True)
+            offs = (t - server[sp.START]).astype(np.int64).tobytes()
+            toks = np.add.reduceat(np.frombuffer(tb, np.int64)[keep], first).astype(np.int64).tobytes()
+    row[sp.OFFSETS], row[sp.TOKENS] = offs, toks
+    return tuple(row)
 
 
 def _requests(traces: list[ReleasedTrace]) -> _Requests:
@@ -194,6 +219,7 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     parents = [recs[e][sp.PARENT_ID] for e in eng.tolist()]
     server_received = np.full(n, NO_NS, np.int64)
     server_chunks: list = [None] * n
+    server_span: dict[int, tuple] = {}
     srv_at = np.flatnonzero(codes == sp.SERVER)
     if len(srv_at):
         srv = {(int(tix[i]), flat[i][sp.SPAN_ID]): flat[i] for i in srv_at.tolist()}
@@ -206,6 +232,7 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
             ch = s[sp.CHUNK_OFFSETS]
             if type(ch) is bytes and len(ch) % 8 == 0:
                 server_chunks[e] = s[sp.START] + np.frombuffer(ch, np.int64)
+                server_span[e] = s
     generated: list = [None] * n  # the engine's own generation times, apart from its token events
     for e in eng.tolist():
         r = recs[e]
@@ -243,6 +270,20 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
                 recs,
                 traces[t].spans,
             )
+    server_of: list[tuple[int, int]] = []
+    if server_span:  # the server boundary: a record of its own per engine record under a server span
+        extra = [_server_record(recs[e], server_span[e], server_chunks[e]) for e in server_span]
+        m = len(extra)
+        server_of = list(zip(range(n, n + m), server_span))
+        recs = recs + extra
+        code = np.concatenate([code, np.full(m, sp.SERVER, code.dtype)])
+        unknown = lambda a, v: np.concatenate([a, np.full(m, v, a.dtype)])
+        front_end, queue, prefill, decode = (unknown(a, NO_NS) for a in (front_end, queue, prefill, decode))
+        first_sched, first_gen = unknown(first_sched, NO_NS), unknown(first_gen, NO_NS)
+        server_received = unknown(server_received, NO_NS)
+        preemptions, preempted = unknown(preemptions, 0), unknown(preempted, 0.0)
+        server_chunks = server_chunks + [None] * m
+        generated = generated + [None] * m
     return _Requests(
         recs,
         code,
@@ -258,6 +299,7 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
         server_received,
         server_chunks,
         generated,
+        server_of,
     )
 
 
@@ -395,6 +437,9 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         if run_id[e] is None:  # the engine does not know the bench run: its client does
             run_id[e] = run_id[c]
         warmup[e] |= warmup[c]
+    for sv, e in rq.server_of:  # the server boundary belongs to the same run
+        run_id[sv] = run_id[e]
+        warmup[sv] = warmup[e]
     batch = RecordBatch(
         trace_id=[same.setdefault(t, t.hex()) for t in cols[sp.TRACE_ID]],
         boundary=[sp.BOUNDARY_OF[c] for c in cols[sp.CODE]],

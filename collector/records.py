@@ -73,7 +73,7 @@ class Column:
 
 COLUMNS: tuple[Column, ...] = (
     Column("trace_id", TEXT, "", "the request's trace, 32 hex digits"),
-    Column("boundary", TEXT, "", "client | engine"),
+    Column("boundary", TEXT, "", "client | server | engine"),
     Column("request_id", TEXT, "", "the engine's request id (client: the id it sent or got back); #k for choice k"),
     Column("choice", INT, "", "a request with several choices (n > 1): this record's index", unknown=-1),
     Column("model", TEXT, "", "gen_ai.request.model, else the service name, else 'unknown'"),
@@ -81,8 +81,10 @@ COLUMNS: tuple[Column, ...] = (
     Column("status", TEXT, "", "ok | error | cancelled | rejected"),
     Column("run_id", TEXT, "", "the otel-llm bench run (llm.bench.run_id; an engine record: its client's)"),
     Column("warmup", FLAG, "", "a bench warm-up request: left out of every result unless asked for"),
-    Column("submit_ns", NS, "ns", "Unix ns. client: sent; engine: arrived at the front end"),
-    Column("end_ns", NS, "ns", "Unix ns. client: stream closed; engine: finished or aborted"),
+    Column(
+        "submit_ns", NS, "ns", "Unix ns. client: sent; server: the HTTP app got it; engine: arrived at the front end"
+    ),
+    Column("end_ns", NS, "ns", "Unix ns. client: stream closed; server: the app returned; engine: finished or aborted"),
     Column("input_tokens", INT, "tokens", "prompt tokens", unknown=-1),
     Column("output_tokens", INT, "tokens", "N = sum of the tokens of every event"),
     Column("estimated_tokens", FLAG, "", "the client counted tokens itself rather than from usage"),

@@ -16,6 +16,7 @@ import numpy as np
 from otel_llm.percentiles import percentile_key, percentiles
 from otel_llm.slo import SLO
 from otel_llm.summary import Summary, summarize
+from otel_llm.timeline import BOUNDARIES
 
 from .compare import Comparison, compare
 from .records import RecordBatch, RequestRecord
@@ -269,7 +270,7 @@ def build_report(
     cmp = compare(records, None, stall_threshold, steps, stall_factor)
     theta_ns = round(cmp.offset.theta * 1e9)
     summaries = {}
-    for b in ("client", "engine"):
+    for b in BOUNDARIES:
         part = batch.at_boundary(b)
         if len(part):
             summaries[b] = summarize(part.timelines(epoch_ns=0), slo=slo)

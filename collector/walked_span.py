@@ -35,7 +35,7 @@ CODES = {
     **dict.fromkeys(sc.SERVER_SPAN_NAMES, SERVER),  # the HTTP server span ("POST /v1/completions", ...)
 }
 NAMES = {v: k for k, v in reversed(CODES.items())}
-BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine"}
+BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine", SERVER: "server"}
 
 QUEUE_INCOMPLETE = sc.QUEUE_INCOMPLETE
 

@@ -17,7 +17,7 @@ STATUSES: tuple[str, ...] = ("ok", "error", "cancelled", "rejected")
 STATUS_CODE: dict[str, int] = {name: i for i, name in enumerate(STATUSES)}
 OK, ERROR, CANCELLED, REJECTED = range(4)
 
-BOUNDARIES: tuple[str, ...] = ("client", "engine")
+BOUNDARIES: tuple[str, ...] = ("client", "server", "engine")
 
 
 @dataclass(frozen=True)

@@ -827,7 +827,12 @@ def test_the_http_server_span_gives_the_seven_parts():
     ]
     batch, _ = derive([ReleasedTrace(bytes.fromhex(t), spans, "grace")])
     recs = {r.boundary: r for r in batch.records()}
-    assert set(recs) == {"client", "engine"} and recs["client"].paired
+    assert set(recs) == {"client", "server", "engine"} and recs["client"].paired
+    # the server boundary: the engine's token events at the chunks that carried them (64 and 84 ms)
+    srv = recs["server"]
+    assert (srv.submit_ns, srv.end_ns, list(srv.event_offsets_ns)) == (3 * ms, 195 * ms, [61 * ms, 81 * ms])
+    assert srv.ttft == pytest.approx(0.061) and srv.itl_max == pytest.approx(0.020) and srv.output_tokens == 2
+    assert srv.request_id == "r" and not srv.paired
     c = recs["client"]
     assert c.network_in == pytest.approx(0.003) and c.api_in == pytest.approx(0.002)
     assert (c.front_end, c.queue, c.prefill) == pytest.approx((0.004, 0.011, 0.040))

@@ -69,14 +69,15 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
         server.wait(60)
     assert open_run["conditions"]["statuses"]["ok"] == 24 and closed_run["conditions"]["statuses"]["ok"] == 16
     assert open_run["conditions"]["load_mode"] == "open" and closed_run["conditions"]["load_mode"] == "closed"
-    n = 2 * (24 + 16 + 4)  # both boundaries of every request, warm-ups included
+    n = 3 * (24 + 16 + 4)  # the three boundaries of every request (client, HTTP server, engine), warm-ups included
     t0 = time.monotonic()
     while c.store.count() < n and time.monotonic() - t0 < 60:
         time.sleep(0.2)
     records = c.store.records()
     clients = {r.trace_id: r for r in records if r.boundary == "client"}
     engines = {r.trace_id: r for r in records if r.boundary == "engine"}
-    assert len(clients) == 44 and set(engines) == set(clients)  # both boundaries of each request, one trace
+    servers = {r.trace_id: r for r in records if r.boundary == "server"}
+    assert len(clients) == 44 and set(engines) == set(clients) == set(servers)  # every boundary, one trace
     for tid, cl in clients.items():
         en = engines[tid]
         assert cl.paired and en.paired and cl.status == en.status == "ok"
@@ -89,6 +90,14 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
             and abs(cl.api_out + cl.network_out - cl.delivery) < 1e-9
         )
         assert en.ttft <= cl.ttft
+        # the server boundary sits between the two: it got the request before the engine and wrote
+        # each token after the engine handed it out, and before the client had it (one host); its
+        # span ends when the app returned, which may be after the client closed on [DONE]
+        sv = servers[tid]
+        assert cl.submit_ns <= sv.submit_ns <= en.submit_ns and en.end_ns <= sv.end_ns
+        assert all(s <= c for s, c in zip(sv.event_times, cl.event_times))
+        assert en.ttft <= sv.ttft <= cl.ttft and sv.output_tokens == 24
+        assert sv.submit_ns + sv.event_offsets_ns[0] == cl.server_first_chunk_ns
         assert cl.output_tokens == en.output_tokens == 24
         assert min(seven) > -1e-3 and cl.api_in > 0 and cl.front_end > 0  # vLLM says when it queued the request
     out = json.loads(run_cli("compare", "--store", c.config.store, "--format", "json").stdout)
@@ -112,6 +121,8 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
         for p in ("p50", "p99"):
             assert back["latency"]["ttft"][p] == pytest.approx(run["latency"]["ttft"][p], abs=1e-6)
     assert open_run["conditions"]["run_id"] != closed_run["conditions"]["run_id"]
+    at_server = json.loads(run_cli("analyze", "--store", store, "--boundary", "server", "--format", "json").stdout)
+    assert at_server["counts"]["requests"] == 40  # the warm-ups left out here too
     every = json.loads(run_cli("analyze", "--store", store, "--format", "json").stdout)
     assert every["counts"]["requests"] == 40  # both runs, without their 2 + 2 warm-ups
     with_warmup = json.loads(run_cli("analyze", "--store", store, "--include-warmup", "--format", "json").stdout)
