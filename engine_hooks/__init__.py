@@ -2,10 +2,12 @@
 
 * :func:`instrument` (vLLM): ``LLM = engine_hooks.instrument(vllm.LLM)``.
 * :class:`EngineHooks`: the generic decorator API for any batching engine.
+* :class:`CudaEventTimer`: GPU time per step (``EngineHooks(gpu_timer=CudaEventTimer.if_available())``).
 * :func:`flush`: export everything recorded so far.
 """
 
 from .api import EngineHooks
+from .gpu_timer import CudaEventTimer
 from .pipeline import TracingPipeline, default_pipeline, flush
 
 
@@ -17,4 +19,4 @@ def instrument(target):
     return _instrument(target)
 
 
-__all__ = ["EngineHooks", "TracingPipeline", "default_pipeline", "flush", "instrument"]
+__all__ = ["CudaEventTimer", "EngineHooks", "TracingPipeline", "default_pipeline", "flush", "instrument"]

@@ -26,24 +26,40 @@ One decorator per lifecycle method::
         def finish(self, req, status): ...
 
 **Extractors** are called after the method returns, as ``fn(result, *args, **kwargs)`` (``args``
-include ``self`` for methods); ``token_out``'s is called before, with ``result=None``. They run on the engine's
-thread, so keep them to attribute reads; anything that must walk a batch can be deferred with
-:meth:`EngineHooks.raw`, which keeps a reference and unpacks it on the span-building thread. A
-hook that raises never reaches the engine: the failure is counted and warned about once.
+include ``self`` for methods); ``token_out``'s and ``generated``'s are called before, with
+``result=None``. They run on the engine's thread, so keep them to attribute reads; anything that
+must walk a batch can be deferred with :meth:`EngineHooks.raw`, which keeps a reference and
+unpacks it on the span-building thread. A hook that raises never reaches the engine: the failure is
+counted and warned about once (``EngineHooks(strict=True)`` or ``OTEL_LLM_STRICT=1``: it raises,
+for tests).
+
+**Coroutines and generators.** ``async def`` methods are awaited: the hook's time is when the
+coroutine completes (``schedule``: when it is called). A generator method (``def`` or ``async
+def`` with ``yield``) that streams: ``token_out`` / ``generated`` record each yielded item
+(``outputs(item, *args, **kwargs)``); the other hooks run when it is exhausted, with
+``result=None``.
+
+**A method that raises.** Its after-hook is skipped, and the requests it names (its extractor
+called with ``result=None``) finish: ``rejected`` for ``arrival`` (the request never got in),
+``error`` for the others, the exception's type as the reason (``error.type`` on the span). The
+exception goes on to the caller unchanged.
 
 Times: monotonic ns, taken when the decorated method returns (``schedule``: when it starts).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any
 
+from otel_llm import environment
 from otel_llm.clock import monotonic_ns
 
 from .pipeline import TracingPipeline, default_pipeline
-from .recorder import ARRIVAL, FINISH, PREEMPTED, RAW, SCHEDULED, STEP, TOKEN_OUT
+from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, RAW, SCHEDULED, STEP, TOKEN_OUT
 
 Extractor = Callable[..., Any]
 
@@ -61,10 +77,12 @@ class EngineHooks:
         model: str | None = None,
         service_name: str | None = None,
         gpu_timer=None,
+        strict: bool | None = None,
     ):
         self._pipeline = pipeline
         self._engine, self._model, self._service = engine, model, service_name or engine or "llm-engine"
         self.gpu_timer = gpu_timer
+        self.strict = environment.env_bool(environment.STRICT) if strict is None else strict
         self._step_index = 0
         self._iter_start: dict[Any, tuple[int, Any]] = {}
 
@@ -73,12 +91,7 @@ class EngineHooks:
         """The pipeline events go to: the one given, else the process's default pipeline
         (configured from the environment), created on first use, not at decoration time."""
         if self._pipeline is None:
-            self._pipeline = default_pipeline(
-                engine=self._engine,
-                model=self._model,
-                service_name=self._service,
-                gpu_elapsed=self.gpu_timer.elapsed_ns if self.gpu_timer else None,
-            )
+            self._pipeline = default_pipeline(engine=self._engine, model=self._model, service_name=self._service)
         return self._pipeline
 
     def use(self, pipeline: TracingPipeline) -> EngineHooks:
@@ -92,25 +105,105 @@ class EngineHooks:
         self._rec = self.pipeline.recorder.record
         self._rec(event)
 
-    def _wrap(self, fn: Callable, after: Callable[[Any, tuple, dict], None], before=None) -> Callable:
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            pre = None
-            if before is not None:
+    def _hook_failed(self, exc: Exception) -> None:
+        if self.strict:
+            raise exc
+        self.pipeline.hook_failed(exc)
+
+    def _guard(self, hook: Callable | None, *args) -> Any:
+        """Run one hook; a failure is counted (strict: raised), never the engine's problem."""
+        if hook is None:
+            return None
+        try:
+            return hook(*args)
+        except Exception as exc:
+            self._hook_failed(exc)
+            return None
+
+    def _wrap(
+        self,
+        fn: Callable,
+        after: Callable[[Any, tuple, dict, Any], None],
+        before: Callable[[tuple, dict], Any] | None = None,
+        failed: Callable[[BaseException, tuple, dict], None] | None = None,
+        item: Callable[[Any, tuple, dict], None] | None = None,
+    ) -> Callable:
+        """The traced method, of the same kind as ``fn`` (plain, coroutine, generator, async
+        generator). ``item``: called for each item a generator yields; ``failed``: when ``fn``
+        raises (the exception then goes on)."""
+        guard = self._guard
+
+        def on_error(exc: BaseException, args: tuple, kwargs: dict) -> None:
+            if failed is not None and not isinstance(exc, GeneratorExit | asyncio.CancelledError):
+                guard(failed, exc, args, kwargs)
+
+        if inspect.isasyncgenfunction(fn):
+
+            async def wrapper(*args, **kwargs):
+                pre = guard(before, args, kwargs)
+                agen = fn(*args, **kwargs)
                 try:
-                    pre = before(args, kwargs)
-                except Exception as exc:
-                    self.pipeline.hook_failed(exc)
-            result = fn(*args, **kwargs)
-            try:
-                after(result, args, kwargs, pre)
-            except Exception as exc:
-                self.pipeline.hook_failed(exc)
-            return result
+                    async for x in agen:
+                        if item is not None:
+                            guard(item, x, args, kwargs)
+                        yield x
+                except BaseException as exc:
+                    on_error(exc, args, kwargs)
+                    raise
+                finally:
+                    await agen.aclose()
+                guard(after, None, args, kwargs, pre)
 
-        return mark_hooked(wrapper)
+        elif inspect.isgeneratorfunction(fn):
 
-    # -- the six lifecycle decorators ------------------------------------------------------------
+            def wrapper(*args, **kwargs):
+                pre = guard(before, args, kwargs)
+                gen = fn(*args, **kwargs)
+                try:
+                    for x in gen:
+                        if item is not None:
+                            guard(item, x, args, kwargs)
+                        yield x
+                except BaseException as exc:
+                    on_error(exc, args, kwargs)
+                    raise
+                finally:
+                    gen.close()
+                guard(after, None, args, kwargs, pre)
+
+        elif inspect.iscoroutinefunction(fn):
+
+            async def wrapper(*args, **kwargs):
+                pre = guard(before, args, kwargs)
+                try:
+                    result = await fn(*args, **kwargs)
+                except BaseException as exc:
+                    on_error(exc, args, kwargs)
+                    raise
+                guard(after, result, args, kwargs, pre)
+                return result
+
+        else:
+
+            def wrapper(*args, **kwargs):
+                pre = guard(before, args, kwargs)
+                try:
+                    result = fn(*args, **kwargs)
+                except BaseException as exc:
+                    on_error(exc, args, kwargs)
+                    raise
+                guard(after, result, args, kwargs, pre)
+                return result
+
+        return mark_hooked(functools.wraps(fn)(wrapper))
+
+    def _finish_failed(self, ids, status: str, exc: BaseException) -> None:
+        """The requests a method that raised was about: they end here, with the exception's type."""
+        t = monotonic_ns()
+        for rid in [ids] if isinstance(ids, str) else (ids or ()):
+            self._rec((FINISH, t, rid, status, type(exc).__name__))
+
+    # -- the lifecycle decorators ------------------------------------------------------------------
     def arrival(
         self,
         request_id: Extractor,
@@ -121,23 +214,28 @@ class EngineHooks:
     ):
         """A request arrived at the engine front end. ``trace_headers``: a W3C carrier
         (``traceparent``) whose trace the request's spans join. ``start_time_ns``: wall-clock ns
-        of the arrival, if the engine knows it better than the hook's own time."""
+        of the arrival, if the engine knows it better than the hook's own time. If the method
+        raises, the request is recorded as arrived and ``rejected``."""
+
+        def arrived(res, a, k):
+            self._rec(
+                (
+                    ARRIVAL,
+                    monotonic_ns(),
+                    request_id(res, *a, **k),
+                    start_time_ns(res, *a, **k) if start_time_ns else None,
+                    input_tokens(res, *a, **k) if input_tokens else None,
+                    trace_headers(res, *a, **k) if trace_headers else None,
+                    attributes(res, *a, **k) if attributes else None,
+                )
+            )
 
         def deco(fn):
-            def after(res, a, k, _):
-                self._rec(
-                    (
-                        ARRIVAL,
-                        monotonic_ns(),
-                        request_id(res, *a, **k),
-                        start_time_ns(res, *a, **k) if start_time_ns else None,
-                        input_tokens(res, *a, **k) if input_tokens else None,
-                        trace_headers(res, *a, **k) if trace_headers else None,
-                        attributes(res, *a, **k) if attributes else None,
-                    )
-                )
+            def failed(exc, a, k):
+                arrived(None, a, k)
+                self._finish_failed(request_id(None, *a, **k), "rejected", exc)
 
-            return self._wrap(fn, after)
+            return self._wrap(fn, lambda res, a, k, _: arrived(res, a, k), failed=failed)
 
         return deco
 
@@ -152,7 +250,7 @@ class EngineHooks:
 
             def after(res, a, k, t0):
                 handle = self.gpu_timer.start() if self.gpu_timer is not None else None
-                self._iter_start[key(res, *a, **k) if key else None] = (t0, handle)
+                self._iter_start[key(res, *a, **k) if key else None] = (t0 or monotonic_ns(), handle)
                 if scheduled is not None:
                     t = monotonic_ns()
                     for rid in scheduled(res, *a, **k) or ():
@@ -181,11 +279,12 @@ class EngineHooks:
             bs, pr = (batch_size or zero), (preempted or zero)
             pf, dc = (prefill_tokens or zero), (decode_tokens or zero)
             split = tokens or (lambda res, *a, **k: (pf(res, *a, **k), dc(res, *a, **k)))
+            timer = self.gpu_timer
 
             def before(a, k):
                 start = self._iter_start.pop(key(None, *a, **k) if key else None, None)
                 if start is not None and start[1] is not None:
-                    self.gpu_timer.stop(start[1])  # recorded when the step's output is back
+                    timer.stop(start[1])  # recorded when the step's output is back
                 return start
 
             def after(res, a, k, start):
@@ -205,7 +304,7 @@ class EngineHooks:
                         decode,
                         pr(res, *a, **k),
                         kv_usage(res, *a, **k) if kv_usage else None,
-                        handle,
+                        None if handle is None else (timer, handle),  # read back by its own timer
                     )
                 )
 
@@ -222,24 +321,44 @@ class EngineHooks:
             def after(res, a, k, _):
                 self._rec((PREEMPTED, monotonic_ns(), request_id(res, *a, **k), mode_fn(res, *a, **k)))
 
-            return self._wrap(fn, after)
+            failed = lambda exc, a, k: self._finish_failed(request_id(None, *a, **k), "error", exc)
+            return self._wrap(fn, after, failed=failed)
+
+        return deco
+
+    def _tokens(self, kind: int, outputs: Extractor):
+        """token_out and generated: ``(request_id, tokens)`` pairs, recorded when the method is
+        called (a generator: for each item it yields)."""
+
+        def record(res, a, k):
+            t = monotonic_ns()
+            for rid, n in outputs(res, *a, **k) or ():
+                self._rec((kind, t, rid, n))
+
+        def failed(exc, a, k):
+            self._finish_failed([rid for rid, _ in outputs(None, *a, **k) or ()], "error", exc)
+
+        def deco(fn):
+            nothing = lambda res, a, k, pre: None
+            if inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+                return self._wrap(fn, nothing, item=record)
+            return self._wrap(fn, nothing, lambda a, k: record(None, a, k), failed=failed)
 
         return deco
 
     def token_out(self, outputs: Extractor):
         """Output handed to the transport. ``outputs``: iterable of ``(request_id, tokens)``.
         Recorded when the method is *called* (its extractor gets ``result=None``), so that a
-        ``finish`` hook running inside it comes after the tokens it hands out."""
+        ``finish`` hook running inside it comes after the tokens it hands out; a generator
+        method: for each item it yields (``outputs(item, *args, **kwargs)``)."""
+        return self._tokens(TOKEN_OUT, outputs)
 
-        def deco(fn):
-            def before(a, k):
-                t = monotonic_ns()
-                for rid, n in outputs(None, *a, **k) or ():
-                    self._rec((TOKEN_OUT, t, rid, n))
-
-            return self._wrap(fn, lambda res, a, k, pre: None, before)
-
-        return deco
+    def generated(self, outputs: Extractor):
+        """Tokens produced inside the engine (a forward pass's sampled tokens), before they are
+        handed out: prefill ends at the first, and the stall analysis tells a late engine from a
+        late delivery by them. ``outputs`` as for :meth:`token_out`. Without this hook the
+        token-out times stand in."""
+        return self._tokens(GENERATED, outputs)
 
     def finish(self, request_id: Extractor, status: str | Extractor = "ok", reason: Extractor | None = None):
         """A request finished (``status``: ok, error, cancelled or rejected). ``request_id`` may
@@ -255,7 +374,8 @@ class EngineHooks:
                 for rid in [ids] if isinstance(ids, str) else (ids or ()):
                     self._rec((FINISH, t, rid, st, rs))
 
-            return self._wrap(fn, after)
+            failed = lambda exc, a, k: self._finish_failed(request_id(None, *a, **k), "error", exc)
+            return self._wrap(fn, after, failed=failed)
 
         return deco
 

@@ -170,23 +170,27 @@ def _flush_all_at_exit() -> None:
             pass
 
 
-_default: TracingPipeline | None = None
+_defaults: dict[tuple, TracingPipeline] = {}
 _default_lock = threading.Lock()
 
 
 def default_pipeline(**kwargs) -> TracingPipeline:
-    """The process's pipeline, configured from the environment on first use (exporter from
-    ``OTEL_LLM_TRACES_FILE`` or the standard ``OTEL_*`` variables)."""
-    global _default
+    """The process's pipeline for these settings (``engine``, ``model``, ``service_name``, ...),
+    configured from the environment on first use (exporter from ``OTEL_LLM_TRACES_FILE`` or the
+    standard ``OTEL_*`` variables). The same settings give the same pipeline; other settings (a
+    second engine in the process, say vLLM's front end and its engine core together) their own,
+    never a pipeline silently set up for someone else."""
+    key = tuple(sorted((k, v if isinstance(v, str | int | float | bool | None) else id(v)) for k, v in kwargs.items()))
     with _default_lock:
-        if _default is None or _default._stopped:
+        p = _defaults.get(key)
+        if p is None or p._stopped:
             try:
                 exporter = exporter_from_env()
             except ValueError as exc:
                 log.warning("engine_hooks: %s; spans are not exported", exc)
                 exporter = None
-            _default = TracingPipeline(exporter, **kwargs).start()
-        return _default
+            p = _defaults[key] = TracingPipeline(exporter, **kwargs).start()
+        return p
 
 
 def flush() -> None:

@@ -113,7 +113,9 @@ class SpanFactory:
             attrs.update(r.attrs)
         status = None
         if r.status != "ok":
-            attrs[sc.ERROR_TYPE] = r.finish_reason if r.status == "error" and r.finish_reason else r.status
+            attrs[sc.ERROR_TYPE] = (
+                r.finish_reason if r.status in ("error", "rejected") and r.finish_reason else r.status
+            )
             status = Status(StatusCode.ERROR, r.status)
         out = [self._span(sc.SPAN_REQUEST, root, parent, s0, s1, attrs, SpanKind.SERVER, status)]
         child = lambda name, t0, t1, a=None: out.append(

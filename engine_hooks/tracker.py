@@ -214,7 +214,7 @@ class RequestTracker:
         gpu_handle: object | None,
     ) -> None:
         rec = StepRecord(start_ns, end_ns, index, batch, prefill, decode, preempted, kv_usage)
-        if gpu_handle is not None and self.gpu_elapsed is not None:
+        if gpu_handle is not None and (self.gpu_elapsed is not None or type(gpu_handle) is tuple):
             self.pending_gpu.append((rec, gpu_handle))
         else:
             self.steps.append(rec)
@@ -223,7 +223,10 @@ class RequestTracker:
         """Read back GPU times whose events have completed (``force``: give up on the rest)."""
         still = []
         for rec, handle in self.pending_gpu:
-            ns = self.gpu_elapsed(handle) if self.gpu_elapsed else None
+            if type(handle) is tuple:  # (the timer that recorded it, its handle)
+                ns = handle[0].elapsed_ns(handle[1])
+            else:
+                ns = self.gpu_elapsed(handle) if self.gpu_elapsed else None
             if ns is None and not force:
                 still.append((rec, handle))
                 continue

@@ -43,6 +43,7 @@ FRONTEND = "OTEL_LLM_FRONTEND"  # "0": the plugin leaves this process's vLLM fro
 # and its buffer holds raw hook events, not spans.
 SCHEDULE_DELAY = "OTEL_LLM_SCHEDULE_DELAY"  # ms between span-building rounds (default 200)
 MAX_QUEUE_SIZE = "OTEL_LLM_MAX_QUEUE_SIZE"  # hook events buffered between rounds (default 262144)
+STRICT = "OTEL_LLM_STRICT"  # "1": an engine hook that fails raises (tests), instead of being counted
 PURE_PYTHON = "OTEL_LLM_PURE_PYTHON"  # the collector parses with protobuf, not its C walk
 COLLECTOR_PREFIX = "OTEL_LLM_COLLECTOR_"  # + an `otel-llm collector` option, e.g. _STORE, _MAX_TRACES
 OPENAI_API_KEY = "OPENAI_API_KEY"  # bench's --api-key default

@@ -1,0 +1,171 @@
+"""The generic hook API as a new user's engine uses it: coroutine methods, generators that stream,
+a hook for tokens generated apart from tokens handed out, methods that raise, strict mode for
+tests, one default pipeline per setting, a GPU timer per hooks object."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+from conftest import ROOT
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from engine_hooks import CudaEventTimer, EngineHooks, TracingPipeline, default_pipeline
+from otel_llm import semconv as sc
+
+sys.path.insert(0, str(ROOT / "examples"))
+
+
+def spans_by_request(mem) -> dict[str, dict[str, object]]:
+    """{request id: {span name: span}} of the request spans and their children."""
+    spans = mem.get_finished_spans()
+    roots = {s.context.span_id: s for s in spans if s.name == sc.SPAN_REQUEST}
+    out = {r.attributes[sc.REQUEST_ID]: {sc.SPAN_REQUEST: r} for r in roots.values()}
+    for s in spans:
+        if s.parent is not None and s.parent.span_id in roots:
+            out[roots[s.parent.span_id].attributes[sc.REQUEST_ID]][s.name] = s
+    return out
+
+
+def test_the_async_example_engine_gets_every_span():
+    """examples/async_engine.py (async def methods, an awaited 5 ms forward pass, an async
+    generator stream): every phase span, steps as long as the await, prefill ending when the
+    first token was generated, before it was handed out."""
+    import async_engine
+
+    mem = InMemorySpanExporter()
+    pipeline = TracingPipeline(mem, service_name="async")
+    async_engine.hooks.use(pipeline)
+    asyncio.run(_run(async_engine))
+    pipeline.process(final=True)
+    assert pipeline.counters.hook_errors == 0
+    reqs = spans_by_request(mem)
+    assert set(reqs) == {f"a{i}" for i in range(4)}
+    for rid, got in reqs.items():
+        assert {sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_STREAM} <= set(got), (rid, set(got))
+        req = got[sc.SPAN_REQUEST]
+        a = req.attributes
+        assert a[sc.STATUS] == "ok" and a[sc.OUTPUT_TOKENS] == 8 and len(a[sc.TOKEN_EVENT_OFFSETS]) == 8
+        gen, out = a[sc.TOKEN_GENERATED_OFFSETS], a[sc.TOKEN_EVENT_OFFSETS]
+        assert len(gen) == 8 and all(g <= o for g, o in zip(gen, out))
+        assert got[sc.SPAN_PREFILL].end_time == req.start_time + gen[0] < req.start_time + out[0] + 1
+    steps = [s for s in mem.get_finished_spans() if s.name == sc.SPAN_STEP]
+    assert len(steps) == 8 and all(s.end_time - s.start_time >= 5_000_000 for s in steps)
+    assert [s.attributes[sc.STEP_BATCH_SIZE] for s in steps] == [4] * 8
+
+
+async def _run(async_engine):
+    engine = async_engine.AsyncEngine()
+    for i in range(4):
+        await engine.add_request(f"a{i}", 8)
+
+    async def read(rid):
+        return [t async for t in engine.stream(rid)]
+
+    got = await asyncio.gather(engine.run_steps(), *(read(f"a{i}") for i in range(4)))
+    assert [len(g) for g in got[1:]] == [8] * 4  # the caller sees what it would see untraced
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_method_that_raises_finishes_its_request(kind):
+    """The exception reaches the caller unchanged; the request ends (rejected at arrival, error
+    elsewhere) with the exception's type, instead of staying in flight."""
+    mem = InMemorySpanExporter()
+    hooks = EngineHooks(TracingPipeline(mem), engine="e")
+
+    def body(rid, fail):
+        if fail:
+            raise KeyError(rid)
+
+    if kind == "async":
+
+        async def add(rid, fail):
+            body(rid, fail)
+
+        async def emit(rid, fail):
+            body(rid, fail)
+
+        call = asyncio.run
+    else:
+        add = emit = body
+        call = lambda x: x
+    add = hooks.arrival(request_id=lambda res, rid, fail: rid)(add)
+    emit = hooks.token_out(outputs=lambda _, rid, fail: [(rid, 1)])(emit)
+    with pytest.raises(KeyError):
+        call(add("refused", True))
+    call(add("broken", False))
+    with pytest.raises(KeyError):
+        call(emit("broken", True))
+    hooks.pipeline.process()
+    reqs = spans_by_request(mem)
+    refused, broken = reqs["refused"][sc.SPAN_REQUEST].attributes, reqs["broken"][sc.SPAN_REQUEST].attributes
+    assert refused[sc.STATUS] == "rejected" and refused[sc.ERROR_TYPE] == "KeyError"
+    assert broken[sc.STATUS] == "error" and broken[sc.ERROR_TYPE] == "KeyError"
+    assert broken[sc.OUTPUT_TOKENS] == 1  # the tokens it handed out before it failed
+    assert hooks.pipeline.tracker.live == {}
+
+
+def test_strict_mode_raises_a_wrong_extractor_at_once(monkeypatch):
+    """A hook whose extractor has the wrong signature: counted and warned about normally; in
+    strict mode (the argument, or OTEL_LLM_STRICT=1) the TypeError is raised at the first call."""
+
+    def engine(hooks):
+        @hooks.arrival(request_id=lambda res, self: "x")  # the method takes (self, req)
+        def add(self, req):
+            return req
+
+        return add
+
+    lax = EngineHooks(TracingPipeline(None))
+    assert engine(lax)(None, "r") == "r" and lax.pipeline.counters.hook_errors == 1
+    with pytest.raises(TypeError):
+        engine(EngineHooks(TracingPipeline(None), strict=True))(None, "r")
+    monkeypatch.setenv("OTEL_LLM_STRICT", "1")
+    with pytest.raises(TypeError):
+        engine(EngineHooks(TracingPipeline(None)))(None, "r")
+
+
+def test_one_default_pipeline_per_setting():
+    a = default_pipeline(engine="one", service_name="one")
+    assert default_pipeline(engine="one", service_name="one") is a
+    b = default_pipeline(engine="two", service_name="two")
+    assert b is not a and b.factory.engine == "two" and a.factory.engine == "one"
+
+
+class Timer:
+    """A GPU timer's interface (start / stop / elapsed_ns) with a fixed answer."""
+
+    def __init__(self, ns):
+        self.ns = ns
+
+    def start(self):
+        return [None]
+
+    def stop(self, handle):
+        handle[0] = True
+
+    def elapsed_ns(self, handle):
+        return self.ns
+
+
+def test_each_hooks_object_reads_back_its_own_gpu_timer():
+    """vLLM's front end and engine core in one process share a pipeline: a GPU timer given to one
+    hooks object is not lost on the shared pipeline, nor read by another's."""
+    mem = InMemorySpanExporter()
+    pipeline = TracingPipeline(mem)
+    for ns in (111, 222):
+        hooks = EngineHooks(pipeline, gpu_timer=Timer(ns))
+        sched = hooks.schedule()(lambda: "plan")
+        step = hooks.step(batch_size=lambda res, plan, ns=ns: ns)(lambda plan: plan)
+        step(sched())
+    plain = EngineHooks(pipeline)
+    plain.step(batch_size=lambda res, plan: 0)(lambda plan: plan)(plain.schedule()(lambda: "plan")())
+    pipeline.process()
+    got = {
+        s.attributes[sc.STEP_BATCH_SIZE]: s.attributes.get(sc.STEP_GPU_TIME_NS)
+        for s in mem.get_finished_spans()
+        if s.name == sc.SPAN_STEP
+    }
+    assert got == {111: 111, 222: 222, 0: None}
+    assert CudaEventTimer.if_available() is None  # this machine has no CUDA: no timer, no attribute
