@@ -1,6 +1,7 @@
 """engine_hooks: trace an LLM engine from the inside.
 
-* :func:`instrument` (vLLM): ``LLM = engine_hooks.instrument(vllm.LLM)``.
+* :func:`instrument`: ``LLM = engine_hooks.instrument(vllm.LLM)``, or ``engine_hooks.instrument(model)``
+  for transformers continuous batching.
 * :class:`EngineHooks`: the generic decorator API for any batching engine.
 * :class:`CudaEventTimer`: GPU time per step (``EngineHooks(gpu_timer=CudaEventTimer.if_available())``).
 * :func:`flush`: export everything recorded so far.
@@ -12,8 +13,18 @@ from .pipeline import TracingPipeline, default_pipeline, flush
 
 
 def instrument(target):
-    """Trace a vLLM engine: ``vllm.LLM``, ``AsyncLLM`` or ``LLMEngine`` (a class: returns a traced
-    subclass; an engine already built: hooks it in place). See :func:`engine_hooks.vllm.instrument`."""
+    """Trace an engine with one call:
+
+    * vLLM: ``vllm.LLM``, ``AsyncLLM`` or ``LLMEngine`` (a class: returns a traced subclass; an
+      engine already built: hooks it in place). See :func:`engine_hooks.vllm.instrument`.
+    * transformers continuous batching: a model (``generate_batch``, ``init_continuous_batching``)
+      or its ``ContinuousBatchingManager``, hooked in place. See :mod:`engine_hooks.transformers`.
+    """
+    from .transformers import instrument as _transformers
+    from .transformers import is_transformers_target
+
+    if not isinstance(target, type) and is_transformers_target(target):
+        return _transformers(target)
     from .vllm import instrument as _instrument
 
     return _instrument(target)

@@ -59,7 +59,7 @@ from otel_llm import environment
 from otel_llm.clock import monotonic_ns
 
 from .pipeline import TracingPipeline, default_pipeline
-from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, RAW, SCHEDULED, STEP, TOKEN_OUT
+from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, QUEUED, RAW, SCHEDULED, STEP, TOKEN_OUT
 
 Extractor = Callable[..., Any]
 
@@ -218,11 +218,14 @@ class EngineHooks:
         raises, the request is recorded as arrived and ``rejected``."""
 
         def arrived(res, a, k):
+            rid = request_id(res, *a, **k)
+            if rid is None:  # the engine refused it without an id (nothing to trace)
+                return
             self._rec(
                 (
                     ARRIVAL,
                     monotonic_ns(),
-                    request_id(res, *a, **k),
+                    rid,
                     start_time_ns(res, *a, **k) if start_time_ns else None,
                     input_tokens(res, *a, **k) if input_tokens else None,
                     trace_headers(res, *a, **k) if trace_headers else None,
@@ -236,6 +239,23 @@ class EngineHooks:
                 self._finish_failed(request_id(None, *a, **k), "rejected", exc)
 
             return self._wrap(fn, lambda res, a, k, _: arrived(res, a, k), failed=failed)
+
+        return deco
+
+    def queued(self, request_id: Extractor):
+        """A request entered the scheduler's queue: the front end's own work (arrival -> queued:
+        tokenizing, hand-off to the engine loop) becomes ``llm.frontend``, and ``llm.queue`` starts
+        here. ``request_id`` may return one id or several. Without this hook the queue starts at
+        arrival."""
+
+        def deco(fn):
+            def after(res, a, k, _):
+                t = monotonic_ns()
+                ids = request_id(res, *a, **k)
+                for rid in [ids] if isinstance(ids, str) else (ids or ()):
+                    self._rec((QUEUED, t, rid))
+
+            return self._wrap(fn, after)
 
         return deco
 

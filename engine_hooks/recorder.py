@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 # event kinds (first element of each tuple); payloads documented in engine_hooks.tracker
-ARRIVAL, SCHEDULED, PREEMPTED, GENERATED, TOKEN_OUT, FINISH, STEP, RAW = range(8)
+ARRIVAL, SCHEDULED, PREEMPTED, GENERATED, TOKEN_OUT, FINISH, STEP, RAW, QUEUED = range(9)
 
 DEFAULT_CAPACITY = 1 << 18
 

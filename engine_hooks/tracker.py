@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from otel_llm.clock import WallAnchor
 
-from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, RAW, SCHEDULED, STEP, TOKEN_OUT
+from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, QUEUED, RAW, SCHEDULED, STEP, TOKEN_OUT
 
 
 @dataclass
@@ -255,6 +255,8 @@ class RequestTracker:
                 self.preempted(ev[2], wall(ev[1]), ev[3])
             elif kind == FINISH:
                 self.finish(ev[2], wall(ev[1]), ev[3], ev[4])
+            elif kind == QUEUED:
+                self.queued(ev[2], wall(ev[1]))
 
     def take_http(self) -> list:
         h, self.http_done = self.http_done, []
