@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-quick lint bench venv prometheus clang chromium fuzz model clean
+.PHONY: demo test test-quick lint bench venv prometheus clang chromium fuzz model clean gpu-check
 
 venv: $(STAMP) $(EXT)
 
@@ -61,6 +61,10 @@ test-quick: venv lint
 
 bench: venv
 	$(PY) benchmarks/derive_throughput.py
+
+# transformers continuous batching plain vs instrumented, CUDA step times (CPU path without CUDA)
+gpu-check: venv
+	$(PY) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

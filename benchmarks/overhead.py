@@ -10,6 +10,11 @@ on the real wrapped scheduler methods; and the span-building thread's CPU time p
 
 Run: ``.venv/bin/python benchmarks/overhead.py [--rounds 5] [--requests 128] [--tokens 256]``
 Target (docs/architecture.md, "The hot path"): instrumented/plain >= 0.98 here.
+
+``--engine transformers``: the same comparison for transformers continuous batching (the tiny
+model, fp32, on the CPU): a plain model and one traced by ``engine_hooks.instrument``, each with
+its manager started once, the same batch in alternating rounds (benchmarks/cb_runs.py, which the
+GPU check shares); prints the ratio per round and the adapter's hook cost per step.
 """
 
 from __future__ import annotations
@@ -108,7 +113,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--kv-mib", type=int, default=64)
     ap.add_argument("--model", default=None, help="model folder (default: build the tiny model in a temp dir)")
+    ap.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
     a = ap.parse_args()
+    if a.engine == "transformers":
+        transformers_main(a)
+        return
 
     from vllm import LLM, SamplingParams
 
@@ -191,6 +200,31 @@ def main() -> None:
         f"the sink received {received[0]} spans from both traced engines"
     )
     # the sink stays up until the process exits: vLLM's exporter flushes at exit
+
+
+def transformers_main(a: argparse.Namespace) -> None:
+    sys.path.insert(0, os.path.dirname(__file__))
+    import cb_runs
+
+    tiny = a.model or os.path.join(tempfile.mkdtemp(prefix="otel-llm-bench-"), "tiny")
+    build = lambda: cb_runs.build_model(None, "cpu", "float32", tiny)
+    model = build()
+    batch = cb_runs.prompts(a.requests, 32, model.config.vocab_size)
+    gen, cb = cb_runs.configs(a.tokens, a.requests, 32)
+    print(f"transformers continuous batching, tiny model on the CPU: {a.requests} x {a.tokens} tokens", flush=True)
+    r = cb_runs.alternate(model, cb_runs.tracing("cpu"), batch, gen, cb, a.rounds)
+    hook = cb_runs.hook_cost_us(a.requests)
+    rounds = lambda v: ", ".join(f"{x:,.0f}" for x in v)
+    print(f"plain: median {statistics.median(r.plain):,.0f} output tok/s (rounds: {rounds(r.plain)})")
+    print(f"instrumented: median {statistics.median(r.traced):,.0f} output tok/s (rounds: {rounds(r.traced)})")
+    print(
+        f"instrumented / plain: median {statistics.median(r.ratios):.3f} (rounds: "
+        f"{', '.join(f'{x:.3f}' for x in r.ratios)}); all rounds together {r.ratio_all:.3f}  target >= 0.98"
+    )
+    print(
+        f"hook cost on the engine's thread: {hook:.1f} us per step at {a.requests} requests; "
+        f"median step {statistics.median(r.step_wall_ms):.2f} ms over {r.steps} traced steps"
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,40 @@
+"""benchmarks/gpu_check.py keeps working where CI runs (no GPU): its CPU path measures the same
+things (plain vs instrumented rounds, step wall times, the hook cost) on the tiny model, and says
+GPU time is not available rather than inventing it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_the_gpu_check_runs_its_cpu_path(tmp_path):
+    out = tmp_path / "gpu.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cpu"]
+    cmd += ["--concurrency", "1,3", "--rounds", "2", "--tokens", "6", "--prompt", "8", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "GPU time: n/a (no CUDA)" in proc.stdout and "budget: instrumented/plain >= 0.99" in proc.stdout
+    got = json.loads(out.read_text())
+    assert got["device"] == "CPU" and [r["concurrency"] for r in got["results"]] == [1, 3]
+    for r in got["results"]:
+        assert len(r["ratio_rounds"]) == 2 and all(x > 0 for x in r["ratio_rounds"])
+        assert r["plain_tok_s"] > 0 and r["instrumented_tok_s"] > 0
+        # the traced rounds' steps: at least one per output token after the first, each timed
+        assert r["steps"] >= 2 * 5 and r["step_wall_ms_median"] > 0
+        assert r["step_gpu_ms_median"] is None and r["steps_gpu_above_wall"] is None
+        assert 0 < r["hook_us_per_step"] < 1000
+
+
+def test_gpu_check_refuses_cuda_it_does_not_have():
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--device", "cuda"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 2 and "no CUDA device here" in proc.stderr
