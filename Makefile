@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-quick lint bench venv prometheus clang chromium fuzz model clean gpu-check
+.PHONY: demo test test-quick lint bench venv prometheus clang chromium fuzz model clean gpu-check gpu-wheels
 
 venv: $(STAMP) $(EXT)
 
@@ -65,6 +65,10 @@ bench: venv
 # transformers continuous batching plain vs instrumented, CUDA step times (CPU path without CUDA)
 gpu-check: venv
 	$(PY) benchmarks/gpu_check.py
+
+# the wheels gpu_check.py needs on a GPU machine without network (into .whl/; see benchmarks/gpu_wheels.py)
+gpu-wheels: venv
+	$(PY) benchmarks/gpu_wheels.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
