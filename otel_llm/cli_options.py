@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from .fluidity import FluidityTarget
 from .percentiles import METHODS, as_fraction
 from .selection import Selection, parse_time
 from .slo import SLO
@@ -94,6 +95,13 @@ def add_analysis_options(p: argparse.ArgumentParser) -> None:
         default="pass",
         help="whether a request with <= 1 output token passes a tpot bound (default: pass)",
     )
+    g.add_argument(
+        "--fluidity",
+        metavar="DEADLINES",
+        default=None,
+        help="the fluidity index (docs/metrics/fluidity.md) against token deadlines: ttft=S,tbt=S[,target=F] "
+        "(seconds; a request is fluid at index >= target, default 0.9)",
+    )
     g.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
 
 
@@ -105,10 +113,19 @@ def slo_option(text: str | None, tpot_undefined: str = "pass") -> SLO | None:
         raise CLIError(f"--slo: {exc}") from None
 
 
+def fluidity_option(text: str | None) -> FluidityTarget | None:
+    """The ``--fluidity DEADLINES`` option (None when not given); a bad one is a usage error."""
+    try:
+        return FluidityTarget.parse(text) if text else None
+    except ValueError as exc:
+        raise CLIError(f"--fluidity: {exc}") from None
+
+
 def analysis_text(batch: TimelineBatch, args: argparse.Namespace, extra: dict | None = None) -> str:
     """Summarise ``batch`` with the options of :func:`add_analysis_options` and format it."""
     slo = slo_option(args.slo, args.tpot_undefined)
-    s = summarize(batch, window=args.window, slo=slo, ps=args.percentiles, method=args.percentile_method)
+    flu = fluidity_option(getattr(args, "fluidity", None))
+    s = summarize(batch, window=args.window, slo=slo, ps=args.percentiles, method=args.percentile_method, fluidity=flu)
     if extra:
         s.extra.update(extra)
     return format_summary(s, args.format)

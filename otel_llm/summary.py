@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .fluidity import FluidityTarget, miss_rates
 from .percentiles import Percent, percentile_key, percentiles
 from .request_math import RequestMetrics, request_metrics
 from .slo import SLO
@@ -26,6 +27,8 @@ POPULATIONS = {
     "itl": "pooled ITL: every gap of every completed request (long outputs contribute more samples)",
     "itl_max": "per-request largest ITL of completed requests with 2+ token events",
     "e2e": "per-request E2E of completed requests",
+    "deadline_miss_rate": "per-request missed / total token deadlines of completed requests with a token "
+    "(1 - fluidity index)",
 }
 
 
@@ -77,8 +80,31 @@ class Goodput:
     tpot_undefined: str
     good: int
     requests_per_s: float | None
+    output_tokens_per_s: float | None  # the good requests' whole outputs / T ("goodput in tokens")
     attainment: float | None  # good / completed; None when nothing completed
     attainment_by_bound: dict[str, float | None]
+
+
+@dataclass
+class Fluidity:
+    """The fluidity index of the completed requests (docs/metrics/fluidity.md)."""
+
+    ttft_deadline: float  # s
+    tbt_deadline: float  # s
+    target: float
+    miss_rate: Distribution  # per request, missed / total deadlines (low is good: p99 is the worst-off 1%)
+    index_mean: float | None  # mean over requests of 1 - miss rate
+    attainment: float | None  # share of those requests whose index >= target
+
+    def to_json(self) -> dict:
+        return {
+            "ttft_deadline": self.ttft_deadline,
+            "tbt_deadline": self.tbt_deadline,
+            "target": self.target,
+            "index_mean": self.index_mean,
+            "attainment": self.attainment,
+            "deadline_miss_rate": self.miss_rate.to_json(),
+        }
 
 
 @dataclass
@@ -92,6 +118,7 @@ class Summary:
     latency: dict[str, Distribution]
     goodput: Goodput | None
     extra: dict = field(default_factory=dict)  # conditions etc., passed through to JSON
+    fluidity: Fluidity | None = None
 
     def to_json(self) -> dict:
         c = self.counts
@@ -121,6 +148,8 @@ class Summary:
             "latency": {k: d.to_json() for k, d in self.latency.items()},
             "goodput": None,
         }
+        if self.fluidity is not None:
+            out["fluidity"] = self.fluidity.to_json()
         if self.goodput is not None:
             g = self.goodput
             out["goodput"] = {
@@ -128,6 +157,7 @@ class Summary:
                 "tpot_undefined": g.tpot_undefined,
                 "good": g.good,
                 "requests_per_s": g.requests_per_s,
+                "output_tokens_per_s": g.output_tokens_per_s,
                 "attainment": g.attainment,
                 "attainment_by_bound": g.attainment_by_bound,
             }
@@ -159,6 +189,24 @@ def bound_checks(rm: RequestMetrics, slo: SLO) -> dict[str, np.ndarray]:
     return out
 
 
+def _fluidity(batch: TimelineBatch, which: np.ndarray, t: FluidityTarget, ps, method: str) -> Fluidity:
+    if batch.event_offsets_ns is not None:
+        offs_ns = batch.event_offsets_ns
+    else:  # timelines in seconds: each event's offset from its request's submit, rounded to ns
+        rel = batch.event_time - np.repeat(batch.submit, np.diff(batch.offsets))
+        offs_ns = np.round(rel * 1e9).astype(np.int64)
+    rates = miss_rates(batch.offsets, offs_ns, batch.event_tokens, np.flatnonzero(which), t)
+    index = 1.0 - rates
+    return Fluidity(
+        t.ttft,
+        t.tbt,
+        t.target,
+        Distribution.of(POPULATIONS["deadline_miss_rate"], rates, ps, method),
+        float(index.mean()) if len(index) else None,
+        float((index >= t.target).mean()) if len(index) else None,
+    )
+
+
 def summarize(
     batch: TimelineBatch,
     window: Window | None = None,
@@ -166,6 +214,7 @@ def summarize(
     ps: Iterable[Percent] = DEFAULT_PERCENTILES,
     method: str = "nearest-rank",
     rm: RequestMetrics | None = None,
+    fluidity: FluidityTarget | None = None,
 ) -> Summary:
     """All window statistics of docs/metrics/spec.md for ``batch``.
 
@@ -211,12 +260,17 @@ def summarize(
             tpot_undefined=slo.tpot_undefined,
             good=good,
             requests_per_s=_rate(good, T),
+            output_tokens_per_s=_rate(int(rm.output_tokens[good_mask].sum()), T),
             attainment=good / n_completed if n_completed else None,
             attainment_by_bound={
                 k: (int((completed & ok).sum()) / n_completed if n_completed else None) for k, ok in checks.items()
             },
         )
+    flu = None
+    if fluidity is not None:
+        flu = _fluidity(batch, completed & (rm.events > 0), fluidity, ps, method)
     return Summary(
+        fluidity=flu,
         window=w,
         counts=counts,
         requests_per_s=_rate(n_completed, T),

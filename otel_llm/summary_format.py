@@ -78,6 +78,25 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
             f"attainment {_pct(g.attainment)} ({g.good} of {c.completed} completed)"
         )
         out.append("per bound: " + ", ".join(f"{k} {_pct(v)}" for k, v in g.attainment_by_bound.items()))
+        out.append(f"goodput in tokens: {_num(g.output_tokens_per_s)} output tokens/s (the good requests' outputs)")
+        out.append("")
+    if s.fluidity is not None:
+        f = s.fluidity
+        d = f.miss_rate
+        out.append(h("Fluidity"))
+        out.append(
+            f"deadlines: first token {f.ttft_deadline * 1000:g} ms, then one every {f.tbt_deadline * 1000:g} ms "
+            f"(slack carried forward; docs/metrics/fluidity.md)"
+        )
+        out.append(
+            f"fluidity index: mean {_num(f.index_mean)} over {d.n} requests; fluid (index >= {f.target:g}): "
+            f"{_pct(f.attainment)}"
+        )
+        out.append(
+            "deadline miss rate per request: "
+            + ", ".join(f"{k} {_num(v)}" for k, v in d.percentiles.items())
+            + f", max {_num(d.max)}"
+        )
         out.append("")
     return out
 

@@ -185,3 +185,17 @@ def test_the_collector_derives_transformers_records_as_vllms(load, tmp_path):
     assert got["counts"]["requests"] == 8 == got["counts"]["completed"]
     assert got["throughput"]["output_tokens"] == sum(len(o.generated_tokens) for o in out.values())
     assert got["counts"]["multi_token_events"] == 0  # one token per event: ITL is exact
+
+
+def test_one_call_on_the_model_or_the_manager(load):
+    """engine_hooks.instrument takes either, in place, once; other models stay untouched."""
+    import engine_hooks
+    from engine_hooks.api import hooked
+
+    model, other = load(), load()
+    assert engine_hooks.instrument(model) is model and hooked(model.init_continuous_batching)
+    assert engine_hooks.instrument(model) is model  # a second call changes nothing
+    gen, cb = configs()
+    manager = other.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    assert not hooked(other.init_continuous_batching) and not hooked(manager.add_request)
+    assert engine_hooks.instrument(manager) is manager and hooked(manager.add_request)
