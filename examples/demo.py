@@ -178,7 +178,7 @@ def main() -> None:
     )
     print(
         f"\nstore: {os.path.relpath(store, ROOT)}  (otel-llm analyze --store {os.path.relpath(store, ROOT)} "
-        f"--boundary engine|client)"
+        f"--boundary engine|server|client)"
     )
     print(f"report: {report}  (open it in a browser: file://{report})")
 
