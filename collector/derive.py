@@ -231,7 +231,9 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
             server_received[e] = s[sp.START]
             ch = s[sp.CHUNK_OFFSETS]
             if type(ch) is bytes and len(ch) % 8 == 0:
-                server_chunks[e] = s[sp.START] + np.frombuffer(ch, np.int64)
+                # sorted: chunks are written in order, and a sender that says otherwise must not
+                # turn the lookups below into nonsense
+                server_chunks[e] = np.sort(s[sp.START] + np.frombuffer(ch, np.int64))
                 server_span[e] = s
     generated: list = [None] * n  # the engine's own generation times, apart from its token events
     for e in eng.tolist():

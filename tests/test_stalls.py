@@ -199,3 +199,50 @@ def test_engine_stalls_are_refined_from_the_steps():
     client = R(event_offsets_ns=[10 * ms, 20 * ms, 300 * ms, 310 * ms], submit_ns=0)
     engine = R(event_offsets_ns=[5 * ms, 15 * ms, 290 * ms, 300 * ms], submit_ns=1000)
     assert engine_gap(client, engine) == (1000 + 15 * ms, 1000 + 290 * ms)
+
+
+def test_hostile_layer_arrays_do_no_harm():
+    """Server chunk times out of order, generation times of another length than the token events,
+    a generation array of odd bytes: the records are derived, the layers they cannot support are
+    unknown, and nothing raises."""
+    from collector.assembly import ReleasedTrace
+    from collector.derive import derive
+    from collector.walked_span import make_span
+    from otel_llm import semconv as sc
+
+    t, ms = "cd" * 16, 1_000_000
+    ev = [100 * ms + 30 * ms * i for i in range(6)]
+    spans = [
+        make_span(
+            t, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=0, end=400 * ms, request_id="r", offsets=ev, tokens=[1] * 6
+        ),
+        make_span(
+            t,
+            "5e" * 8,
+            "POST /v1/completions",
+            parent="c1" * 8,
+            start=1,
+            end=390 * ms,
+            chunk_offsets=[300 * ms, 90 * ms, 200 * ms, 120 * ms],
+        ),
+        make_span(
+            t,
+            "e1" * 8,
+            sc.SPAN_REQUEST,
+            parent="5e" * 8,
+            start=2 * ms,
+            end=380 * ms,
+            request_id="r",
+            offsets=[x - 10 * ms for x in ev],
+            tokens=[1] * 6,
+            gen_offsets=[5 * ms, 6 * ms],
+            gen_tokens=b"\x01",
+        ),
+    ]
+    batch, _ = derive([ReleasedTrace(bytes.fromhex(t), spans, "grace")])
+    recs = {r.boundary: r for r in batch.records()}
+    assert set(recs) == {"client", "server", "engine"}
+    c = recs["client"]
+    assert c.stall_core_gap is None  # two generations for six token events: not a mapping
+    assert c.stall_server_gap is not None and c.stall_server_gap >= 0  # the chunks, sorted, still say something
+    assert list(recs["server"].event_offsets_ns) == sorted(recs["server"].event_offsets_ns)
