@@ -153,7 +153,7 @@ def add_stall_options(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_FLOOR_S,
         metavar="S",
         help="a paired request's largest client gap between tokens is a stall when over both S and "
-        f"--stall-factor times the request's own median gap (default {DEFAULT_FLOOR_S} s)",
+        f"--stall-factor times the median of the request's other gaps (default {DEFAULT_FLOOR_S} s)",
     )
     p.add_argument(
         "--stall-factor",

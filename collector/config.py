@@ -236,7 +236,7 @@ class CollectorConfig:
         "--stall-threshold",
         "S",
         "a paired request's largest client gap between tokens is a stall (counted by cause) when over both "
-        "this and --stall-factor times the request's own median gap",
+        "this and --stall-factor times the median of the request's other gaps",
         float,
         0.0,
     )
