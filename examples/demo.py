@@ -15,11 +15,12 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+from engine_hooks.tiny_model import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -34,14 +35,6 @@ def say(text: str) -> None:
 def otel_llm(*args: str, env: dict | None = None) -> None:
     print("$ otel-llm " + " ".join(args), flush=True)
     subprocess.run([sys.executable, "-m", "otel_llm", *args], check=True, env=env or ENV, cwd=ROOT)
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def wait_http(url: str, proc: subprocess.Popen, timeout: float, what: str) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from dataclasses import dataclass, field
 
 from opentelemetry.sdk.resources import Resource
@@ -10,17 +9,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, set_span_in_context
 
+from engine_hooks.tiny_model import free_port  # noqa: F401 (the helpers' users import it from here)
 from otel_llm import semconv as sc
 
 MS = 1_000_000
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @dataclass
