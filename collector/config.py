@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from otel_llm.fluidity import FluidityTarget
 from otel_llm.slo import SLO
 
 OFF = ("", "off", "none", "0")
@@ -59,6 +60,11 @@ def one_of(*choices: str) -> Callable[[str], str]:
 
     parse.choices = choices
     return parse
+
+
+def fluidity_or_off(text: str) -> FluidityTarget | None:
+    """The ``--fluidity`` deadlines (``ttft=S,tbt=S[,target=F]``), or ``off``."""
+    return None if text.strip().lower() in OFF else FluidityTarget.parse(text)
 
 
 def yes_no(text: str) -> bool:
@@ -242,6 +248,15 @@ class CollectorConfig:
     )
     stall_factor: float = option(
         4.0, "--stall-factor", "K", "see --stall-threshold (0: the threshold alone decides)", float, 0.0
+    )
+    fluidity: FluidityTarget | None = option(  # noqa: RUF009 (FluidityTarget is a frozen dataclass)
+        None,
+        "--fluidity",
+        "DEADLINES",
+        "token deadlines ttft=S,tbt=S[,target=F] of the fluidity index (docs/metrics/fluidity.md): each "
+        "completed request's index goes to llm_fluidity_index, those at or above the target (default 0.9) "
+        "to llm_fluidity_fluid_requests_total (off: not computed)",
+        fluidity_or_off,
     )
     max_backlog: int = option(
         50_000,

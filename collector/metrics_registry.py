@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from otel_llm.fluidity import FluidityTarget, miss_rates
 from otel_llm.request_math import RequestMetrics
 from otel_llm.slo import SLO
 from otel_llm.summary import bound_checks
@@ -52,6 +53,7 @@ ITL_BUCKETS = (
     5.0,
     10.0,
 )
+FLUIDITY_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)
 
 
 @dataclass
@@ -125,8 +127,10 @@ class MetricsRegistry:
         max_models: int = 100,
         stall_threshold: float = DEFAULT_FLOOR_S,
         stall_factor: float = DEFAULT_FACTOR,
+        fluidity: FluidityTarget | None = None,
     ):
         self.slos = dict(slos or {})
+        self.fluidity = fluidity
         self.stall_threshold = stall_threshold
         self.stall_factor = stall_factor
         self.max_models = max_models
@@ -200,6 +204,19 @@ class MetricsRegistry:
             "Paired requests whose largest client gap between tokens is over the stall threshold, by cause",
             BM + ("cause",),
         )
+        self.fluidity_index = h(
+            "llm.fluidity.index",
+            "1",
+            "Fluidity index of completed requests with a token (1 - missed / total token deadlines; "
+            "docs/metrics/fluidity.md), with the deadlines of --fluidity",
+            FLUIDITY_BUCKETS,
+        )
+        self.fluid = Counter(
+            "llm.fluidity.fluid_requests",
+            "{request}",
+            "Completed requests whose fluidity index reached the --fluidity target",
+            BM,
+        )
         self.stall_seconds = Counter(
             "llm.stall.seconds",
             "s",
@@ -235,6 +252,7 @@ class MetricsRegistry:
             self.ttft_part,
             self.stalls,
             self.stall_seconds,
+            *((self.fluidity_index, self.fluid) if self.fluidity else ()),
         ]
 
     def record(self, batch: RecordBatch, rm: RequestMetrics) -> None:
@@ -252,6 +270,12 @@ class MetricsRegistry:
         ok = status == "ok"
         checks = {name: bound_checks(rm, slo) for name, slo in self.slos.items()}
         itl_counts = np.maximum(rm.events - 1, 0)  # ITL samples per request (m - 1), in request order
+        index = None
+        if self.fluidity is not None:  # per completed request with a token; NaN elsewhere
+            index = np.full(len(batch), np.nan)
+            has = np.flatnonzero(ok & (rm.events > 0))
+            rates = miss_rates(batch.event_start, batch.event_offsets_ns, batch.event_tokens, has, self.fluidity)
+            index[has] = 1.0 - rates
         with self._lock:
             for labels, idx_list in groups.items():
                 idx = np.asarray(idx_list)
@@ -271,6 +295,12 @@ class MetricsRegistry:
                     self.queue.observe(labels, batch.queue[sel])
                     self.prefill.observe(labels, batch.prefill[sel])
                     self.preemptions.add(labels, int(batch.preemptions[idx].sum()))
+                if index is not None:
+                    x = index[sel]
+                    x = x[np.isfinite(x)]
+                    self.fluidity_index.observe(labels, x)
+                    self.fluid.series.setdefault(labels, 0)
+                    self.fluid.add(labels, int((x >= self.fluidity.target).sum()))
                 for st, n in zip(*np.unique(status[idx], return_counts=True)):
                     self.requests.add(labels + (str(st),), int(n))
                 self.output_tokens.add(labels, int(rm.output_tokens[idx].sum()))

@@ -241,13 +241,17 @@ def figures(d: ReportData) -> dict[str, object]:
         figs["fig-stalls"] = fig
 
     if d.sweep:
-        fig = make_subplots(rows=1, cols=2, subplot_titles=("SLO attainment", "latency percentiles (s)"))
-        x = [p.requests_per_s for p in d.sweep]
+        fig = make_subplots(
+            rows=1,
+            cols=3,
+            subplot_titles=("SLO attainment", "latency percentiles (s)", "mean client TTFT in its parts (s)"),
+        )
+        x = [p.arrival_rate for p in d.sweep]
         if any(p.attainment is not None for p in d.sweep):
             fig.add_scatter(
                 x=x, y=[p.attainment for p in d.sweep], mode="lines+markers", name="attainment", row=1, col=1
             )
-        for key in ("ttft_p50", "ttft_p99", "e2e_p50", "e2e_p99"):
+        for key in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99"):
             fig.add_scatter(
                 x=x,
                 y=[getattr(p, key) for p in d.sweep],
@@ -256,7 +260,18 @@ def figures(d: ReportData) -> dict[str, object]:
                 row=1,
                 col=2,
             )
-        fig.update_layout(_layout("Against load: one point per run (achieved requests/s)"))
+        for k in [k for k in PART_MEANING if any(k in p.parts_mean for p in d.sweep)]:
+            fig.add_bar(
+                x=x,
+                y=[p.parts_mean.get(k) for p in d.sweep],
+                name=k,
+                marker_color=COLORS[k],
+                row=1,
+                col=3,
+            )
+        fig.update_layout(_layout("Against load: one point per run (x: the run's client sends per second)"))
+        fig.update_layout(barmode="stack")
+        fig.update_xaxes(title_text="requests/s sent")
         figs["fig-sweep"] = fig
     return figs
 

@@ -13,13 +13,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from otel_llm.percentiles import percentile_key, percentiles
+from otel_llm.percentiles import percentiles
 from otel_llm.slo import SLO
 from otel_llm.summary import Summary, summarize
 from otel_llm.timeline import BOUNDARIES
 
 from .compare import Comparison, compare
 from .records import RecordBatch, RequestRecord
+from .run_profile import profile_run
 from .stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S
 from .steps import StepBatch
 
@@ -76,16 +77,23 @@ class StepSeries:
 
 @dataclass
 class SweepPoint:
-    """One run of a sweep: its load and what it achieved."""
+    """One run of a sweep: its load and what it achieved (client boundary), and where the client's
+    TTFT went (mean parts, seconds) when the engine's records are there too."""
 
     run_id: str
     requests: int
+    arrival_rate: float | None  # client sends per second over the run: (n - 1) / (last - first send)
     requests_per_s: float | None
     attainment: float | None
     ttft_p50: float | None
     ttft_p99: float | None
+    tpot_p50: float | None
+    tpot_p99: float | None
     e2e_p50: float | None
     e2e_p99: float | None
+    parts_mean: dict[str, float] = field(default_factory=dict)  # TTFT part -> mean seconds
+    batch_size_mean: float | None = None
+    preemptions: int | None = None
 
 
 @dataclass
@@ -222,30 +230,42 @@ def decomposition(cmp: Comparison, slowest: int, ps=("50", "90", "99")) -> list[
     return out
 
 
-def sweep_points(batch: RecordBatch, slo: SLO | None) -> list[SweepPoint]:
-    """One point per run id at the client boundary (nothing for fewer than two runs)."""
+def sweep_points(batch: RecordBatch, steps: StepBatch | None, slo: SLO | None) -> list[SweepPoint]:
+    """One point per run id (nothing for fewer than two runs), in order of arrival rate: the
+    profile of :func:`collector.run_profile.profile_run`, as ``otel-llm bench --sweep`` records it."""
     client = batch.at_boundary("client")
     runs = sorted({r for r in client.run_id if r})
     if len(runs) < 2:
         return []
     out = []
     for run in runs:
-        tb = client.take(np.flatnonzero([r == run for r in client.run_id])).timelines(epoch_ns=0)
-        s = summarize(tb, slo=slo, ps=["50", "99"])
-        d = s.latency
+        prof = profile_run(batch, steps, run, slo, ps=("50", "99"))
+        c = prof["boundaries"].get("client")
+        if c is None:
+            continue
+        sub = np.sort(client.submit_ns[[r == run for r in client.run_id]])
+        lat = c["latency"]
+        dec, eng = prof["decomposition"] or {}, prof["engine"] or {}
+        span = (int(sub[-1]) - int(sub[0])) / 1e9 if len(sub) > 1 else 0.0
         out.append(
             SweepPoint(
                 run_id=run,
-                requests=s.counts.requests,
-                requests_per_s=s.requests_per_s,
-                attainment=s.goodput.attainment if s.goodput else None,
-                ttft_p50=d["ttft"].percentiles[percentile_key("50")],
-                ttft_p99=d["ttft"].percentiles[percentile_key("99")],
-                e2e_p50=d["e2e"].percentiles[percentile_key("50")],
-                e2e_p99=d["e2e"].percentiles[percentile_key("99")],
+                requests=c["counts"]["requests"],
+                arrival_rate=(len(sub) - 1) / span if span > 0 else None,
+                requests_per_s=c["throughput"]["requests_per_s"],
+                attainment=(c["goodput"] or {}).get("attainment"),
+                ttft_p50=lat["ttft"]["p50"],
+                ttft_p99=lat["ttft"]["p99"],
+                tpot_p50=lat["tpot"]["p50"],
+                tpot_p99=lat["tpot"]["p99"],
+                e2e_p50=lat["e2e"]["p50"],
+                e2e_p99=lat["e2e"]["p99"],
+                parts_mean={k: v for k, v in (dec.get("parts_mean_s") or {}).items() if v is not None},
+                batch_size_mean=eng.get("batch_size_mean"),
+                preemptions=eng.get("preemptions"),
             )
         )
-    out.sort(key=lambda p: p.requests_per_s or 0)
+    out.sort(key=lambda p: p.arrival_rate or 0)
     return out
 
 
@@ -323,5 +343,5 @@ def build_report(
         over_time=over,
         stall_seconds=stall_s,
         stall_requests=stall_n,
-        sweep=sweep_points(batch, slo),
+        sweep=sweep_points(batch, steps, slo),
     )

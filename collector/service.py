@@ -52,7 +52,7 @@ class Collector:
     def __init__(self, config: CollectorConfig | None = None):
         self.config = cfg = config or CollectorConfig()
         self.assembler = TraceAssembler(cfg.assembly)
-        self.registry = MetricsRegistry(cfg.slos, cfg.max_models, cfg.stall_threshold_s, cfg.stall_factor)
+        self.registry = MetricsRegistry(cfg.slos, cfg.max_models, cfg.stall_threshold_s, cfg.stall_factor, cfg.fluidity)
         self.store = RequestStore(cfg.store) if cfg.store else None
         self.store_writer = (
             StoreWriter(self.store, max_unwritten=cfg.store_buffer_records) if self.store is not None else None

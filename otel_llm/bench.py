@@ -15,9 +15,11 @@ import math
 import signal
 import sys
 
-from . import environment
+from . import environment, replay
 from . import semconv as sc
-from .cli_options import CLIError, add_analysis_options, analysis_text
+from .bench_sweep import Sweeper, points_size, print_results, run_capacity, run_sweep
+from .capacity import CapacitySearch, Sweep
+from .cli_options import CLIError, add_analysis_options, analysis_text, number
 from .client import TracedClient
 from .load import BenchRun, LengthDist, LoadRunner, LoadSpec, Progress, Sent, conditions, measured
 from .timeline import TimelineBatch
@@ -45,6 +47,24 @@ def register(sub) -> None:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--rate", type=float, help="open loop: arrivals per second")
     g.add_argument("--concurrency", type=int, help="closed loop: workers sending back to back")
+    g.add_argument(
+        "--sweep",
+        metavar="KNOB=VALUES",
+        help="one run per load point: rate=1,2,4,8 (open loop), concurrency=1,4,16 (closed loop) or "
+        "KNOB=geom:LO:HI:N; each point has its own run id (<run-id>-rate4), warm-up and window",
+    )
+    g.add_argument(
+        "--find-capacity",
+        action="store_true",
+        help="search for the largest request rate at which --attainment of the requests sent meet --slo "
+        "(docs/metrics/capacity.md): doubling until a rate fails, then bisecting to --resolution",
+    )
+    g.add_argument(
+        "--replay",
+        metavar="FILE",
+        help="send the arrivals and lengths recorded in FILE: a collector store, an OTLP trace file, a "
+        "timelines file or a Mooncake JSONL trace (see --replay-format)",
+    )
     p.add_argument(
         "--arrival",
         choices=("poisson", "constant", "gamma"),
@@ -72,7 +92,80 @@ def register(sub) -> None:
     p.add_argument("--hardware", default="unknown", help="server hardware, recorded with the run")
     p.add_argument("--output", metavar="FILE", help="write per-request timelines (the analyze input format)")
     add_analysis_options(p)
+    _add_sweep_options(p)
+    _add_replay_options(p)
     p.set_defaults(func=cmd_bench)
+
+
+def _add_sweep_options(p: argparse.ArgumentParser) -> None:
+    s = p.add_argument_group("sweeps and the capacity search (--sweep, --find-capacity)")
+    s.add_argument(
+        "--attainment",
+        type=number(float, 0, strict=True),
+        default=0.9,
+        metavar="F",
+        help="--find-capacity: the share of requests sent that must meet --slo (default 0.9)",
+    )
+    s.add_argument(
+        "--attainment-error",
+        type=number(float, 0, strict=True),
+        default=0.1,
+        metavar="E",
+        help="--find-capacity: requests per point are enough for the attainment to be known within +-E at "
+        "--confidence (Wilson interval at the target; default 0.1: 37 requests at 0.9); --num-requests or "
+        "--duration instead fix the points' size",
+    )
+    s.add_argument("--confidence", type=number(float, 0, strict=True), default=0.95, metavar="C", help="default 0.95")
+    s.add_argument(
+        "--resolution",
+        type=number(float, 0.001),
+        default=0.1,
+        metavar="F",
+        help="--find-capacity stops once the lowest failing rate is within 1 + F of the highest passing one "
+        "(default 0.1)",
+    )
+    s.add_argument("--start-rate", type=number(float, 0, strict=True), default=1.0, metavar="R", help="default 1")
+    s.add_argument("--min-rate", type=number(float, 0, strict=True), default=0.05, metavar="R", help="default 0.05")
+    s.add_argument("--max-rate", type=number(float, 0, strict=True), default=1000.0, metavar="R", help="default 1000")
+    s.add_argument(
+        "--max-points", type=number(int, 1), default=12, metavar="N", help="--find-capacity: at most N points"
+    )
+    s.add_argument(
+        "--results", metavar="FILE", help="JSON lines: one object per point as it completes, then the conclusion"
+    )
+    s.add_argument(
+        "--store",
+        metavar="PATH",
+        help="the collector's store that receives this run's spans: each point then gets the server and engine "
+        "boundaries, the client TTFT in its parts and the engine's batch size, KV usage and preemptions",
+    )
+    s.add_argument(
+        "--store-wait",
+        type=number(float, 0),
+        default=30.0,
+        metavar="S",
+        help="after each point, wait up to S seconds for the store to hold its records (default 30)",
+    )
+
+
+def _add_replay_options(p: argparse.ArgumentParser) -> None:
+    r = p.add_argument_group("replay (--replay FILE)")
+    r.add_argument("--replay-format", choices=replay.FORMATS, default="auto", help="default: from the file")
+    r.add_argument(
+        "--replay-speed",
+        type=number(float, 0, strict=True),
+        default=1.0,
+        metavar="F",
+        help="time runs F times faster than recorded (default 1)",
+    )
+    r.add_argument("--replay-run", metavar="ID", help="from a store or a traces file: only this bench run")
+    r.add_argument(
+        "--replay-block-size",
+        type=number(int, 1),
+        default=replay.MOONCAKE_BLOCK,
+        metavar="N",
+        help="prompt tokens per Mooncake hash id (default 512)",
+    )
 
 
 def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDist]:
@@ -96,7 +189,23 @@ def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDis
             raise CLIError(f"{flag} must be {want}, got {value}")
     if args.max_concurrency is not None and args.concurrency:
         raise CLIError("--max-concurrency caps an open loop (--rate); a closed loop is --concurrency alone")
+    rp = None
+    if args.replay:
+        from .cli import load_source
+
+        try:
+            rp = replay.load(
+                args.replay, args.replay_format, args.replay_speed, args.replay_run, args.replay_block_size, load_source
+            )
+        except OSError as exc:
+            raise CLIError(f"--replay: {exc}") from None
+        except ValueError as exc:
+            raise CLIError(f"--replay: {exc}") from None
+        if args.num_requests is None and not args.duration:
+            args.num_requests = len(rp.items)
+        args.num_requests = None if args.num_requests is None else min(args.num_requests, len(rp.items))
     spec = LoadSpec(
+        replay=rp,
         rate=args.rate,
         arrival=args.arrival,
         burstiness=args.burstiness,
@@ -178,14 +287,79 @@ def print_summary(args: argparse.Namespace, sent: list[Sent], cond: dict) -> Non
         print(f"otel-llm bench: {len(errors)} requests failed; first: {errors[0]}", file=sys.stderr)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
-    spec, inp, out = load_spec(args)
+def run_spec(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: LengthDist) -> tuple[BenchRun, dict]:
+    """One run of ``spec`` with a tracer provider of its own (its resource: this run's conditions),
+    flushed and shut down before it returns (run, conditions)."""
     provider = make_provider(run_resource(args, spec, inp, out))
     run = send_load(args, spec, inp, out, provider)
-    ms = measured(run)
     cond = conditions(spec, run, args.model, inp, out, args.engine, args.hardware)
     record_run_span(provider, run, cond)
     provider.shutdown()  # flush the client spans and the run span
+    return run, cond
+
+
+def sweep_checks(args: argparse.Namespace) -> None:
+    """The options a sweep or a capacity search needs, or refuses (CLIError)."""
+    many = args.sweep or args.find_capacity
+    if not many:
+        for flag in ("results", "store"):
+            if getattr(args, flag):
+                raise CLIError(f"--{flag} goes with --sweep or --find-capacity")
+        return
+    if args.output:
+        raise CLIError("--output writes one run's timelines; a sweep's points are in --results and the store")
+    if args.find_capacity:
+        if not args.slo:
+            raise CLIError("--find-capacity needs --slo (e.g. --slo ttft=0.5,tpot=0.05)")
+        if not 0 < args.attainment <= 1 or not 0 < args.attainment_error < 0.5 or not 0 < args.confidence < 1:
+            raise CLIError("needs 0 < --attainment <= 1, 0 < --attainment-error < 0.5 and 0 < --confidence < 1")
+        if not args.min_rate <= args.start_rate <= args.max_rate:
+            raise CLIError("needs --min-rate <= --start-rate <= --max-rate")
+
+
+def cmd_sweep(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: LengthDist) -> int:
+    if args.sweep:
+        try:
+            sweep = Sweep.parse(args.sweep)
+        except ValueError as exc:
+            raise CLIError(f"--sweep: {exc}") from None
+        if sweep.knob == "concurrency" and args.max_concurrency is not None:
+            raise CLIError("--max-concurrency caps an open loop; a concurrency sweep is closed loop")
+    else:
+        args.points_requests, args.points_error = points_size(args)
+        if args.points_requests is not None:
+            spec.num_requests = args.points_requests
+    sweeper = Sweeper(args, spec, inp, out, lambda s: run_spec(args, s, inp, out))
+    conclusion = None
+    try:
+        if args.sweep:
+            conclusion = run_sweep(sweeper, sweep)
+        else:
+            search = CapacitySearch(
+                start=args.start_rate,
+                resolution=args.resolution,
+                min_rate=args.min_rate,
+                max_rate=args.max_rate,
+                max_points=args.max_points,
+                target=args.attainment,
+            )
+            conclusion = run_capacity(sweeper, search)
+    finally:
+        sweeper.close(conclusion)
+    knob = sweep.knob if args.sweep else "rate"
+    print_results(args, knob, sweeper.points, conclusion)
+    return 130 if sweeper.interrupted else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    sweep_checks(args)
+    if args.sweep or args.find_capacity:  # the first point's values stand in until each point sets its own
+        args.rate = args.rate or args.start_rate
+    spec, inp, out = load_spec(args)
+    if args.sweep or args.find_capacity:
+        return cmd_sweep(args, spec, inp, out)
+    run, cond = run_spec(args, spec, inp, out)
+    ms = measured(run)
     if args.output:
         write_timelines(args.output, ms)
     if not ms:

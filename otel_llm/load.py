@@ -24,6 +24,7 @@ import numpy as np
 
 from . import semconv as sc
 from .client import ClientResult, TracedClient
+from .replay import Replay
 from .timeline import STATUSES
 
 # -- what the run asks for ----------------------------------------------------------------------
@@ -82,6 +83,7 @@ class LoadSpec:
     warmup: int = 0
     seed: int = 0
     run_id: str = field(default_factory=lambda: new_run_id())  # carried by every span of the run
+    replay: Replay | None = None  # arrivals and lengths from a recording (an open loop)
 
     @property
     def mode(self) -> str:
@@ -89,7 +91,9 @@ class LoadSpec:
 
     def describe(self) -> dict:
         d = {"run_id": self.run_id, "load_mode": self.mode}
-        if self.mode == "open":
+        if self.replay is not None:
+            d.update(arrival_process="replay", **self.replay.describe(), concurrency_cap=self.max_concurrency)
+        elif self.mode == "open":
             d.update(arrival_process=self.arrival, nominal_rate_per_s=self.rate)
             if self.arrival == "gamma":
                 d["burstiness"] = self.burstiness
@@ -108,6 +112,8 @@ def arrival_offsets(spec: LoadSpec, n: int, rng: np.random.Generator) -> np.ndar
     """Intended send times, seconds after the start, for an open loop of ``n`` requests."""
     if n <= 0:
         return np.zeros(0)
+    if spec.replay is not None:
+        return spec.replay.offsets()[:n]
     if spec.arrival == "constant":
         gaps = np.full(n, 1.0 / spec.rate)
     elif spec.arrival == "gamma":
@@ -195,7 +201,11 @@ class LoadRunner:
         self._tasks: set[asyncio.Task] = set()
         self._left = spec.num_requests  # closed loop: requests still to send (None: until the deadline)
 
-    def _make_request(self) -> tuple[list[int], int]:
+    def _make_request(self, replayed: int | None = None) -> tuple[list[int], int]:
+        """A prompt and an output length: drawn, or request ``replayed`` of the replay."""
+        if replayed is not None:
+            r = self.spec.replay
+            return r.prompt(replayed, self._rng, max(self.vocab, 11)), r.items[replayed].output_tokens
         n_in, n_out = self.input_len.sample(self._rng), self.output_len.sample(self._rng)
         return self._rng.integers(10, max(self.vocab, 11), n_in).tolist(), n_out
 
@@ -239,9 +249,14 @@ class LoadRunner:
 
     async def _open_loop(self, t0: float, deadline: float | None) -> None:
         spec = self.spec
-        n = spec.num_requests if spec.num_requests else math.ceil(spec.duration_s * spec.rate * 2 + 10)
+        if spec.num_requests:
+            n = spec.num_requests
+        elif spec.replay is not None:
+            n = len(spec.replay.items)
+        else:
+            n = math.ceil(spec.duration_s * spec.rate * 2 + 10)
         cap = asyncio.Semaphore(spec.max_concurrency) if spec.max_concurrency else None
-        for off in arrival_offsets(spec, n, self._rng):
+        for k, off in enumerate(arrival_offsets(spec, n, self._rng)):
             if deadline and t0 + off > deadline:
                 break
             delay = t0 + off - time.monotonic()
@@ -252,7 +267,7 @@ class LoadRunner:
                     pass
             if self.stop.is_set():
                 break
-            prompt, n_out = self._make_request()
+            prompt, n_out = self._make_request(k if spec.replay is not None else None)
             self._spawn(self._capped(cap, prompt, n_out, self.run.start_ns + int(off * 1e9)))
 
     async def _closed_worker(self, deadline: float | None) -> None:

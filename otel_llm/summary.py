@@ -6,12 +6,13 @@ Units: seconds, requests/s, tokens/s; TPOT in seconds per token.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .fluidity import FluidityTarget, miss_rates
+from .fluidity import FluidityTarget, fluid_token_rate, miss_rates
 from .percentiles import Percent, percentile_key, percentiles
 from .request_math import RequestMetrics, request_metrics
 from .slo import SLO
@@ -95,6 +96,8 @@ class Fluidity:
     miss_rate: Distribution  # per request, missed / total deadlines (low is good: p99 is the worst-off 1%)
     index_mean: float | None  # mean over requests of 1 - miss rate
     attainment: float | None  # share of those requests whose index >= target
+    share: float = 0.99  # of requests, for the fluid token generation rate
+    fluid_token_rate: float | None = None  # tokens/s: 1 / the smallest tbt at which ``share`` are fluid
 
     def to_json(self) -> dict:
         return {
@@ -103,6 +106,9 @@ class Fluidity:
             "target": self.target,
             "index_mean": self.index_mean,
             "attainment": self.attainment,
+            "share": self.share,
+            # inf (every deadline down to 1 us kept: the first token's slack covers the rest) -> "unbounded"
+            "fluid_token_rate_per_s": "unbounded" if self.fluid_token_rate == math.inf else self.fluid_token_rate,
             "deadline_miss_rate": self.miss_rate.to_json(),
         }
 
@@ -195,7 +201,8 @@ def _fluidity(batch: TimelineBatch, which: np.ndarray, t: FluidityTarget, ps, me
     else:  # timelines in seconds: each event's offset from its request's submit, rounded to ns
         rel = batch.event_time - np.repeat(batch.submit, np.diff(batch.offsets))
         offs_ns = np.round(rel * 1e9).astype(np.int64)
-    rates = miss_rates(batch.offsets, offs_ns, batch.event_tokens, np.flatnonzero(which), t)
+    idx = np.flatnonzero(which)
+    rates = miss_rates(batch.offsets, offs_ns, batch.event_tokens, idx, t)
     index = 1.0 - rates
     return Fluidity(
         t.ttft,
@@ -204,6 +211,8 @@ def _fluidity(batch: TimelineBatch, which: np.ndarray, t: FluidityTarget, ps, me
         Distribution.of(POPULATIONS["deadline_miss_rate"], rates, ps, method),
         float(index.mean()) if len(index) else None,
         float((index >= t.target).mean()) if len(index) else None,
+        t.share,
+        fluid_token_rate(batch.offsets, offs_ns, batch.event_tokens, idx, t),
     )
 
 

@@ -97,6 +97,17 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
             + ", ".join(f"{k} {_num(v)}" for k, v in d.percentiles.items())
             + f", max {_num(d.max)}"
         )
+        rate = f.fluid_token_rate
+        if rate is None:
+            rate = "none (the first-token deadline alone fails)"
+        elif rate == float("inf"):
+            rate = "unbounded (the slack banked by the first token covers every later one)"
+        else:
+            rate = f"{rate:.4g} tokens/s"
+        out.append(
+            f"fluid token generation rate: {rate} (1 / the smallest per-token deadline at which "
+            f"{_pct(f.share)} of requests reach index {f.target:g})"
+        )
         out.append("")
     return out
 

@@ -7,10 +7,19 @@ import pytest
 from conftest import run_cli
 
 from collector.cli import config_from_args
-from collector.config import AssemblyConfig, CollectorConfig, address, options_of, text_or_off, yes_no
+from collector.config import (
+    AssemblyConfig,
+    CollectorConfig,
+    address,
+    fluidity_or_off,
+    options_of,
+    text_or_off,
+    yes_no,
+)
 from otel_llm import environment
 from otel_llm.cli import build_parser
 from otel_llm.cli_options import CLIError
+from otel_llm.fluidity import FluidityTarget
 
 
 def _sample(f) -> tuple[str, object]:
@@ -22,6 +31,8 @@ def _sample(f) -> tuple[str, object]:
         return "x", "x"
     if parse is yes_no:
         return "true", True
+    if parse is fluidity_or_off:
+        return "ttft=1,tbt=0.05", FluidityTarget(1.0, 0.05)
     if hasattr(parse, "choices"):
         other = next(c for c in parse.choices if c != f.default)
         return other.upper(), other
