@@ -115,7 +115,22 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
         "--confidence (Wilson interval at the target; default 0.1: 37 requests at 0.9); --num-requests or "
         "--duration instead fix the points' size",
     )
-    s.add_argument("--confidence", type=number(float, 0, strict=True), default=0.95, metavar="C", help="default 0.95")
+    s.add_argument(
+        "--min-point-duration",
+        type=number(float, 0),
+        default=0.0,
+        metavar="S",
+        help="--find-capacity: each point sends for at least S seconds (rate x S requests if that is more): past "
+        "capacity a queue grows for as long as a point lasts, so a point shorter than a few E2Es looks better "
+        "than the deployment is (default 0)",
+    )
+    s.add_argument(
+        "--confidence",
+        type=number(float, 0, strict=True),
+        default=0.95,
+        metavar="C",
+        help="of each point's attainment interval (default 0.95)",
+    )
     s.add_argument(
         "--resolution",
         type=number(float, 0.001),
@@ -124,9 +139,27 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
         help="--find-capacity stops once the lowest failing rate is within 1 + F of the highest passing one "
         "(default 0.1)",
     )
-    s.add_argument("--start-rate", type=number(float, 0, strict=True), default=1.0, metavar="R", help="default 1")
-    s.add_argument("--min-rate", type=number(float, 0, strict=True), default=0.05, metavar="R", help="default 0.05")
-    s.add_argument("--max-rate", type=number(float, 0, strict=True), default=1000.0, metavar="R", help="default 1000")
+    s.add_argument(
+        "--start-rate",
+        type=number(float, 0, strict=True),
+        default=1.0,
+        metavar="R",
+        help="--find-capacity: the first rate measured, requests/s (default 1)",
+    )
+    s.add_argument(
+        "--min-rate",
+        type=number(float, 0, strict=True),
+        default=0.05,
+        metavar="R",
+        help="--find-capacity: below this the search gives up: capacity < R (default 0.05)",
+    )
+    s.add_argument(
+        "--max-rate",
+        type=number(float, 0, strict=True),
+        default=1000.0,
+        metavar="R",
+        help="--find-capacity: the search goes no higher: capacity >= R (default 1000)",
+    )
     s.add_argument(
         "--max-points", type=number(int, 1), default=12, metavar="N", help="--find-capacity: at most N points"
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
 from importlib.metadata import entry_points
@@ -56,12 +57,16 @@ class Sweeper:
                 self.results.write(json.dumps(conclusion) + "\n")
             self.results.close()
 
-    def measure(self, knob: str, value: float, label: str) -> dict:
-        """Run one point and describe it (client summary, attainment over requests sent, profile)."""
+    def measure(self, knob: str, value: float, label: str, judge=None) -> dict:
+        """Run one point and describe it (client summary, attainment over requests sent, profile);
+        ``judge(point)`` adds its verdict before the point is written out."""
         args = self.args
         changes = {"run_id": f"{self.base.run_id}-{label}"}
         if knob == "rate":
             changes.update(rate=value, concurrency=None)
+            at_least = math.ceil(value * getattr(args, "min_point_duration", 0.0))
+            if self.base.num_requests is not None and at_least > self.base.num_requests:
+                changes["num_requests"] = at_least
         else:
             changes.update(concurrency=int(value), rate=None, max_concurrency=None)
         spec = dataclasses.replace(self.base, **changes)
@@ -83,6 +88,8 @@ class Sweeper:
             point["attainment_by_bound"] = summary.goodput.attainment_by_bound
         if args.store and ms:
             point["profile"] = self._profile(spec.run_id, len(ms))
+        if judge is not None:
+            judge(point)
         self.points.append(point)
         if self.results:
             self.results.write(json.dumps(point) + "\n")
@@ -164,7 +171,8 @@ def conclude_capacity(search: CapacitySearch, points: list[dict], args: argparse
         "stopped": search.stopped,
         "resolution": args.resolution,
         "points": len(points),
-        "requests_per_point": args.points_requests,
+        "min_requests_per_point": args.points_requests,
+        "min_point_duration_s": args.min_point_duration,
         "attainment_error": args.points_error,
         "confidence": args.confidence,
         "marginal_points": [p.rate for p in search.points if not p.clear],
@@ -279,7 +287,9 @@ def conclusion_text(c: dict) -> str:
                 f"{slo}{above}; stopped: {c['stopped']} (resolution {c['resolution']:.0%}, {c['points']} points)"
             )
         lines.append(
-            f"each point: {c['requests_per_point']} requests, attainment known within +-{c['attainment_error']:.3f} "
+            f"each point: at least {c['min_requests_per_point']} requests"
+            + (f" and {c['min_point_duration_s']:g} s" if c["min_point_duration_s"] else "")
+            + f", attainment known within +-{c['attainment_error']:.3f} "
             f"at {c['confidence']:.0%} (Wilson, independent requests assumed)"
             + (
                 f"; marginal (interval holds the target): {', '.join(f'{r:g}' for r in c['marginal_points'])}"
@@ -310,19 +320,21 @@ def run_sweep(sweeper: Sweeper, sweep: Sweep) -> dict:
 
 def run_capacity(sweeper: Sweeper, search: CapacitySearch) -> dict:
     args = sweeper.args
-    while (rate := search.next_rate()) is not None:
-        p = sweeper.measure("rate", rate, f"rate{rate:g}")
+
+    def judge(p: dict) -> None:
         a = p.get("attainment_of_sent")
-        passed = a is not None and a >= args.attainment
         iv = p.get("attainment_interval")
-        pt = search.record(rate, passed, a, tuple(iv) if iv else None)
+        pt = search.record(p["rate"], a is not None and a >= args.attainment, a, tuple(iv) if iv else None)
         p["passed"], p["clear"] = pt.passed, pt.clear
         print(
-            f"bench: {rate:g} req/s: attainment {a if a is None else round(a, 3)} "
-            f"{'>=' if passed else '<'} {args.attainment:g}: {'pass' if passed else 'fail'}"
+            f"bench: {pt.rate:g} req/s: attainment {a if a is None else round(a, 3)} "
+            f"{'>=' if pt.passed else '<'} {args.attainment:g}: {'pass' if pt.passed else 'fail'}"
             f"{'' if pt.clear else ' (marginal)'}",
             file=sys.stderr,
         )
+
+    while (rate := search.next_rate()) is not None:
+        sweeper.measure("rate", rate, f"rate{rate:g}", judge)
         if sweeper.interrupted:
             search.stopped = "interrupted"
             break

@@ -167,7 +167,7 @@ def test_a_capacity_search_that_never_fails_stops_at_the_max_rate(server, tmp_pa
     c = out["conclusion"]
     assert [p["rate"] for p in out["points"]] == [8, 16, 32] and all(p["passed"] for p in out["points"])
     assert c["capacity_rate_per_s"] == 32 and c["stopped"] == "passed at max rate"
-    assert c["requests_per_point"] == 8 and c["attainment_error"] == pytest.approx(wilson_half_width(0.9, 8))
+    assert c["min_requests_per_point"] == 8 and c["attainment_error"] == pytest.approx(wilson_half_width(0.9, 8))
 
 
 def test_a_capacity_search_below_the_min_rate(server):

@@ -180,6 +180,35 @@ def test_prometheus_metrics_and_slo_counter(make_collector):
         assert f"# TYPE otel_llm_collector_{bound} gauge" in text  # every buffer's bound beside its level
 
 
+def test_the_fluidity_index_as_metrics(make_collector):
+    """--fluidity ttft=0.12,tbt=0.05: a first token at 100 ms is on time (20 ms banked, spent by the
+    70 ms gap); one at 150 ms misses 1 + floor(30 / 50) = 1 deadline, the next is on time: index 0.5."""
+    import urllib.request
+
+    from otel_llm.fluidity import FluidityTarget
+
+    c = make_collector(fluidity=FluidityTarget(0.12, 0.05, target=0.9))
+    send(
+        grpc_exporter(c.receivers[0].port),
+        [Req(f"f{i}", client_events=[(100 + 50 * (i % 2), 1), (170, 1)]) for i in range(4)],
+    )
+    wait_for(lambda: c.records_derived >= 8, what="derivation")
+    host, port = c.prometheus.address
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+    assert "# TYPE llm_fluidity_index histogram" in text
+    assert 'llm_fluidity_index_bucket{boundary="client",model="tiny",le="0.5"} 2' in text
+    assert 'llm_fluidity_index_bucket{boundary="client",model="tiny",le="0.9"} 2' in text
+    assert 'llm_fluidity_index_bucket{boundary="client",model="tiny",le="1.0"} 4' in text
+    assert 'llm_fluidity_index_sum{boundary="client",model="tiny"} 3.0' in text
+    assert 'llm_fluidity_fluid_requests_total{boundary="client",model="tiny"} 2' in text
+    # without --fluidity, no such series
+    plain = make_collector()
+    send(grpc_exporter(plain.receivers[0].port), [Req("p0")])
+    wait_for(lambda: plain.records_derived >= 2, what="derivation")
+    host, port = plain.prometheus.address
+    assert "llm_fluidity" not in urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+
+
 def test_store_survives_restart_and_appends(make_collector, tmp_path):
     from collector.records import RecordBatch
     from collector.store import RequestStore
