@@ -8,7 +8,11 @@ alike. Prints output-token throughput per engine, the median instrumented/plain 
 vllm-tracing/plain ratios, and the hook cost per engine step in microseconds (hot path, timed
 on the real wrapped scheduler methods; and the span-building thread's CPU time per step).
 
-Run: ``.venv/bin/python benchmarks/overhead.py [--rounds 5] [--requests 128] [--tokens 256]``
+Run: ``.venv/bin/python benchmarks/overhead.py [--rounds 5] [--requests 128] [--tokens 256] [--detail LEVEL]``
+
+``--detail request|phases|steps`` traces the instrumented engine at that ``OTEL_LLM_DETAIL`` level
+(default: phases, the default level); ``--detail all`` runs the benchmark once per level, each in a
+process of its own (a process has one front-end pipeline), and prints the levels side by side.
 Target (docs/architecture.md, "The hot path"): instrumented/plain >= 0.98 here.
 
 ``--engine transformers``: the same comparison for transformers continuous batching (the tiny
@@ -20,6 +24,7 @@ GPU check shares); prints the ratio per round and the adapter's hook cost per st
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -114,7 +119,12 @@ def main() -> None:
     ap.add_argument("--kv-mib", type=int, default=64)
     ap.add_argument("--model", default=None, help="model folder (default: build the tiny model in a temp dir)")
     ap.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
+    ap.add_argument("--detail", choices=("request", "phases", "steps", "all"), default="phases")
     a = ap.parse_args()
+    if a.detail == "all":
+        all_levels(a)
+        return
+    os.environ["OTEL_LLM_DETAIL"] = a.detail  # the front end's pipeline and the engine core's read it
     if a.engine == "transformers":
         transformers_main(a)
         return
@@ -199,7 +209,45 @@ def main() -> None:
         f"exported, {fe.counters.spans_dropped} dropped, {fe.counters.hook_errors} hook errors; "
         f"the sink received {received[0]} spans from both traced engines"
     )
+    result = {
+        "detail": a.detail,
+        "ratio_median": statistics.median(ratio),
+        "ratio_rounds": ratio,
+        "vllm_tracing_median": statistics.median(vratio),
+        "spans_exported": fe.counters.spans_exported,
+        "requests": fe.counters.requests_traced,
+    }
+    print("RESULT " + json.dumps(result), flush=True)
     # the sink stays up until the process exits: vLLM's exporter flushes at exit
+
+
+def all_levels(a: argparse.Namespace) -> None:
+    """The benchmark once per detail level, each in its own process; the levels side by side."""
+    import subprocess
+
+    rows = []
+    for level in ("request", "phases", "steps"):
+        print(f"== detail {level} ==", flush=True)
+        argv = [sys.executable, __file__, "--detail", level, "--rounds", str(a.rounds), "--requests", str(a.requests)]
+        argv += ["--tokens", str(a.tokens), "--kv-mib", str(a.kv_mib), "--engine", a.engine]
+        if a.model:
+            argv += ["--model", a.model]
+        proc = subprocess.run(argv, capture_output=True, text=True)
+        sys.stdout.write(proc.stdout)
+        lines = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
+        if proc.returncode or not lines:
+            print(f"detail {level}: failed (exit {proc.returncode})\n{proc.stderr[-2000:]}")
+            continue
+        rows.append(json.loads(lines[-1][len("RESULT ") :]))
+    print("\n== by detail level (instrumented / plain, median of rounds; spans per request) ==")
+    for r in rows:
+        per = r["spans_exported"] / r["requests"] if r.get("requests") else float("nan")
+        vt = r.get("vllm_tracing_median")
+        print(
+            f"{r['detail']:>8}: {r['ratio_median']:.3f} (rounds {', '.join(f'{x:.3f}' for x in r['ratio_rounds'])})"
+            + (f"; vllm-tracing / plain {vt:.3f}" if vt is not None else "")
+            + f"; {per:.1f} front-end spans per request (step spans come from the engine core)"
+        )
 
 
 def transformers_main(a: argparse.Namespace) -> None:
@@ -224,6 +272,10 @@ def transformers_main(a: argparse.Namespace) -> None:
     print(
         f"hook cost on the engine's thread: {hook:.1f} us per step at {a.requests} requests; "
         f"median step {statistics.median(r.step_wall_ms):.2f} ms over {r.steps} traced steps"
+    )
+    print(
+        "RESULT "
+        + json.dumps({"detail": a.detail, "ratio_median": statistics.median(r.ratios), "ratio_rounds": r.ratios})
     )
 
 

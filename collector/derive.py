@@ -431,6 +431,12 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     choice = np.fromiter((c if type(c) is int else -1 for c in cols[sp.CHOICE]), np.int64, n)
     input_tokens = np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64)
     rm = request_metrics(timeline_batch(request_id, submit, end, status, start, offs, toks, input_tokens))
+    unread = np.full(n, -1, np.int64)
+    if rq.pairs:
+        ci, ei = np.array(rq.pairs, np.int64).T
+        gone = np.fromiter((status[c] == "cancelled" for c in ci.tolist()), bool, len(ci))
+        lost = np.maximum(rm.output_tokens[ei] - rm.output_tokens[ci], 0)
+        unread[ci[gone]] = unread[ei[gone]] = lost[gone]
     peer: list = [None] * n
     run_id = [same.setdefault(v, v) if type(v) is str and v else None for v in cols[sp.RUN_ID]]
     warmup = np.fromiter((v is True for v in cols[sp.WARMUP]), bool, n)
@@ -487,6 +493,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         server_first_chunk_ns=server_first,
         stall_core_gap=stall_core,
         stall_server_gap=stall_server,
+        tokens_unread=unread,
         paired=paired,
         peer_request_id=peer,
     )

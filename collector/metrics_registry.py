@@ -189,6 +189,13 @@ class MetricsRegistry:
             "llm.usage.output_tokens", "{token}", "Output tokens of derived requests, every status", BM
         )
         self.preemptions = Counter("llm.preemptions", "{preemption}", "Preemptions of derived engine requests", BM)
+        self.unread = Counter(
+            "llm.tokens.unread",
+            "{token}",
+            "Engine output tokens of requests whose client gave up before receiving them (work for a reader "
+            "who had gone; paired requests, counted at the engine boundary)",
+            BM,
+        )
         self.ttft_part = Histogram(
             "llm.ttft.part",
             "s",
@@ -249,6 +256,7 @@ class MetricsRegistry:
             self.good,
             self.output_tokens,
             self.preemptions,
+            self.unread,
             self.ttft_part,
             self.stalls,
             self.stall_seconds,
@@ -295,6 +303,9 @@ class MetricsRegistry:
                     self.queue.observe(labels, batch.queue[sel])
                     self.prefill.observe(labels, batch.prefill[sel])
                     self.preemptions.add(labels, int(batch.preemptions[idx].sum()))
+                    self.unread.series.setdefault(labels, 0)
+                    u = batch.tokens_unread[idx]
+                    self.unread.add(labels, int(u[u > 0].sum()))
                 if index is not None:
                     x = index[sel]
                     x = x[np.isfinite(x)]

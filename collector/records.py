@@ -150,6 +150,15 @@ COLUMNS: tuple[Column, ...] = (
         "s",
         "over the same two tokens: the HTTP server's gap between writing them (needs the server span)",
     ),
+    Column(
+        "tokens_unread",
+        INT,
+        "tokens",
+        "a paired request whose client gave up (client status cancelled), on both its records: the engine's "
+        "output tokens the client never received (made after it left, or in flight when it did; tokens the "
+        "engine core made after the abort and dropped are not seen)",
+        unknown=-1,
+    ),
     Column("paired", FLAG, "", "the trace held this request at both boundaries"),
     Column("peer_request_id", TEXT, "", "the request id of the paired record at the other boundary"),
 )

@@ -78,8 +78,10 @@ class EngineHooks:
         service_name: str | None = None,
         gpu_timer=None,
         strict: bool | None = None,
+        detail: str | None = None,
     ):
         self._pipeline = pipeline
+        self._detail = detail  # request | phases | steps (default: OTEL_LLM_DETAIL, else phases)
         self._engine, self._model, self._service = engine, model, service_name or engine or "llm-engine"
         self.gpu_timer = gpu_timer
         self.strict = environment.env_bool(environment.STRICT) if strict is None else strict
@@ -91,7 +93,10 @@ class EngineHooks:
         """The pipeline events go to: the one given, else the process's default pipeline
         (configured from the environment), created on first use, not at decoration time."""
         if self._pipeline is None:
-            self._pipeline = default_pipeline(engine=self._engine, model=self._model, service_name=self._service)
+            extra = {"detail": self._detail} if self._detail else {}
+            self._pipeline = default_pipeline(
+                engine=self._engine, model=self._model, service_name=self._service, **extra
+            )
         return self._pipeline
 
     def use(self, pipeline: TracingPipeline) -> EngineHooks:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import weakref
 from dataclasses import dataclass
@@ -56,11 +57,15 @@ class TracingPipeline:
         max_in_flight: int = 100_000,
         gpu_elapsed=None,
         resource_attrs: dict | None = None,
+        detail: str | None = None,
     ):
+        self.detail = detail or environment.detail_level()
+        if self.detail not in environment.DETAIL_LEVELS:
+            raise ValueError(f"detail must be one of {', '.join(environment.DETAIL_LEVELS)}, got {detail!r}")
         self.recorder = Recorder(capacity or environment.env_int(environment.MAX_QUEUE_SIZE, 1 << 18, minimum=1))
         self.anchor = WallAnchor()
         self.tracker = RequestTracker(self.anchor, max_in_flight, gpu_elapsed=gpu_elapsed)
-        self.factory = SpanFactory(make_resource(service_name, resource_attrs), boundary, engine, model)
+        self.factory = SpanFactory(make_resource(service_name, resource_attrs), boundary, engine, model, self.detail)
         self.exporter = SafeSpanExporter(exporter, "engine_hooks") if exporter is not None else None
         delay_ms = environment.env_int(environment.SCHEDULE_DELAY, 200, minimum=1)
         self.interval_s = interval_s if interval_s is not None else delay_ms / 1000
@@ -72,6 +77,7 @@ class TracingPipeline:
         self._thread: threading.Thread | None = None
         self._hook_warned = False
         self._builder_warned = False
+        self._from_env = False  # default_pipeline(): the exporter came from the environment
         _live_pipelines.add(self)
 
     # -- hot path helpers ------------------------------------------------------------------------
@@ -111,7 +117,8 @@ class TracingPipeline:
                 spans = []
                 for r in finished:
                     spans.extend(self.factory.request_spans(r))
-                spans.extend(self.factory.step_spans(steps))
+                if self.detail == "steps":
+                    spans.extend(self.factory.step_spans(steps))
                 for h in self.tracker.take_http():
                     spans.append(self.factory.http_span(h, self.anchor.wall_ns))
                 c = self.counters
@@ -137,6 +144,28 @@ class TracingPipeline:
             self.counters.spans_exported = self.exporter.exported
             self.counters.spans_dropped = self.exporter.dropped
             return len(spans)
+
+    def _after_fork_in_child(self) -> None:
+        """In a child made by ``fork()``: the span thread did not survive, the locks may be held by
+        threads that do not exist here, and the parent's events and requests in flight are the
+        parent's (it exports them). Start over with what the child records: fresh locks, recorder
+        and tracker, a new thread if the parent's was running, and, for a pipeline configured from
+        the environment, a fresh exporter (a gRPC channel does not survive a fork)."""
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self.recorder.reset()  # in place: the hooks hold its record method
+        self.anchor = WallAnchor()
+        self.tracker = RequestTracker(self.anchor, self.tracker.max_in_flight, gpu_elapsed=self.tracker.gpu_elapsed)
+        self.counters = PipelineCounters()
+        if self._from_env:
+            try:
+                self.exporter = SafeSpanExporter(exporter_from_env(), "engine_hooks")
+            except ValueError:
+                self.exporter = None
+        was_running = self._thread is not None
+        self._thread = None
+        if was_running and not self._stopped:
+            self.start()
 
     def flush(self) -> None:
         """Export everything recorded so far (requests still in flight stay in flight)."""
@@ -189,8 +218,45 @@ def default_pipeline(**kwargs) -> TracingPipeline:
             except ValueError as exc:
                 log.warning("engine_hooks: %s; spans are not exported", exc)
                 exporter = None
-            p = _defaults[key] = TracingPipeline(exporter, **kwargs).start()
+            p = _defaults[key] = TracingPipeline(exporter, **kwargs)
+            p._from_env = True
+            p.start()
         return p
+
+
+def _reinit_after_fork() -> None:
+    """``os.register_at_fork(after_in_child=...)``: vLLM may start its engine-core process with
+    fork (``VLLM_WORKER_MULTIPROC_METHOD=fork``); every pipeline the parent had starts over in
+    the child, so the child's spans are exported by a thread that exists."""
+    global _default_lock
+    _default_lock = threading.Lock()
+    for p in list(_live_pipelines):
+        try:
+            p._after_fork_in_child()
+        except Exception as exc:  # never break the child
+            log.warning("engine_hooks: restarting a pipeline after fork failed: %s", exc)
+
+
+class _ForkMark:
+    """What ``multiprocessing.util.register_after_fork`` holds (a weak reference) for this module."""
+
+
+_FORK_MARK = _ForkMark()
+
+
+def _flush_at_multiprocessing_exit(_mark) -> None:
+    """A multiprocessing child made by fork ends with ``os._exit``: atexit does not run there, its
+    finalizers do (registered after its start, since the child clears those it inherits)."""
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _flush_all_at_exit, exitpriority=100)
+
+
+if hasattr(os, "register_at_fork"):
+    import multiprocessing.util
+
+    os.register_at_fork(after_in_child=_reinit_after_fork)
+    multiprocessing.util.register_after_fork(_FORK_MARK, _flush_at_multiprocessing_exit)
 
 
 def flush() -> None:

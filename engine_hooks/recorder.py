@@ -40,3 +40,8 @@ class Recorder:
 
     def __len__(self) -> int:
         return len(self._buf)
+
+    def reset(self) -> None:
+        """Forget every event and count, in place (the hooks hold this object's ``record``)."""
+        self._buf.clear()
+        self.dropped = 0

@@ -40,9 +40,15 @@ def parent_from_headers(headers: Mapping[str, str] | None) -> SpanContext | None
 
 class SpanFactory:
     def __init__(
-        self, resource: Resource, boundary: str = "engine", engine: str | None = None, model: str | None = None
+        self,
+        resource: Resource,
+        boundary: str = "engine",
+        engine: str | None = None,
+        model: str | None = None,
+        detail: str = "phases",
     ):
         self.resource = resource
+        self.detail = detail  # request: the llm.request span alone (OTEL_LLM_DETAIL)
         self.boundary = boundary
         self.engine = engine
         self.model = model
@@ -118,6 +124,8 @@ class SpanFactory:
             )
             status = Status(StatusCode.ERROR, r.status)
         out = [self._span(sc.SPAN_REQUEST, root, parent, s0, s1, attrs, SpanKind.SERVER, status)]
+        if self.detail == "request":
+            return out
         child = lambda name, t0, t1, a=None: out.append(
             self._span(name, self._ctx(trace_id), root, clamp(t0), clamp(t1), {**b, **(a or {})})
         )
@@ -138,8 +146,11 @@ class SpanFactory:
             child(sc.SPAN_PREFILL, sched, r.first_generated_ns)
             if r.last_generated_ns is not None and r.generated_tokens > 1:
                 child(sc.SPAN_DECODE, r.first_generated_ns, r.last_generated_ns)
-        for t0, t1, mode in r.preemptions:
-            child(sc.SPAN_PREEMPTION, t0, t1, {sc.PREEMPTION_MODE: mode})
+        for k, (t0, t1, mode) in enumerate(r.preemptions):
+            a = {sc.PREEMPTION_MODE: mode}
+            if k < len(r.preemption_tokens):
+                a[sc.PREEMPTION_RECOMPUTE_TOKENS] = r.preemption_tokens[k]
+            child(sc.SPAN_PREEMPTION, t0, t1, a)
         if r.out_times_ns:
             child(sc.SPAN_STREAM, r.out_times_ns[0], r.out_times_ns[-1], {sc.STREAM_EVENTS: len(r.out_times_ns)})
         return out

@@ -46,6 +46,7 @@ class FinishedRequest:
     last_generated_ns: int | None = None
     generated_tokens: int = 0
     preemptions: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, mode)
+    preemption_tokens: list[int] = field(default_factory=list)  # each preemption's computed tokens then
     out_times_ns: list[int] = field(default_factory=list)
     out_tokens: list[int] = field(default_factory=list)
     # tokens generated inside the engine (an engine with a GENERATED hook): when, and how many
@@ -79,7 +80,7 @@ class _Live:
 
     def __init__(self, rec: FinishedRequest):
         self.rec = rec
-        self.open_preemption: tuple[int, str] | None = None
+        self.open_preemption: tuple[int, str, int] | None = None  # (start, mode, computed tokens)
         self.gen_seen = False
 
 
@@ -142,14 +143,22 @@ class RequestTracker:
         if st.rec.first_scheduled_ns is None:
             st.rec.first_scheduled_ns = wall_ns
         if st.open_preemption is not None:
-            t0, mode = st.open_preemption
+            t0, mode, tokens = st.open_preemption
             st.rec.preemptions.append((t0, wall_ns, mode))
+            st.rec.preemption_tokens.append(tokens)
             st.open_preemption = None
 
     def preempted(self, rid: str, wall_ns: int, mode: str = "recompute") -> None:
         st = self._get(rid)
         if st is not None and st.open_preemption is None:
-            st.open_preemption = (wall_ns, mode)
+            # what it had computed: its prompt and what it generated (a recompute does it again)
+            st.open_preemption = (wall_ns, mode, (st.rec.input_tokens or 0) + st.rec.generated_tokens)
+
+    def annotate(self, rid: str, attrs: dict) -> None:
+        """More attributes of the request's span (what the engine says about it on the way)."""
+        st = self._get(rid)
+        if st is not None:
+            st.rec.attrs = {**(st.rec.attrs or {}), **attrs}
 
     def generated(self, rid: str, wall_ns: int, tokens: int) -> None:
         st = self._get(rid)
@@ -191,8 +200,9 @@ class RequestTracker:
         rec.finish_reason = reason
         rec.incomplete = incomplete
         if st.open_preemption is not None:
-            t0, mode = st.open_preemption
+            t0, mode, tokens = st.open_preemption
             rec.preemptions.append((t0, rec.end_ns, mode))
+            rec.preemption_tokens.append(tokens)
         self.finished.append(rec)
 
     def close_all(self, wall_ns: int) -> None:

@@ -70,7 +70,7 @@ def main() -> None:
     subprocess.run(
         [sys.executable, os.path.join(HERE, "traced_generate.py"), model, "1"],
         check=True,
-        env={**ENV, "OTEL_LLM_TRACES_FILE": traces},
+        env={**ENV, "OTEL_LLM_TRACES_FILE": traces, "OTEL_LLM_DETAIL": "steps"},  # every span kind
         cwd=OUT,
     )
     from otel_llm.trace_file import read_trace_requests
@@ -117,7 +117,7 @@ def main() -> None:
     server_log = open(os.path.join(OUT, "vllm-server.log"), "w")  # noqa: SIM115 (the server outlives this block)
     server = subprocess.Popen(
         cpu_server_command(model, port, kv_cache_bytes=2 * 2**20),
-        env={**ENV, "OTEL_LLM_ENABLE": "1", **otlp},
+        env={**ENV, "OTEL_LLM_ENABLE": "1", "OTEL_LLM_DETAIL": "steps", **otlp},  # the report draws the steps
         cwd=OUT,
         stdout=server_log,
         stderr=subprocess.STDOUT,

@@ -44,6 +44,11 @@ FRONTEND = "OTEL_LLM_FRONTEND"  # "0": the plugin leaves this process's vLLM fro
 SCHEDULE_DELAY = "OTEL_LLM_SCHEDULE_DELAY"  # ms between span-building rounds (default 200)
 MAX_QUEUE_SIZE = "OTEL_LLM_MAX_QUEUE_SIZE"  # hook events buffered between rounds (default 262144)
 STRICT = "OTEL_LLM_STRICT"  # "1": an engine hook that fails raises (tests), instead of being counted
+#: how much an engine traces: request (the llm.request span alone, its token-event arrays included),
+#: phases (default: plus front end, queue, prefill, decode, preemption, stream), steps (plus one
+#: llm.engine.step span per engine iteration: batch size, tokens, KV usage)
+DETAIL = "OTEL_LLM_DETAIL"
+DETAIL_LEVELS = ("request", "phases", "steps")
 PURE_PYTHON = "OTEL_LLM_PURE_PYTHON"  # the collector parses with protobuf, not its C walk
 COLLECTOR_PREFIX = "OTEL_LLM_COLLECTOR_"  # + an `otel-llm collector` option, e.g. _STORE, _MAX_TRACES
 OPENAI_API_KEY = "OPENAI_API_KEY"  # bench's --api-key default
@@ -95,6 +100,18 @@ def env_int(name: str, default: int, minimum: int | None = None) -> int:
         return n
 
     return parsed(name, default, convert, "" if minimum is None else f"expected an integer >= {minimum}")
+
+
+def detail_level(default: str = "phases") -> str:
+    """``OTEL_LLM_DETAIL``: one of :data:`DETAIL_LEVELS` (anything else is logged, the default used)."""
+
+    def convert(v: str) -> str:
+        low = v.strip().lower()
+        if low not in DETAIL_LEVELS:
+            raise ValueError(f"expected one of {', '.join(DETAIL_LEVELS)}")
+        return low
+
+    return parsed(DETAIL, default, convert)
 
 
 def excluded_urls():

@@ -50,6 +50,15 @@ ERROR_TYPE = "error.type"
 STATUS = "llm.request.status"  # ok | error | cancelled | rejected
 PREEMPTIONS = "llm.request.preemptions"
 PREEMPTION_MODE = "llm.preemption.mode"  # recompute | swap
+#: on llm.preemption: the tokens the request had computed when preempted (prompt + generated), which a
+#: recompute preemption must compute again (an upper bound: the prefix cache may still hold some)
+PREEMPTION_RECOMPUTE_TOKENS = "llm.preemption.recompute_tokens"
+#: on llm.request, where the engine says (vLLM's prefill stats): prompt tokens served from a cache
+#: (GenAI semantic conventions), and where the prompt's tokens came from
+CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+PREFILL_COMPUTED_TOKENS = "llm.prefill.computed_tokens"  # computed by this engine's forward passes
+PREFILL_LOCAL_CACHED_TOKENS = "llm.prefill.cached_tokens.local"  # this engine's prefix cache
+PREFILL_EXTERNAL_CACHED_TOKENS = "llm.prefill.cached_tokens.external"  # KV transferred from elsewhere
 ENGINE_NAME = "llm.engine.name"
 
 STEP_INDEX = "llm.step.index"

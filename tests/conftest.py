@@ -9,6 +9,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# the tests read the engines' step spans (batch sizes, stalls' engine detail): trace every detail
+# level unless told otherwise; tests/test_detail_levels.py checks each level and the default
+os.environ.setdefault("OTEL_LLM_DETAIL", "steps")
 
 
 def write_jsonl(path: Path, rows) -> Path:

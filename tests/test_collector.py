@@ -209,6 +209,29 @@ def test_the_fluidity_index_as_metrics(make_collector):
     assert "llm_fluidity" not in urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
 
 
+def test_tokens_a_client_that_gave_up_never_received(make_collector):
+    """A client that left after 2 of the engine's 5 tokens: 3 unread, on both of its records and in
+    llm_tokens_unread_total; a request read to its end: none."""
+    import urllib.request
+
+    c = make_collector()
+    left = Req(
+        "left",
+        status="cancelled",
+        client_events=[(100, 1), (130, 1)],
+        client_end=135,
+        engine_events=[(85, 1), (115, 1), (125, 1), (140, 1), (150, 1)],
+    )
+    send(grpc_exporter(c.receivers[0].port), [left, Req("read")])
+    wait_for(lambda: c.records_derived >= 4, what="derivation")
+    recs = records_by(c, 4)
+    assert recs[("client", "left")].tokens_unread == recs[("engine", "left")].tokens_unread == 3
+    assert recs[("client", "read")].tokens_unread is None and recs[("engine", "read")].tokens_unread is None
+    host, port = c.prometheus.address
+    text = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+    assert 'llm_tokens_unread_total{boundary="engine",model="tiny"} 3' in text
+
+
 def test_store_survives_restart_and_appends(make_collector, tmp_path):
     from collector.records import RecordBatch
     from collector.store import RequestStore

@@ -111,3 +111,51 @@ def test_queue_is_the_schedulers_queue(tmp_path, tiny_model):
         assert abs((q.end_ns - q.start_ns) / 1e9 - theirs[rid]) < 5e-5, rid
         assert tree["root"].start_ns == fe.start_ns and fe.end_ns == q.start_ns and q.end_ns == pf.start_ns
         assert fe.end_ns > fe.start_ns  # rendering and the hand-off take time
+
+
+@pytest.mark.parametrize("detail", ["steps", "phases", "request"])
+def test_detail_levels(tmp_path, tiny_model, detail):
+    """OTEL_LLM_DETAIL decides which spans vLLM's front end and engine core emit, and none is lost
+    from the engine core's process. vLLM's CPU platform always starts that process with spawn (it
+    sets VLLM_WORKER_MULTIPROC_METHOD=spawn whatever was asked); fork is tested on the pipeline
+    itself, in tests/test_fork.py."""
+    truth, spans = run_vllm_scenario(
+        tmp_path, "class", tiny_model, env={"OTEL_LLM_DETAIL": detail, "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
+    )
+    assert truth["mp_method"] == "spawn"  # the CPU platform's override (if this changes, fork is tested here too)
+    reqs = {r["id"]: r for r in truth["requests"]}
+    names = Counter(s.name for s in spans)
+    roots = {s.attributes[sc.REQUEST_ID]: s for s in spans if s.name == sc.SPAN_REQUEST}
+    assert set(roots) == set(reqs) and names[sc.SPAN_REQUEST] == 24
+    for rid, root in roots.items():  # every level: the request span with its token events
+        assert root.attributes[sc.OUTPUT_TOKENS] == reqs[rid]["tokens"] == 32
+        assert sum(root.attributes[sc.TOKEN_EVENT_TOKENS]) == 32
+    phases = (sc.SPAN_FRONTEND, sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_STREAM)
+    if detail == "request":
+        assert set(names) == {sc.SPAN_REQUEST}
+        return
+    assert all(names[p] == 24 for p in phases), names
+    steps = [s for s in spans if s.name == sc.SPAN_STEP]
+    if detail == "phases":
+        assert not steps and sc.SPAN_STEPS not in names
+        return
+    # steps: the engine core's spans arrived from the child process, all of them: every token
+    # generated is in a step (24 prompts prefilled, then decode steps of one token each)
+    assert sum(s.attributes[sc.STEP_DECODE_TOKENS] for s in steps) == 24 * 31
+    prefill = sum(s.attributes[sc.STEP_PREFILL_TOKENS] for s in steps)
+    assert prefill == 24 * 40 == sum(r.attributes[sc.PREFILL_COMPUTED_TOKENS] for r in roots.values())
+
+
+def test_prefix_cache_tokens_agree_with_vllm(tmp_path, tiny_model):
+    """gen_ai.usage.cache_read.input_tokens is what vLLM's RequestOutput.num_cached_tokens says,
+    request by request, and the prompt's tokens add up: computed + cached = the prompt."""
+    truth, spans = run_vllm_scenario(tmp_path, "prefix", tiny_model)
+    roots = {s.attributes[sc.REQUEST_ID]: s for s in spans if s.name == sc.SPAN_REQUEST}
+    cached = []
+    for r in truth["requests"]:
+        a = roots[r["id"]].attributes
+        assert a[sc.CACHE_READ_INPUT_TOKENS] == r["cached"], r
+        assert a[sc.PREFILL_COMPUTED_TOKENS] + a[sc.CACHE_READ_INPUT_TOKENS] == r["prompt"] == a[sc.INPUT_TOKENS]
+        assert a[sc.PREFILL_LOCAL_CACHED_TOKENS] == r["cached"] and a[sc.PREFILL_EXTERNAL_CACHED_TOKENS] == 0
+        cached.append(r["cached"])
+    assert cached == [0, 256, 256, 0]  # two whole blocks of the repeated prompt; the new one: nothing

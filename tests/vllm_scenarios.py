@@ -56,7 +56,30 @@ def scenario_class(model: str, kv_mib: float, n: int, max_tokens: int) -> dict:
     TracedLLM = engine_hooks.instrument(LLM)
     llm = TracedLLM(model=model, kv_cache_memory_bytes=int(kv_mib * MiB), **ENGINE_ARGS)
     outs = llm.generate(prompts(n), SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
-    return {"requests": truth_of(outs), "class_name": TracedLLM.__name__}
+    # the start method vLLM used for its engine core (it overrides the variable when it must spawn)
+    method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+    return {"requests": truth_of(outs), "class_name": TracedLLM.__name__, "mp_method": method}
+
+
+def scenario_prefix(model: str) -> dict:
+    """The same 300-token prompt three times, one after another, then with a new one beside it:
+    the later ones are served from the prefix cache (whole 128-token blocks, the CPU backend's);
+    vLLM says how much in RequestOutput."""
+    from vllm import LLM, SamplingParams
+
+    import engine_hooks
+
+    llm = engine_hooks.instrument(LLM)(model=model, kv_cache_memory_bytes=64 * MiB, **ENGINE_ARGS)
+    sp = SamplingParams(max_tokens=4, ignore_eos=True)
+    shared, other = prompts(2, length=300)
+    outs = []
+    for batch in ([shared], [shared], [shared, other]):
+        outs += llm.generate(batch, sp, use_tqdm=False)
+    return {
+        "requests": [
+            {"id": o.request_id, "cached": o.num_cached_tokens, "prompt": len(o.prompt_token_ids)} for o in outs
+        ]
+    }
 
 
 def scenario_instance(model: str) -> dict:
@@ -168,6 +191,8 @@ def main() -> None:
         result = scenario_class(model, kv_mib=64, n=24, max_tokens=32)
     elif scenario == "class-preempt":
         result = scenario_class(model, kv_mib=1, n=32, max_tokens=200)
+    elif scenario == "prefix":
+        result = scenario_prefix(model)
     elif scenario == "instance":
         result = scenario_instance(model)
     elif scenario == "own-tracing":

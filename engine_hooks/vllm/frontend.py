@@ -60,6 +60,17 @@ def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float |
                     tracker.queued(rid, t)
                 elif ev.type == _PREEMPTED:
                     tracker.preempted(rid, t, "recompute")  # vLLM v1 preempts by recomputation only
+        ps = getattr(o, "prefill_stats", None)
+        if ps is not None:  # the engine core's account of the prompt: computed, or from a cache
+            tracker.annotate(
+                rid,
+                {
+                    sc.CACHE_READ_INPUT_TOKENS: ps.num_cached_tokens,
+                    sc.PREFILL_COMPUTED_TOKENS: ps.num_computed_tokens,
+                    sc.PREFILL_LOCAL_CACHED_TOKENS: ps.num_local_cached_tokens,
+                    sc.PREFILL_EXTERNAL_CACHED_TOKENS: ps.num_external_cached_tokens,
+                },
+            )
         if n:
             tracker.generated(rid, gen_ns, n)
             tracker.token_out(rid, out_ns, n)
