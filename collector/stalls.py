@@ -51,6 +51,27 @@ def _gap_index(c_offs: np.ndarray, e_offs: np.ndarray) -> int | None:
     return int(np.argmax(np.diff(e_offs)))
 
 
+_SEG = 44  # bits of a value inside a segment key (2^44 ns: 4.9 hours; tokens: 1.7e13)
+
+
+def _segment_search(flat: np.ndarray, lens: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.searchsorted(segment_k, q, side="left")`` for both queries ``q`` of row ``k`` of
+    ``queries`` (m, 2), all at once: ``flat`` is the concatenation of m ascending segments of
+    lengths ``lens`` (each >= 1), keyed by ``k << 44 | value - the segment's first``. Returns the
+    local indices (m, 2) and a mask of the rows whose values and queries all fit in 2^44 of their
+    segment's first (a segment spread wider, from hostile input, is left unknown)."""
+    m = len(lens)
+    starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+    seg = np.repeat(np.arange(m, dtype=np.int64), lens)
+    base = flat[starts]
+    top = (1 << _SEG) - 1
+    rel, qrel = flat - base[seg], queries - base[:, None]
+    fits = (flat[starts + lens - 1] - base <= top) & (qrel.max(axis=1) <= top)
+    keys = (seg << _SEG) | np.clip(rel, 0, top)
+    q = (np.arange(m, dtype=np.int64)[:, None] << _SEG) | np.clip(qrel, 0, top)
+    return np.searchsorted(keys, q, side="left") - starts[:, None], fits
+
+
 def stall_layers(
     ci: np.ndarray,
     ei: np.ndarray,
@@ -64,42 +85,91 @@ def stall_layers(
     """For each pair (client record ``ci[k]``, engine record ``ei[k]``): the engine core's and the
     HTTP server's gap (seconds) over the two tokens bounding the client's largest gap, on the
     client record's row (NaN where unknown). ``generated[e]``: (Unix ns, tokens or None) of the
-    engine's generation events; ``server_chunks[e]``: Unix ns of the server's body chunks. A token
-    event's generation is the generation event that produced its last token; its write is the
-    first body chunk at or after the engine handed it out."""
+    engine's generation events; ``server_chunks[e]``: Unix ns of the server's body chunks (sorted).
+    A token event's generation is the generation event that produced its last token; its write is
+    the first body chunk at or after the engine handed it out. The two tokens are the same on both
+    sides when both saw as many events, else the engine's largest gap stands in. Vectorised over
+    the pairs: the per-pair work is gathering each one's arrays into one."""
     n = len(submit_ns)
     core, server = np.full(n, np.nan), np.full(n, np.nan)
-    st = event_start
-    for c, e in zip(ci.tolist(), ei.tolist()):
-        g, ch = generated[e], server_chunks[e]
-        if g is None and ch is None:
+    if not len(ci):
+        return core, server
+    st = np.asarray(event_start, np.int64)
+    counts = np.diff(st)
+    pos = _gap_positions(offsets_ns, st, n)
+    ci, ei = np.asarray(ci, np.int64), np.asarray(ei, np.int64)
+    ok = (counts[ci] >= 2) & (counts[ei] >= 2)
+    ci, ei = ci[ok], ei[ok]
+    j = np.where(counts[ci] == counts[ei], pos[ci], pos[ei])  # the engine event pair (j, j + 1)
+    ev = np.stack([st[ei] + j, st[ei] + j + 1], axis=1)  # the two, in the batch's event arrays
+    el = ei.tolist()
+    # the HTTP server: the first chunk at or after each of the two was handed out
+    k = [i for i, e in enumerate(el) if server_chunks[e] is not None and len(server_chunks[e])]
+    if k:
+        k = np.array(k, np.int64)
+        chunks = [server_chunks[e] for e in ei[k].tolist()]
+        lens = np.fromiter(map(len, chunks), np.int64, len(chunks))
+        flat = np.concatenate(chunks).astype(np.int64)
+        s, fits = _segment_search(flat, lens, submit_ns[ei[k]][:, None] + offsets_ns[ev[k]])
+        fine = fits & (s[:, 1] < lens)
+        at = np.concatenate([[0], np.cumsum(lens)[:-1]])[fine]
+        server[ci[k[fine]]] = (flat[at + s[fine, 1]] - flat[at + s[fine, 0]]) / 1e9
+    # the engine core: the generation events that produced the two tokens
+    rows, gts, gks = [], [], []
+    for i, e in enumerate(el):
+        g = generated[e]
+        if g is None:
             continue
-        eo = offsets_ns[st[e] : st[e + 1]]
-        j = _gap_index(offsets_ns[st[c] : st[c + 1]], eo)
-        if j is None:
+        gt, gk = g
+        if gk is None:  # one generation per token event
+            if len(gt) != counts[e]:
+                continue
+            gk = tokens[st[e] : st[e + 1]]
+        elif len(gk) != len(gt):
             continue
-        if g is not None:
-            gt, gk = g
-            et = tokens[st[e] : st[e + 1]]
-            if gk is None:  # one generation per token event
-                gk = et if len(et) == len(gt) else None
-            if gk is not None:
-                k0, k1 = np.searchsorted(np.cumsum(gk), np.cumsum(et)[[j, j + 1]], side="left")
-                if k1 < len(gt):
-                    core[c] = (int(gt[k1]) - int(gt[k0])) / 1e9
-        if ch is not None and len(ch):
-            s0, s1 = np.searchsorted(ch, submit_ns[e] + eo[[j, j + 1]], side="left")
-            if s1 < len(ch):
-                server[c] = (int(ch[s1]) - int(ch[s0])) / 1e9
+        if len(gt):
+            rows.append(i)
+            gts.append(gt)
+            gks.append(gk)
+    if rows:
+        r = np.array(rows, np.int64)
+        lens = np.fromiter(map(len, gts), np.int64, len(gts))
+        starts = np.concatenate([[0], np.cumsum(lens)[:-1]]).astype(np.int64)
+        cum = np.cumsum(np.clip(np.concatenate(gks).astype(np.int64), 0, None))
+        cum -= np.repeat(np.concatenate([[0], cum[starts[1:] - 1]]), lens)  # each segment from 0
+        tok_cum = np.cumsum(tokens, dtype=np.int64)
+        first = st[ei[r]]
+        before = np.where(first > 0, tok_cum[np.maximum(first - 1, 0)], 0)
+        want = tok_cum[ev[r]] - before[:, None]  # tokens handed out by each of the two
+        kk, fits = _segment_search(cum, lens, want)
+        fine = fits & (kk[:, 1] < lens)
+        flat = np.concatenate(gts).astype(np.int64)
+        at = starts[fine]
+        core[ci[r[fine]]] = (flat[at + kk[fine, 1]] - flat[at + kk[fine, 0]]) / 1e9
     return core, server
 
 
-def largest_gaps(batch: RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per record: its largest gap between token events (seconds; NaN with fewer than two events),
-    the gap's position (0: between the first two events; -1: none), how many gaps it has and the
-    median of its other gaps (seconds; NaN with fewer than two gaps)."""
-    n = len(batch)
-    itl_ns, owner = itl_samples(batch.event_offsets_ns, batch.event_start)
+def _gap_positions(offsets_ns: np.ndarray, event_start: np.ndarray, n: int) -> np.ndarray:
+    """Per record: where its largest gap between token events is (0: between the first two; the
+    earliest of equal ones; -1 with fewer than two events)."""
+    itl_ns, owner = itl_samples(offsets_ns, event_start)
+    pos = np.full(n, -1, np.int64)
+    if not len(itl_ns):
+        return pos
+    counts = np.bincount(owner, minlength=n)
+    has = counts > 0
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    full = np.zeros(n, itl_ns.dtype)
+    full[has] = np.maximum.reduceat(itl_ns, starts[has])  # each record's gaps are contiguous
+    hit = np.flatnonzero(itl_ns == full[owner])
+    first = hit[np.concatenate([[True], owner[hit][1:] != owner[hit][:-1]])]  # owners ascend: the first per record
+    pos[owner[first]] = first - starts[owner[first]]
+    return pos
+
+
+def _gaps(offsets_ns: np.ndarray, event_start: np.ndarray, n: int):
+    """:func:`largest_gaps` over raw event arrays (record ``i`` owns ``event_start[i]:event_start[i + 1]``)."""
+    itl_ns, owner = itl_samples(offsets_ns, event_start)
     counts = np.bincount(owner, minlength=n) if len(owner) else np.zeros(n, np.int64)
     gap = np.full(n, np.nan)
     med = np.full(n, np.nan)
@@ -120,6 +190,13 @@ def largest_gaps(batch: RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray
         lo, hi = starts + (rest - 1) // 2, starts + rest // 2
         med[m] = (srt[lo[m]] + srt[hi[m]]) / 2e9
     return gap, pos, counts, med
+
+
+def largest_gaps(batch: RecordBatch) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per record: its largest gap between token events (seconds; NaN with fewer than two events),
+    the gap's position (0: between the first two events; -1: none), how many gaps it has and the
+    median of its other gaps (seconds; NaN with fewer than two gaps)."""
+    return _gaps(batch.event_offsets_ns, batch.event_start, len(batch))
 
 
 def stall_thresholds(median_gap: np.ndarray, floor: float, factor: float) -> np.ndarray:

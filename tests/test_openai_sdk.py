@@ -390,3 +390,29 @@ def test_real_vllm_every_async_idiom(vllm_server, tiny_model, tp, mem):
     assert left.attributes[sc.STATUS] == "cancelled"
     assert engine_span_of(traces, left.context.trace_id)[sc.STATUS] == "cancelled"
     assert whole.attributes[sc.STATUS] == "ok" and whole.attributes[sc.OUTPUT_TOKENS] == 8
+
+
+@pytest.mark.slow
+def test_real_vllm_a_refused_request_keeps_its_spans(vllm_server, tiny_model, tp, mem):
+    """A prompt longer than the model's context: vLLM refuses it with 400 before its engine sees it.
+    The caller gets vLLM's error unchanged; the client span says error, and the HTTP server span in
+    the same trace says 400 (vLLM's own tracing has no span for it at all)."""
+    from span_records import read_trace_file
+
+    from engine_hooks.tiny_model import prompt
+
+    base_url, traces, _ = vllm_server
+    c = instrument_openai(openai.OpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)
+    with pytest.raises(openai.BadRequestError) as err:
+        c.completions.create(model=tiny_model, prompt=prompt(600), max_tokens=4, stream=True)
+    assert err.value.status_code == 400
+    (s,) = client_spans(tp, mem)
+    assert s.attributes[sc.STATUS] in ("error", "rejected") and s.status.status_code.name == "ERROR"
+    want = format(s.context.trace_id, "032x")
+    t0, server = time.monotonic(), []
+    while not server and time.monotonic() - t0 < 10:
+        server = [x for x in read_trace_file(traces) if x.trace_id == want and x.name == "POST /v1/completions"]
+        time.sleep(0.2)
+    assert len(server) == 1 and server[0].attributes[sc.HTTP_STATUS] == 400
+    assert server[0].parent_span_id == format(s.context.span_id, "016x")  # the client's own span is its parent
+    assert not [x for x in read_trace_file(traces) if x.trace_id == want and x.name == sc.SPAN_REQUEST]
