@@ -153,6 +153,7 @@ def _server_record(engine: tuple, server: tuple, chunks: np.ndarray) -> tuple:
         row[k] = server[k]
     row[sp.CODE] = sp.SERVER
     row[sp.GEN_OFFSETS] = row[sp.GEN_TOKENS] = None
+    row[sp.SAMPLING_P] = server[sp.SAMPLING_P]  # the server span's own (else its engine's, in derive)
     ob, tb = engine[sp.OFFSETS], engine[sp.TOKENS]
     offs = toks = b""
     if type(ob) is bytes and type(tb) is bytes and len(ob) == len(tb) and len(ob) % 8 == 0 and len(ob):
@@ -431,6 +432,20 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     choice = np.fromiter((c if type(c) is int else -1 for c in cols[sp.CHOICE]), np.int64, n)
     input_tokens = np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64)
     rm = request_metrics(timeline_batch(request_id, submit, end, status, start, offs, toks, input_tokens))
+    # sampling: each record counts for 1 / the probability it was kept with; an engine or server
+    # record whose own span does not say takes its client's (the sampler decided there), else each other's
+    prob = np.fromiter(
+        (float(v) if type(v) in (float, int) and 0 < v <= 1 else np.nan for v in cols[sp.SAMPLING_P]), np.float64, n
+    )
+    for c, e in rq.pairs:
+        if prob[e] != prob[e]:
+            prob[e] = prob[c]
+    for sv, e in rq.server_of:
+        if prob[e] != prob[e]:
+            prob[e] = prob[sv]
+        if prob[sv] != prob[sv]:
+            prob[sv] = prob[e]
+    weight = np.where(np.isfinite(prob), 1.0 / prob, 1.0)
     unread = np.full(n, -1, np.int64)
     if rq.pairs:
         ci, ei = np.array(rq.pairs, np.int64).T
@@ -494,6 +509,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         stall_core_gap=stall_core,
         stall_server_gap=stall_server,
         tokens_unread=unread,
+        sample_weight=weight,
         paired=paired,
         peer_request_id=peer,
     )

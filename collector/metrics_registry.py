@@ -8,7 +8,9 @@ Names follow the GenAI semantic conventions with their advisory buckets where on
 rest are under ``llm.``. Latency histograms hold completed requests only (status ok), as
 docs/metrics/spec.md's distributions do; ``llm.requests`` counts every status. Goodput over any window
 is a PromQL rate of ``llm.slo.good_requests`` (one series per configured SLO), and attainment is
-its ratio to ``llm.requests{status="ok"}``.
+its ratio to ``llm.requests{status="ok"}``. Under sampling (a record's ``sample_weight`` = 1 / the
+probability it was kept with) the counters count each request for its weight, so their rates
+estimate the unsampled ones; the histograms hold the sampled requests.
 """
 
 from __future__ import annotations
@@ -276,6 +278,15 @@ class MetricsRegistry:
                 g.append(i)
         status = np.array(batch.status)
         ok = status == "ok"
+        wt = batch.sample_weight
+        if not (wt != 1.0).any():
+            wt = None  # no sampling: integer counts, as before
+
+        def total(values: np.ndarray, idx: np.ndarray) -> int | float:
+            """A sum over requests ``idx`` where each counts for its sample weight."""
+            return int(values[idx].sum()) if wt is None else float((values[idx] * wt[idx]).sum())
+
+        one = np.ones(len(batch), np.int64)
         checks = {name: bound_checks(rm, slo) for name, slo in self.slos.items()}
         itl_counts = np.maximum(rm.events - 1, 0)  # ITL samples per request (m - 1), in request order
         index = None
@@ -302,26 +313,25 @@ class MetricsRegistry:
                     self.front_end.observe(labels, batch.front_end[sel])
                     self.queue.observe(labels, batch.queue[sel])
                     self.prefill.observe(labels, batch.prefill[sel])
-                    self.preemptions.add(labels, int(batch.preemptions[idx].sum()))
+                    self.preemptions.add(labels, total(batch.preemptions, idx))
                     self.unread.series.setdefault(labels, 0)
-                    u = batch.tokens_unread[idx]
-                    self.unread.add(labels, int(u[u > 0].sum()))
+                    self.unread.add(labels, total(np.maximum(batch.tokens_unread, 0), idx))
                 if index is not None:
                     x = index[sel]
                     x = x[np.isfinite(x)]
                     self.fluidity_index.observe(labels, x)
                     self.fluid.series.setdefault(labels, 0)
                     self.fluid.add(labels, int((x >= self.fluidity.target).sum()))
-                for st, n in zip(*np.unique(status[idx], return_counts=True)):
-                    self.requests.add(labels + (str(st),), int(n))
-                self.output_tokens.add(labels, int(rm.output_tokens[idx].sum()))
+                for st in np.unique(status[idx]).tolist():
+                    self.requests.add(labels + (st,), total(one, idx[status[idx] == st]))
+                self.output_tokens.add(labels, total(rm.output_tokens, idx))
                 for name, per_bound in checks.items():
                     good = ok[idx].copy()
                     for passed in per_bound.values():
                         good &= passed[idx]
                     # a series per SLO and group from the first request on, so rate() has a base
                     self.good.series.setdefault(labels + (name,), 0)
-                    self.good.add(labels + (name,), int(good.sum()))
+                    self.good.add(labels + (name,), total(one, idx[good]))
             self._record_pairs(batch, ok)
 
     def _record_pairs(self, batch: RecordBatch, ok: np.ndarray) -> None:

@@ -48,6 +48,7 @@ INT = Kind(np.int64, "INTEGER", None)  # always known unless the column names an
 NS = Kind(np.int64, "INTEGER", NO_NS)  # a point in time, Unix ns
 SECONDS = Kind(np.float64, "REAL", math.nan)  # a duration (SQLite stores NaN as NULL)
 FLAG = Kind(np.bool_, "INTEGER", None)
+WEIGHT = Kind(np.float64, "REAL", None)  # a multiplier, always known: 1 unless something says otherwise
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class Column:
         """What a batch holds for a row view's ``None``."""
         if self.missing is not None:
             return self.missing
-        return {TEXT: None, FLAG: False}.get(self.kind, 0)
+        return {TEXT: None, FLAG: False, WEIGHT: 1.0}.get(self.kind, 0)
 
 
 COLUMNS: tuple[Column, ...] = (
@@ -159,6 +160,14 @@ COLUMNS: tuple[Column, ...] = (
         "engine core made after the abort and dropped are not seen)",
         unknown=-1,
     ),
+    Column(
+        "sample_weight",
+        WEIGHT,
+        "",
+        "1 / the probability a sampler kept this request with (llm.sampling.probability, from this record's "
+        "span or, for an engine or server record, its client's or its server's): what it counts for in rates "
+        "and goodput; 1 without sampling or where the probability is not known",
+    ),
     Column("paired", FLAG, "", "the trace held this request at both boundaries"),
     Column("peer_request_id", TEXT, "", "the request id of the paired record at the other boundary"),
 )
@@ -203,6 +212,7 @@ def timeline_batch(
     event_tokens: np.ndarray,
     input_tokens: np.ndarray,
     epoch_ns: int | None = None,
+    weight: np.ndarray | None = None,
 ) -> TimelineBatch:
     """Records' columns as a :class:`TimelineBatch` for the metric core: seconds after
     ``epoch_ns`` (default: the earliest submit, which keeps every difference exact to well under a
@@ -223,6 +233,7 @@ def timeline_batch(
         submit_ns,
         end_ns,
         event_offsets_ns,
+        None if weight is None or not (np.asarray(weight) != 1.0).any() else np.asarray(weight, np.float64),
     )
 
 
@@ -249,6 +260,7 @@ class _BatchMethods:
             self.event_tokens,
             self.input_tokens,
             epoch_ns,
+            self.sample_weight,
         )
 
     def scalar_columns(self, nan_as_none: bool = True) -> dict[str, list]:
@@ -371,7 +383,7 @@ def _batch_type(c: Column) -> type:
 
 
 def _row_type(c: Column) -> Any:
-    base = {TEXT: str, INT: int, NS: int, SECONDS: float, FLAG: bool}[c.kind]
+    base = {TEXT: str, INT: int, NS: int, SECONDS: float, FLAG: bool, WEIGHT: float}[c.kind]
     return base if c.missing is None and c.kind is not TEXT else base | None
 
 

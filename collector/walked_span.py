@@ -62,6 +62,7 @@ _ATTRIBUTES = (
     ("chunk_offsets", sc.HTTP_CHUNK_OFFSETS),
     ("gen_offsets", sc.TOKEN_GENERATED_OFFSETS),
     ("gen_tokens", sc.TOKEN_GENERATED_TOKENS),
+    ("sampling_p", sc.SAMPLING_PROBABILITY),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -90,6 +91,7 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     CHUNK_OFFSETS,
     GEN_OFFSETS,
     GEN_TOKENS,
+    SAMPLING_P,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

@@ -44,6 +44,8 @@ class HttpRecord:
     span_id: bytes = b""
     parent_span_id: bytes | None = None
     parent_flags: int = 1
+    sampled: bool = True  # the sampler's decision (OTEL_TRACES_SAMPLER), handed on in the traceparent
+    probability: float | None = None  # what it kept the request with, where it decided itself
 
 
 def parse_traceparent(value: bytes | str | None) -> tuple[bytes, bytes, int] | None:
@@ -74,6 +76,9 @@ class TracingMiddleware:
         self.app = app
         self._recorder = recorder
         self._excluded = environment.excluded_urls()  # health probes, metric scrapes: no span
+        from otel_llm.sdk_internals import configured_sampler
+
+        self._sampler = configured_sampler()
 
     @property
     def recorder(self):
@@ -82,6 +87,24 @@ class TracingMiddleware:
 
             self._recorder = frontend_hooks().pipeline.recorder
         return self._recorder
+
+    def _decide(self, parent, trace_id: bytes, scope) -> tuple[bool, float | None]:
+        """The configured sampler's decision for this request (a parent-based one follows the
+        caller's flag), and the probability where it decided itself."""
+        from opentelemetry import trace as trace_api
+        from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
+
+        from otel_llm.sdk_internals import sampling_probability
+
+        tid = int.from_bytes(trace_id, "big")
+        ctx = None
+        if parent is not None:
+            sc_ = SpanContext(tid, int.from_bytes(parent[1], "big"), True, TraceFlags(parent[2] & 1))
+            ctx = trace_api.set_span_in_context(NonRecordingSpan(sc_))
+        name = f"{scope.get('method', '')} {scope.get('path', '')}"
+        if not self._sampler.should_sample(ctx, tid, name, SpanKind.SERVER).decision.is_sampled():
+            return False, None
+        return True, sampling_probability(self._sampler, parent is not None)
 
     async def __call__(self, scope, receive, send):
         if (
@@ -101,7 +124,8 @@ class TracingMiddleware:
                 break
         trace_id = parent[0] if parent else os.urandom(16)
         span_id = os.urandom(8)
-        flags = parent[2] if parent else 1
+        sampled, p = self._decide(parent, trace_id, scope)
+        flags = (parent[2] & ~1 if parent else 0) | int(sampled)  # the engine's spans follow this decision
         headers.append((_TRACEPARENT, f"00-{trace_id.hex()}-{span_id.hex()}-{flags:02x}".encode()))
         rec = HttpRecord(
             t0,
@@ -114,7 +138,9 @@ class TracingMiddleware:
             trace_id,
             span_id,
             parent[1] if parent else None,
-            flags,
+            parent[2] if parent else 1,
+            sampled,
+            p,
         )
         chunks = rec.chunk_mono
 

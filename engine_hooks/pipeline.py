@@ -38,6 +38,7 @@ class PipelineCounters:
     spans_dropped: int = 0  # exporter failed
     requests_traced: int = 0
     requests_evicted: int = 0  # in-flight bound hit
+    requests_unsampled: int = 0  # finished, but dropped by the sampler (OTEL_TRACES_SAMPLER)
     steps_traced: int = 0
     builder_errors: int = 0
     hook_errors: int = 0
@@ -120,9 +121,12 @@ class TracingPipeline:
                 if self.detail == "steps":
                     spans.extend(self.factory.step_spans(steps))
                 for h in self.tracker.take_http():
-                    spans.append(self.factory.http_span(h, self.anchor.wall_ns))
+                    span = self.factory.http_span(h, self.anchor.wall_ns)
+                    if span is not None:
+                        spans.append(span)
                 c = self.counters
                 c.requests_traced += len(finished)
+                c.requests_unsampled = self.factory.unsampled
                 c.steps_traced += len(steps)
                 c.requests_evicted = self.tracker.evicted
                 c.events_dropped = self.recorder.dropped

@@ -16,11 +16,12 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import semconv as sc
+from otel_llm.sdk_internals import configured_sampler, sampling_probability
 
 from .tracker import FinishedRequest, StepRecord
 
@@ -46,9 +47,14 @@ class SpanFactory:
         engine: str | None = None,
         model: str | None = None,
         detail: str = "phases",
+        sampler=None,
     ):
         self.resource = resource
         self.detail = detail  # request: the llm.request span alone (OTEL_LLM_DETAIL)
+        # which requests are traced: OTEL_TRACES_SAMPLER's sampler, decided as the SDK's tracer would
+        # (a parent-based one follows the caller's traceparent); requests it drops are only counted
+        self.sampler = sampler if sampler is not None else configured_sampler()
+        self.unsampled = 0
         self.boundary = boundary
         self.engine = engine
         self.model = model
@@ -82,9 +88,20 @@ class SpanFactory:
             instrumentation_scope=_SCOPE,
         )
 
+    def _sampled(self, parent: SpanContext | None, trace_id: int, name: str) -> tuple[bool, float | None]:
+        """(keep it, the probability it was kept with where this sampler decided)."""
+        ctx = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
+        if not self.sampler.should_sample(ctx, trace_id, name, SpanKind.SERVER).decision.is_sampled():
+            self.unsampled += 1
+            return False, None
+        return True, sampling_probability(self.sampler, parent is not None)
+
     def request_spans(self, r: FinishedRequest) -> list[ReadableSpan]:
         parent = parent_from_headers(r.trace_headers)
         trace_id = parent.trace_id if parent else self._ids.generate_trace_id()
+        keep, p = self._sampled(parent, trace_id, sc.SPAN_REQUEST)
+        if not keep:
+            return []
         root = self._ctx(trace_id)
         s0, s1 = r.start_ns, r.end_ns
         clamp = lambda t: min(max(t, s0), s1)
@@ -115,6 +132,8 @@ class SpanFactory:
             attrs[sc.FINISH_REASONS] = [r.finish_reason]
         if r.incomplete:
             attrs[sc.REQUEST_INCOMPLETE] = True
+        if p is not None and p < 1.0:
+            attrs[sc.SAMPLING_PROBABILITY] = p
         if r.attrs:
             attrs.update(r.attrs)
         status = None
@@ -155,7 +174,7 @@ class SpanFactory:
             child(sc.SPAN_STREAM, r.out_times_ns[0], r.out_times_ns[-1], {sc.STREAM_EVENTS: len(r.out_times_ns)})
         return out
 
-    def http_span(self, h, wall_ns) -> ReadableSpan:
+    def http_span(self, h, wall_ns) -> ReadableSpan | None:
         """The server span of one HTTP request (:class:`engine_hooks.asgi.HttpRecord`; ``wall_ns``
         turns its monotonic times into wall-clock ns)."""
         t0, t1 = wall_ns(h.start_mono), wall_ns(h.end_mono)
@@ -168,8 +187,14 @@ class SpanFactory:
         parent = None
         if h.parent_span_id:
             parent = SpanContext(
-                int.from_bytes(h.trace_id, "big"), int.from_bytes(h.parent_span_id, "big"), is_remote=True
+                int.from_bytes(h.trace_id, "big"),
+                int.from_bytes(h.parent_span_id, "big"),
+                is_remote=True,
+                trace_flags=TraceFlags(h.parent_flags & 1),
             )
+        if not h.sampled:  # the middleware decided, and told the engine in the traceparent it handed on
+            self.unsampled += 1
+            return None
         attrs = {
             sc.BOUNDARY: "server",
             sc.HTTP_METHOD: h.method,
@@ -180,6 +205,8 @@ class SpanFactory:
             attrs[sc.HTTP_STATUS] = int(h.status)
         if h.response_start_mono is not None:
             attrs[sc.HTTP_RESPONSE_START] = wall_ns(h.response_start_mono) - t0
+        if h.probability is not None and h.probability < 1.0:
+            attrs[sc.SAMPLING_PROBABILITY] = h.probability
         status = Status(StatusCode.ERROR) if h.status is not None and h.status >= 500 else None
         return self._span(f"{h.method} {h.path}", ctx, parent, t0, t1, attrs, SpanKind.SERVER, status)
 

@@ -139,27 +139,14 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
         help="--find-capacity stops once the lowest failing rate is within 1 + F of the highest passing one "
         "(default 0.1)",
     )
-    s.add_argument(
-        "--start-rate",
-        type=number(float, 0, strict=True),
-        default=1.0,
-        metavar="R",
-        help="--find-capacity: the first rate measured, requests/s (default 1)",
-    )
-    s.add_argument(
-        "--min-rate",
-        type=number(float, 0, strict=True),
-        default=0.05,
-        metavar="R",
-        help="--find-capacity: below this the search gives up: capacity < R (default 0.05)",
-    )
-    s.add_argument(
-        "--max-rate",
-        type=number(float, 0, strict=True),
-        default=1000.0,
-        metavar="R",
-        help="--find-capacity: the search goes no higher: capacity >= R (default 1000)",
-    )
+    for flag, default, what in (
+        ("--start-rate", 1.0, "the first rate measured, requests/s (default 1)"),
+        ("--min-rate", 0.05, "below this the search gives up: capacity < R (default 0.05)"),
+        ("--max-rate", 1000.0, "the search goes no higher: capacity >= R (default 1000)"),
+    ):
+        s.add_argument(
+            flag, type=number(float, 0, strict=True), default=default, metavar="R", help="--find-capacity: " + what
+        )
     s.add_argument(
         "--max-points", type=number(int, 1), default=12, metavar="N", help="--find-capacity: at most N points"
     )
@@ -230,9 +217,7 @@ def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDis
             rp = replay.load(
                 args.replay, args.replay_format, args.replay_speed, args.replay_run, args.replay_block_size, load_source
             )
-        except OSError as exc:
-            raise CLIError(f"--replay: {exc}") from None
-        except ValueError as exc:
+        except (OSError, ValueError) as exc:  # the file, or what is in it
             raise CLIError(f"--replay: {exc}") from None
         if args.num_requests is None and not args.duration:
             args.num_requests = len(rp.items)

@@ -363,6 +363,8 @@ def print_results(args: argparse.Namespace, knob: str, points: list[dict], concl
     note = "queue, prefill: shares of the mean client TTFT; batch: mean requests per step; KV max: fraction"
     if not args.store:
         note += " (engine columns need --store)"
+    elif not any(((p.get("profile") or {}).get("engine") or {}).get("steps") for p in points):
+        note += " (batch and KV need the engine's step spans: OTEL_LLM_DETAIL=steps where the engine runs)"
     sys.stdout.write(note + "\n\n" + conclusion_text(conclusion))
     if args.results:
         print(f"results written to {args.results}")

@@ -99,8 +99,9 @@ def add_analysis_options(p: argparse.ArgumentParser) -> None:
         "--fluidity",
         metavar="DEADLINES",
         default=None,
-        help="the fluidity index (docs/metrics/fluidity.md) against token deadlines: ttft=S,tbt=S[,target=F] "
-        "(seconds; a request is fluid at index >= target, default 0.9)",
+        help="the fluidity index (docs/metrics/fluidity.md) against token deadlines: ttft=S,tbt=S[,target=F]"
+        "[,share=F] (seconds; a request is fluid at index >= target, default 0.9; the fluid token generation "
+        "rate keeps a share of the requests fluid, default 0.99)",
     )
     g.add_argument("--format", choices=FORMATS, default="table", help="output format (default: table)")
 

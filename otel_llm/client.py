@@ -31,6 +31,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from . import environment
 from . import semconv as sc
 from .clock import WallAnchor
+from .sdk_internals import tracer_probability
 from .timeline import Timeline
 
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -307,7 +308,11 @@ class TracedClient:
 def start_client_span(tracer, start_ns: int, attributes: dict):
     """The ``llm.client.request`` span of a call, and a function that starts another for each
     further choice of a call that turns out to have several (``n`` > 1): a child of the first (so
-    in its trace even when the first is a root), with the same start and attributes."""
+    in its trace even when the first is a root), with the same start and attributes. A span kept
+    by a sampler that decided itself says with what probability (``llm.sampling.probability``)."""
+    p = tracer_probability(tracer)
+    if p is not None and p < 1.0:
+        attributes = {**attributes, sc.SAMPLING_PROBABILITY: p}
     first = tracer.start_span(sc.SPAN_CLIENT_REQUEST, kind=SpanKind.CLIENT, start_time=start_ns, attributes=attributes)
     ctx = trace_api.set_span_in_context(first)
 

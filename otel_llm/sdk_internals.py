@@ -84,3 +84,39 @@ def http_span_exporter(encode: Callable, **kwargs) -> SpanExporter:
             return super().export(batch)
 
     return FastHTTPSpanExporter(**kwargs)
+
+
+def configured_sampler():
+    """The sampler ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` configure, as the SDK's own
+    ``TracerProvider()`` would build it (default ``parentbased_always_on``; a bad value: the SDK's
+    default, logged by the SDK)."""
+    from opentelemetry.sdk.trace import sampling
+
+    return sampling._get_from_env_or_default()
+
+
+def sampling_probability(sampler, has_parent: bool) -> float | None:
+    """The probability with which ``sampler`` keeps a span it decides itself: a ratio sampler's
+    rate, 1 for always-on; for a parent-based sampler, its root sampler's when the span has no
+    parent, and None (not this sampler's decision) when it has one. None for samplers whose
+    probability is not known (custom ones, always-off)."""
+    from opentelemetry.sdk.trace import sampling as s
+
+    if isinstance(sampler, s.ParentBased):
+        return None if has_parent else sampling_probability(sampler._root, False)
+    if isinstance(sampler, s.TraceIdRatioBased):
+        return float(sampler.rate)
+    if isinstance(sampler, s.StaticSampler):
+        return 1.0 if sampler._decision is s.Decision.RECORD_AND_SAMPLE else None
+    return None
+
+
+def tracer_probability(tracer) -> float | None:
+    """:func:`sampling_probability` of an SDK tracer's sampler for a span started now (a child of
+    the current span, if there is one); None for tracers that are not the SDK's."""
+    from opentelemetry import trace as trace_api
+
+    sampler = getattr(tracer, "sampler", None)
+    if sampler is None:
+        return None
+    return sampling_probability(sampler, trace_api.get_current_span().get_span_context().is_valid)

@@ -60,6 +60,10 @@ PREFILL_COMPUTED_TOKENS = "llm.prefill.computed_tokens"  # computed by this engi
 PREFILL_LOCAL_CACHED_TOKENS = "llm.prefill.cached_tokens.local"  # this engine's prefix cache
 PREFILL_EXTERNAL_CACHED_TOKENS = "llm.prefill.cached_tokens.external"  # KV transferred from elsewhere
 ENGINE_NAME = "llm.engine.name"
+#: on a request span kept by a sampler that decided itself (a root, or a sampler that is not
+#: parent-based): the probability it kept it with (OTEL_TRACES_SAMPLER / _ARG); absent when 1
+#: or not known. The collector weighs what it counts by 1 / this.
+SAMPLING_PROBABILITY = "llm.sampling.probability"
 
 STEP_INDEX = "llm.step.index"
 STEP_BATCH_SIZE = "llm.step.batch_size"

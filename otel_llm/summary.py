@@ -119,12 +119,13 @@ class Summary:
     counts: Counts
     requests_per_s: float | None
     output_tokens_per_s: float | None
-    output_tokens_in_window: int
+    output_tokens_in_window: int | float  # an estimate (float) from sampled records
     percentile_method: str
     latency: dict[str, Distribution]
     goodput: Goodput | None
     extra: dict = field(default_factory=dict)  # conditions etc., passed through to JSON
     fluidity: Fluidity | None = None
+    sampling: dict | None = None  # sampled records: what the estimates stand for
 
     def to_json(self) -> dict:
         c = self.counts
@@ -156,6 +157,8 @@ class Summary:
         }
         if self.fluidity is not None:
             out["fluidity"] = self.fluidity.to_json()
+        if self.sampling is not None:
+            out["sampling"] = self.sampling
         if self.goodput is not None:
             g = self.goodput
             out["goodput"] = {
@@ -239,7 +242,16 @@ def summarize(
     n_completed = int(completed.sum())
     T = w.seconds
 
-    tok_in = int(batch.event_tokens[w.contains(batch.event_time)].sum())
+    wt = batch.weight  # sampled requests: each counts for 1 / its sampling probability in rates
+
+    def n_of(mask: np.ndarray) -> int | float:
+        return int(mask.sum()) if wt is None else float(wt[mask].sum())
+
+    in_tok = w.contains(batch.event_time)
+    if wt is None:
+        tok_in = int(batch.event_tokens[in_tok].sum())
+    else:
+        tok_in = float((batch.event_tokens * np.repeat(wt, np.diff(batch.offsets)))[in_tok].sum())
     counts = Counts(
         requests=len(batch),
         completed=n_completed,
@@ -264,25 +276,37 @@ def summarize(
         for ok in checks.values():
             good_mask &= ok
         good = int(good_mask.sum())
+        good_n, done_n = n_of(good_mask), n_of(completed)
+        good_tokens = rm.output_tokens[good_mask] if wt is None else rm.output_tokens[good_mask] * wt[good_mask]
         goodput = Goodput(
             slo=slo.bounds,
             tpot_undefined=slo.tpot_undefined,
             good=good,
-            requests_per_s=_rate(good, T),
-            output_tokens_per_s=_rate(int(rm.output_tokens[good_mask].sum()), T),
-            attainment=good / n_completed if n_completed else None,
+            requests_per_s=_rate(good_n, T),
+            output_tokens_per_s=_rate(good_tokens.sum(), T),
+            attainment=good_n / done_n if n_completed else None,
             attainment_by_bound={
-                k: (int((completed & ok).sum()) / n_completed if n_completed else None) for k, ok in checks.items()
+                k: (n_of(completed & ok) / done_n if n_completed else None) for k, ok in checks.items()
             },
         )
     flu = None
     if fluidity is not None:
         flu = _fluidity(batch, completed & (rm.events > 0), fluidity, ps, method)
+    sampling = None
+    if wt is not None:
+        sampling = {
+            "sampled_requests": len(batch),
+            "estimated_requests": float(wt.sum()),
+            "smallest_probability": float(1.0 / wt.max()) if len(wt) else None,
+            "meaning": "each sampled request counts for 1 / its sampling probability in the rates, goodput and "
+            "output tokens (estimates); counts and latency distributions are the sample's",
+        }
     return Summary(
+        sampling=sampling,
         fluidity=flu,
         window=w,
         counts=counts,
-        requests_per_s=_rate(n_completed, T),
+        requests_per_s=_rate(n_of(completed), T),
         output_tokens_per_s=_rate(tok_in, T),
         output_tokens_in_window=tok_in,
         percentile_method=method,

@@ -52,8 +52,15 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
     out.append(
         f"request throughput: {_num(s.requests_per_s)} requests/s   "
         f"output token throughput: {_num(s.output_tokens_per_s, '.1f')} tokens/s "
-        f"({s.output_tokens_in_window} tokens in window, all statuses)"
+        f"({s.output_tokens_in_window:.0f} tokens in window, all statuses)"
     )
+    if s.sampling is not None:
+        sm = s.sampling
+        out.append(
+            f"sampled: {sm['sampled_requests']} requests stand for {sm['estimated_requests']:.0f} (each counts for "
+            f"1 / its sampling probability, the smallest {sm['smallest_probability']:.3g}): the rates, goodput and "
+            "token counts are estimates; the request counts and latency distributions are the sample's"
+        )
     out.append(
         f"TPOT undefined (N <= 1): {c.tpot_undefined}   no token: {c.no_token}   "
         f"events with >1 token (gaps inside unknown): {c.multi_token_events}"

@@ -68,6 +68,9 @@ class TimelineBatch:
     submit_ns: np.ndarray | None = None  # int64[n], Unix ns
     end_ns: np.ndarray | None = None  # int64[n], Unix ns
     event_offsets_ns: np.ndarray | None = None  # int64[E], ns after the request's submit
+    # requests kept by a sampler: each one stands for 1 / (its sampling probability) requests
+    # (docs/metrics/spec.md, "Sampling"); None: every request is here, each counts once
+    weight: np.ndarray | None = None  # float64[n], >= 1
 
     def __len__(self) -> int:
         return len(self.submit)

@@ -33,6 +33,14 @@ def send(exporter, reqs, base_ns=None):
     return base_ns
 
 
+def metrics_text(c) -> str:
+    """The collector's Prometheus scrape."""
+    import urllib.request
+
+    host, port = c.prometheus.address
+    return urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+
+
 def records_by(c, n, boundary=None):
     wait_for(lambda: c.store.count(boundary) >= n, what=f"{n} records")
     return {(r.boundary, r.request_id): r for r in c.store.records(boundary)}
@@ -155,7 +163,6 @@ def test_analyze_store_windows_and_goodput(make_collector):
 
 
 def test_prometheus_metrics_and_slo_counter(make_collector):
-    import urllib.request
 
     c = make_collector(slos={"default": SLO(ttft=0.16), "strict": SLO(ttft=0.05)})
     send(
@@ -163,8 +170,7 @@ def test_prometheus_metrics_and_slo_counter(make_collector):
         [Req(f"m{i}", client_events=[(100 + 50 * (i % 2), 1), (170, 1)]) for i in range(4)],
     )
     wait_for(lambda: c.records_derived >= 8, what="derivation")
-    host, port = c.prometheus.address
-    text = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+    text = metrics_text(c)
     assert "# TYPE gen_ai_server_time_to_first_token_seconds histogram" in text
     assert 'gen_ai_server_time_to_first_token_seconds_bucket{boundary="client",model="tiny",le="0.1"} 2' in text
     assert 'gen_ai_server_time_to_first_token_seconds_bucket{boundary="client",model="tiny",le="+Inf"} 4' in text
@@ -183,7 +189,6 @@ def test_prometheus_metrics_and_slo_counter(make_collector):
 def test_the_fluidity_index_as_metrics(make_collector):
     """--fluidity ttft=0.12,tbt=0.05: a first token at 100 ms is on time (20 ms banked, spent by the
     70 ms gap); one at 150 ms misses 1 + floor(30 / 50) = 1 deadline, the next is on time: index 0.5."""
-    import urllib.request
 
     from otel_llm.fluidity import FluidityTarget
 
@@ -193,8 +198,7 @@ def test_the_fluidity_index_as_metrics(make_collector):
         [Req(f"f{i}", client_events=[(100 + 50 * (i % 2), 1), (170, 1)]) for i in range(4)],
     )
     wait_for(lambda: c.records_derived >= 8, what="derivation")
-    host, port = c.prometheus.address
-    text = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+    text = metrics_text(c)
     assert "# TYPE llm_fluidity_index histogram" in text
     assert 'llm_fluidity_index_bucket{boundary="client",model="tiny",le="0.5"} 2' in text
     assert 'llm_fluidity_index_bucket{boundary="client",model="tiny",le="0.9"} 2' in text
@@ -205,14 +209,12 @@ def test_the_fluidity_index_as_metrics(make_collector):
     plain = make_collector()
     send(grpc_exporter(plain.receivers[0].port), [Req("p0")])
     wait_for(lambda: plain.records_derived >= 2, what="derivation")
-    host, port = plain.prometheus.address
-    assert "llm_fluidity" not in urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+    assert "llm_fluidity" not in metrics_text(plain)
 
 
 def test_tokens_a_client_that_gave_up_never_received(make_collector):
     """A client that left after 2 of the engine's 5 tokens: 3 unread, on both of its records and in
     llm_tokens_unread_total; a request read to its end: none."""
-    import urllib.request
 
     c = make_collector()
     left = Req(
@@ -227,9 +229,7 @@ def test_tokens_a_client_that_gave_up_never_received(make_collector):
     recs = records_by(c, 4)
     assert recs[("client", "left")].tokens_unread == recs[("engine", "left")].tokens_unread == 3
     assert recs[("client", "read")].tokens_unread is None and recs[("engine", "read")].tokens_unread is None
-    host, port = c.prometheus.address
-    text = urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
-    assert 'llm_tokens_unread_total{boundary="engine",model="tiny"} 3' in text
+    assert 'llm_tokens_unread_total{boundary="engine",model="tiny"} 3' in metrics_text(c)
 
 
 def test_store_survives_restart_and_appends(make_collector, tmp_path):

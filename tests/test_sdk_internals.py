@@ -74,3 +74,29 @@ def test_the_installed_sdk_is_inside_the_declared_range(pkg):
     reqs = {Requirement(r).name: Requirement(r) for r in requires("otel-llm") if "extra ==" not in r}
     assert reqs[pkg].specifier.contains(version(pkg)), f"{pkg} {version(pkg)} is outside {reqs[pkg].specifier}"
     assert any(s.operator == "<" for s in reqs[pkg].specifier), f"{pkg} has no upper bound"
+
+
+@pytest.mark.parametrize(
+    "name, arg, root_p, child_p",
+    [
+        ("traceidratio", "0.25", 0.25, 0.25),
+        ("parentbased_traceidratio", "0.1", 0.1, None),
+        ("always_on", None, 1.0, 1.0),
+        ("parentbased_always_on", None, 1.0, None),
+        ("always_off", None, None, None),
+    ],
+)
+def test_the_sampler_the_environment_configures_and_its_probability(monkeypatch, name, arg, root_p, child_p):
+    """What OTEL_TRACES_SAMPLER(_ARG) build is what the SDK's TracerProvider builds, and its
+    probability is read from the SDK's own sampler classes (ParentBased keeps its root in _root)."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", name)
+    if arg is None:
+        monkeypatch.delenv("OTEL_TRACES_SAMPLER_ARG", raising=False)
+    else:
+        monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", arg)
+    s = sdk_internals.configured_sampler()
+    assert s.get_description() == TracerProvider().sampler.get_description()
+    assert sdk_internals.sampling_probability(s, has_parent=False) == root_p
+    assert sdk_internals.sampling_probability(s, has_parent=True) == child_p
