@@ -16,6 +16,8 @@ from typing import Any
 from otel_llm.fluidity import FluidityTarget
 from otel_llm.slo import SLO
 
+from .exporters.trace_policy import TracePolicy
+
 OFF = ("", "off", "none", "0")
 
 
@@ -60,6 +62,11 @@ def one_of(*choices: str) -> Callable[[str], str]:
 
     parse.choices = choices
     return parse
+
+
+def policy_or_off(text: str) -> TracePolicy | None:
+    """The ``--forward-traces-policy`` rules, or ``off`` (forward every span as it came)."""
+    return None if text.strip().lower() in OFF else TracePolicy.parse(text)
 
 
 def fluidity_or_off(text: str) -> FluidityTarget | None:
@@ -169,6 +176,15 @@ class CollectorConfig:
         "URL",
         "send every received span on, unchanged, e.g. to Jaeger: http://HOST:4318 or grpc://HOST:4317",
         text_or_off,
+    )
+    forward_traces_policy: TracePolicy | None = option(  # noqa: RUF009 (TracePolicy is a frozen dataclass)
+        None,
+        "--forward-traces-policy",
+        "RULES",
+        "with --forward-traces: forward only the traces a rule keeps, each whole: error (a request not ok), "
+        "slo (a completed request missed an --slo bound), stall (a request stalled), ratio=F (a share F of the "
+        "rest, by trace id), all; e.g. error,slo,stall,ratio=0.01. Derived metrics use every span either way",
+        policy_or_off,
     )
     forward_queue_bytes: int = option(
         64 << 20,

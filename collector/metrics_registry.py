@@ -133,6 +133,7 @@ class MetricsRegistry:
     ):
         self.slos = dict(slos or {})
         self.fluidity = fluidity
+        self.last_stalled: set[str] = set()
         self.stall_threshold = stall_threshold
         self.stall_factor = stall_factor
         self.max_models = max_models
@@ -267,6 +268,7 @@ class MetricsRegistry:
 
     def record(self, batch: RecordBatch, rm: RequestMetrics) -> None:
         """Add a batch of derived records; ``rm`` is their per-request metrics, same order."""
+        self.last_stalled = set()
         if not len(batch):
             return
         groups: dict[tuple, list[int]] = {}
@@ -346,6 +348,8 @@ class MetricsRegistry:
             return
         c, e = batch.take(ci), batch.take(ei)
         causes, gaps = classify_stalls(c, e, self.stall_threshold, self.stall_factor)
+        # the traces that stalled, for --forward-traces-policy stall (read right after record())
+        self.last_stalled = {t for t, k in zip(c.trace_id, causes) if k in STALL_CLASSES}
         models = [self._model_label(m) for m in c.model]
         groups: dict[str, list[int]] = {}
         for i, m in enumerate(models):

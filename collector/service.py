@@ -79,6 +79,7 @@ class Collector:
         self.instance_label = cfg.instance_id or _resource_instance_id()
         self.instance_id = self.instance_label or _default_instance_id()
         self.prometheus = self.forwarder = self.pusher = self.records_forwarder = None
+        self.policy_forwarder = None
 
     # -- intake (receiver threads) ---------------------------------------------------------------
     def accept(self, body: bytes, *, json_body: bool = False, gzipped: bool = False) -> AcceptResult:
@@ -127,7 +128,9 @@ class Collector:
                 self._backlog.extend(evicted)
         if steps:
             self._take_steps(steps)
-        if self.forwarder is not None:
+        if self.policy_forwarder is not None:
+            self.policy_forwarder.submit(w.body)
+        elif self.forwarder is not None:
             self.forwarder.submit(w.body)
         return AcceptResult(w.rejected, w.first_error)
 
@@ -159,6 +162,11 @@ class Collector:
             if self.store_writer is not None:
                 self.store_writer.put(batch)
             self.registry.record(batch, rm)
+            if self.policy_forwarder is not None and len(batch):
+                from .exporters.trace_policy import decide
+
+                pf = self.policy_forwarder
+                pf.verdicts(decide(batch, rm, self.config.slos, self.registry.last_stalled, pf.policy))
             if self.records_forwarder is not None and len(batch):
                 from .exporters.records_logs import records_to_logs
 
@@ -171,6 +179,8 @@ class Collector:
         if self.store_writer is not None:
             self.store_writer.retry()
         n = self.process(self.assembler.expire(time.monotonic() if now is None else now))
+        if self.policy_forwarder is not None:
+            self.policy_forwarder.expire()
         if self.spool is not None:
             oldest = self.assembler.oldest_first_seen()  # first: see Spool.collect
             idle = not self._backlog and (self.store_writer is None or self.store_writer.idle)
@@ -262,6 +272,15 @@ class Collector:
                 forward_traces_queued_bytes=self.forwarder.queued_bytes,
                 forward_traces_queue_limit_bytes=self.forwarder.max_queue_bytes,
             )
+        if self.policy_forwarder is not None:
+            pf = self.policy_forwarder
+            out.update(
+                forward_policy_traces_forwarded=pf.traces_forwarded,
+                forward_policy_traces_dropped=pf.traces_dropped,
+                forward_policy_decided_early=pf.decided_early,
+                forward_policy_bodies_dropped=pf.bodies_dropped,
+                forward_policy_held_bytes=pf.held_bytes,
+            )
         return out
 
     def start(self) -> Collector:
@@ -275,6 +294,13 @@ class Collector:
             from .exporters.otlp_forward import OTLPForwarder
 
             self.forwarder = OTLPForwarder(cfg.forward_traces, max_queue_bytes=cfg.forward_queue_bytes).start()
+            if cfg.forward_traces_policy is not None:  # traces held until derivation's verdict
+                from .exporters.trace_policy import PolicyForwarder
+
+                hold = cfg.assembly.timeout_s + cfg.assembly.peer_wait_s + 10.0
+                self.policy_forwarder = PolicyForwarder(
+                    cfg.forward_traces_policy, self.forwarder, cfg.forward_queue_bytes, hold_s=hold
+                ).start()
         if cfg.forward_records:
             from .exporters.otlp_forward import OTLPForwarder
 
@@ -335,6 +361,8 @@ class Collector:
             )
         if self.pusher is not None:
             self.pusher.stop()
+        if self.policy_forwarder is not None:  # what it holds is decided (by the ratio) and handed on
+            self.policy_forwarder.stop(min(5.0, left()))
         if self.forwarder is not None:
             self.forwarder.stop(min(5.0, left()))
         if self.records_forwarder is not None:

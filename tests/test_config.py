@@ -13,9 +13,11 @@ from collector.config import (
     address,
     fluidity_or_off,
     options_of,
+    policy_or_off,
     text_or_off,
     yes_no,
 )
+from collector.exporters.trace_policy import TracePolicy
 from otel_llm import environment
 from otel_llm.cli import build_parser
 from otel_llm.cli_options import CLIError
@@ -33,6 +35,8 @@ def _sample(f) -> tuple[str, object]:
         return "true", True
     if parse is fluidity_or_off:
         return "ttft=1,tbt=0.05", FluidityTarget(1.0, 0.05)
+    if parse is policy_or_off:
+        return "error,ratio=0.1", TracePolicy(error=True, ratio=0.1)
     if hasattr(parse, "choices"):
         other = next(c for c in parse.choices if c != f.default)
         return other.upper(), other

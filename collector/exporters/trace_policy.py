@@ -1,0 +1,247 @@
+"""``--forward-traces-policy``: forward to Jaeger (or another collector) only the traces worth
+looking at, each one whole; the derived metrics still use every span received.
+
+A policy is a comma-separated list of rules; a trace is forwarded when any rule keeps it:
+
+* ``error``: a request of the trace did not complete (status error, cancelled or rejected);
+* ``slo``: a completed request of the trace missed a bound of a configured SLO (``--slo``);
+* ``stall``: a request of the trace stalled (its largest gap between tokens, ``--stall-threshold``);
+* ``ratio=F``: a share F of the other traces, chosen by trace id (the same traces at every
+  collector: the trace id's low 64 bits below F x 2^64, the SDK's ``TraceIdRatioBased`` rule);
+* ``all``: every trace (what ``--forward-traces`` alone does, without waiting for verdicts).
+
+How: each accepted export request is parsed (protobuf, on this module's own thread, never the
+receiver's) and its spans held per trace, bounded in bytes. Derivation hands over a verdict per
+trace it derived (:meth:`PolicyForwarder.verdicts`); the held spans of a kept trace are sent as
+one export request, those of a dropped one are let go. Spans that arrive after their trace's
+verdict follow it (verdicts are remembered, boundedly). A trace never derived (engine step traces,
+spans the collector could not assemble) is decided by the ratio alone after ``hold_s``; when the
+held bytes exceed their bound, the oldest traces are decided so, early, and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+log = logging.getLogger("collector")
+
+RULES = ("error", "slo", "stall", "ratio", "all")
+
+
+@dataclass(frozen=True)
+class TracePolicy:
+    error: bool = False
+    slo: bool = False
+    stall: bool = False
+    ratio: float = 0.0
+    all: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> TracePolicy:
+        """``error,slo,stall,ratio=0.05`` (any subset; ``all`` alone)."""
+        kw: dict = {}
+        for part in filter(None, (p.strip().lower() for p in text.split(","))):
+            name, sep, value = part.partition("=")
+            if name not in RULES or (name == "ratio") != bool(sep):
+                raise ValueError(f"bad rule {part!r}: expected error, slo, stall, ratio=F or all")
+            if name == "ratio":
+                try:
+                    kw["ratio"] = float(value)
+                except ValueError:
+                    raise ValueError(f"ratio={value!r} is not a number") from None
+                if not 0 <= kw["ratio"] <= 1:
+                    raise ValueError("ratio=F needs 0 <= F <= 1")
+            else:
+                kw[name] = True
+        if not kw:
+            raise ValueError("an empty policy: give error, slo, stall, ratio=F or all")
+        return cls(**kw)
+
+    def by_ratio(self, trace_id: bytes) -> bool:
+        """The deterministic share: the trace id's low 64 bits below ratio x 2^64."""
+        return int.from_bytes(trace_id[-8:], "big") < round(self.ratio * 2**64)
+
+    def describe(self) -> str:
+        rules = [r for r in ("error", "slo", "stall", "all") if getattr(self, r)]
+        return ",".join(rules + ([f"ratio={self.ratio:g}"] if self.ratio else []))
+
+
+@dataclass
+class _Held:
+    first_seen: float
+    size: int = 0
+    parts: list = field(default_factory=list)  # (resource, scope, span) protobuf messages
+
+
+class PolicyForwarder:
+    """Holds spans per trace until their verdict, then hands the kept traces, whole, to ``sink``
+    (an :class:`~collector.exporters.otlp_forward.OTLPForwarder`): its ``submit(bytes)`` takes one
+    serialized ``ExportTraceServiceRequest``."""
+
+    def __init__(
+        self,
+        policy: TracePolicy,
+        sink,
+        max_held_bytes: int = 64 << 20,
+        hold_s: float = 60.0,
+        max_verdicts: int = 200_000,
+        max_queue: int = 10_000,
+    ):
+        self.policy, self.sink = policy, sink
+        self.max_held_bytes, self.hold_s, self.max_verdicts = max_held_bytes, hold_s, max_verdicts
+        self._held: OrderedDict[bytes, _Held] = OrderedDict()
+        self._verdicts: OrderedDict[bytes, bool] = OrderedDict()
+        self._held_bytes = 0
+        self._lock = threading.Lock()
+        self._q: queue.Queue = queue.Queue(max_queue)
+        self.traces_forwarded = self.traces_dropped = self.decided_early = self.bodies_dropped = 0
+        self.parse_errors = 0
+        self._thread = threading.Thread(target=self._run, name="forward-policy", daemon=True)
+
+    # -- what the receivers and derivation call ---------------------------------------------------
+    def submit(self, body: bytes) -> None:
+        """One accepted export request (protobuf): parsed later, on this forwarder's thread."""
+        try:
+            self._q.put_nowait(body)
+        except queue.Full:
+            self.bodies_dropped += 1
+
+    def verdicts(self, decided: dict[bytes, bool]) -> None:
+        """Derivation's verdicts, trace id -> keep (before the ratio rule: ratio applies to the
+        traces no other rule keeps)."""
+        with self._lock:
+            for tid, keep in decided.items():
+                keep = keep or self.policy.all or self.policy.by_ratio(tid)
+                self._verdicts[tid] = keep
+                self._verdicts.move_to_end(tid)
+                held = self._held.pop(tid, None)
+                if held is not None:
+                    self._held_bytes -= held.size
+                    self._settle(tid, held, keep)
+            while len(self._verdicts) > self.max_verdicts:
+                self._verdicts.popitem(last=False)
+
+    def expire(self, now: float | None = None) -> None:
+        """Traces held past ``hold_s`` with no verdict: by the ratio alone."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            while self._held:
+                tid, held = next(iter(self._held.items()))
+                if now - held.first_seen < self.hold_s:
+                    break
+                self._held.popitem(last=False)
+                self._held_bytes -= held.size
+                self._settle(tid, held, self.policy.all or self.policy.by_ratio(tid))
+
+    # -- the thread ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        while True:
+            body = self._q.get()
+            if body is None:
+                return
+            req = ExportTraceServiceRequest()
+            try:
+                req.ParseFromString(body)
+            except Exception:
+                self.parse_errors += 1
+                continue
+            by_trace: dict[bytes, list] = {}
+            for rs in req.resource_spans:
+                for ss in rs.scope_spans:
+                    for span in ss.spans:
+                        by_trace.setdefault(span.trace_id, []).append((rs.resource, ss.scope, span))
+            now = time.monotonic()
+            with self._lock:
+                for tid, parts in by_trace.items():
+                    self._hold(tid, parts, now)
+                self._bound()
+
+    def _hold(self, tid: bytes, parts: list, now: float) -> None:
+        verdict = self._verdicts.get(tid)
+        if verdict is not None:  # decided already (derivation ran ahead of this thread, or late spans)
+            if verdict:
+                self._send(tid, parts)
+            return
+        held = self._held.get(tid)
+        if held is None:
+            held = self._held[tid] = _Held(now)
+        size = sum(span.ByteSize() for _, _, span in parts)
+        held.parts.extend(parts)
+        held.size += size
+        self._held_bytes += size
+
+    def _bound(self) -> None:
+        while self._held_bytes > self.max_held_bytes and self._held:
+            tid, held = self._held.popitem(last=False)
+            self._held_bytes -= held.size
+            self.decided_early += 1
+            self._settle(tid, held, self.policy.all or self.policy.by_ratio(tid))
+
+    def _settle(self, tid: bytes, held: _Held, keep: bool) -> None:
+        if keep:
+            self._send(tid, held.parts)
+            self.traces_forwarded += 1
+        else:
+            self.traces_dropped += 1
+
+    def _send(self, tid: bytes, parts: list) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        req = ExportTraceServiceRequest()
+        groups: dict = {}
+        for resource, scope, span in parts:
+            key = (resource.SerializeToString(deterministic=True), scope.SerializeToString(deterministic=True))
+            ss = groups.get(key)
+            if ss is None:
+                rs = req.resource_spans.add()
+                rs.resource.CopyFrom(resource)
+                ss = groups[key] = rs.scope_spans.add()
+                ss.scope.CopyFrom(scope)
+            ss.spans.add().CopyFrom(span)
+        self.sink.submit(req.SerializeToString())
+
+    def start(self) -> PolicyForwarder:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Parse what is queued, then decide every trace still held by the ratio."""
+        try:
+            self._q.put(None, timeout=timeout_s)
+        except queue.Full:
+            pass
+        self._thread.join(timeout_s)
+        self.expire(now=float("inf"))
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held_bytes
+
+
+def decide(batch, rm, slos: dict, stalled: set[str], policy: TracePolicy) -> dict[bytes, bool]:
+    """Per trace of a derived batch (trace id bytes): does a rule other than the ratio keep it?
+    ``stalled``: the trace ids (hex) whose paired request stalled."""
+    import numpy as np
+
+    from otel_llm.summary import bound_checks
+
+    keep = np.zeros(len(batch), bool)
+    status = np.array(batch.status)
+    if policy.error:
+        keep |= status != "ok"
+    if policy.slo and slos:
+        for slo in slos.values():
+            for ok in bound_checks(rm, slo).values():
+                keep |= (status == "ok") & ~ok
+    out: dict[bytes, bool] = {}
+    for tid, k in zip(batch.trace_id, keep.tolist()):
+        b = bytes.fromhex(tid)
+        out[b] = out.get(b, False) or k or (policy.stall and tid in stalled)
+    return out
