@@ -43,8 +43,10 @@ MiB = 2**20
 
 
 def start_sink() -> tuple[object, int, list]:
-    """An OTLP/gRPC trace sink on loopback that counts and discards."""
+    """An OTLP/gRPC sink on loopback that counts spans and discards them (and the traced
+    processes' own metrics, engine_hooks.self_metrics, which it acknowledges)."""
     import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
     received = [0]
@@ -54,8 +56,13 @@ def start_sink() -> tuple[object, int, list]:
             received[0] += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
             return trace_service_pb2.ExportTraceServiceResponse()
 
+    class MetricsSink(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request, context):
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
     server = grpc.server(futures.ThreadPoolExecutor(2))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Sink(), server)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsSink(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     return server, port, received
@@ -205,6 +212,10 @@ def main() -> None:
     )
     print(f"span building off the engine's thread: {build_us:.2f} us of CPU per step span")
     print(
+        f"front-end pipeline CPU (span building and export, its own thread): "
+        f"{fe.counters.cpu_ns / max(fe.counters.requests_traced, 1) / 1000:.1f} us per request"
+    )
+    print(
         f"front-end pipeline: {fe.counters.requests_traced} requests traced, {fe.counters.spans_exported} spans "
         f"exported, {fe.counters.spans_dropped} dropped, {fe.counters.hook_errors} hook errors; "
         f"the sink received {received[0]} spans from both traced engines"
@@ -215,6 +226,7 @@ def main() -> None:
         "ratio_rounds": ratio,
         "vllm_tracing_median": statistics.median(vratio),
         "spans_exported": fe.counters.spans_exported,
+        "cpu_us_per_request": fe.counters.cpu_ns / max(fe.counters.requests_traced, 1) / 1000,
         "requests": fe.counters.requests_traced,
     }
     print("RESULT " + json.dumps(result), flush=True)
@@ -246,7 +258,8 @@ def all_levels(a: argparse.Namespace) -> None:
         print(
             f"{r['detail']:>8}: {r['ratio_median']:.3f} (rounds {', '.join(f'{x:.3f}' for x in r['ratio_rounds'])})"
             + (f"; vllm-tracing / plain {vt:.3f}" if vt is not None else "")
-            + f"; {per:.1f} front-end spans per request (step spans come from the engine core)"
+            + f"; {per:.1f} front-end spans and {r.get('cpu_us_per_request', float('nan')):.0f} us of front-end "
+            "span CPU per request (step spans come from the engine core)"
         )
 
 

@@ -134,6 +134,7 @@ class MetricsRegistry:
         self.slos = dict(slos or {})
         self.fluidity = fluidity
         self.last_stalled: set[str] = set()
+        self.external = None  # a callable giving more families (the traced processes' own cost)
         self.stall_threshold = stall_threshold
         self.stall_factor = stall_factor
         self.max_models = max_models
@@ -384,4 +385,5 @@ class MetricsRegistry:
         import copy
 
         with self._lock:
-            return copy.deepcopy(self.families)
+            out = copy.deepcopy(self.families)
+        return out + (self.external() if self.external is not None else [])

@@ -80,6 +80,10 @@ class Collector:
         self.instance_id = self.instance_label or _default_instance_id()
         self.prometheus = self.forwarder = self.pusher = self.records_forwarder = None
         self.policy_forwarder = None
+        from .receivers.tracer_cost import TracerCosts, families
+
+        self.tracer_costs = TracerCosts()
+        self.registry.external = lambda: families(self.tracer_costs)
 
     # -- intake (receiver threads) ---------------------------------------------------------------
     def accept(self, body: bytes, *, json_body: bool = False, gzipped: bool = False) -> AcceptResult:
@@ -103,6 +107,13 @@ class Collector:
         else:
             w = decode_payload(body, gzipped=gzipped, max_bytes=self.config.max_message_bytes)
         return self._accept_walked(w)
+
+    def accept_metrics(self, body: bytes, *, json_body: bool = False, gzipped: bool = False) -> bytes:
+        """One OTLP metrics export request: the traced processes' own cost is kept
+        (:mod:`collector.receivers.tracer_cost`), the rest acknowledged. Returns the response body."""
+        return self.tracer_costs.accept(
+            body, json_body=json_body, gzipped=gzipped, max_bytes=self.config.max_message_bytes
+        )
 
     def _accept_walked(self, w: WalkResult) -> AcceptResult:
         spans, steps = split_steps(w.spans)  # engine steps bypass assembly (collector.steps)

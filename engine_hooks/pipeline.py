@@ -14,6 +14,7 @@ import atexit
 import logging
 import os
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ class PipelineCounters:
     steps_traced: int = 0
     builder_errors: int = 0
     hook_errors: int = 0
+    cpu_ns: int = 0  # CPU time of this pipeline's span building and exporting (thread time, ns)
 
 
 class TracingPipeline:
@@ -97,6 +99,10 @@ class TracingPipeline:
         if self._thread is None and not self._stopped:
             self._thread = threading.Thread(target=self._run, name="otel-llm-spans", daemon=True)
             self._thread.start()
+            if self._from_env:  # what tracing costs this process, beside its spans (engine_hooks.self_metrics)
+                from . import self_metrics
+
+                self_metrics.start(_live_pipelines, self.factory.resource)
         return self
 
     # -- builder side ---------------------------------------------------------------------------
@@ -109,45 +115,53 @@ class TracingPipeline:
     def process(self, final: bool = False) -> int:
         """Drain, build and export; returns the number of spans handed to the exporter."""
         with self._lock:
+            t0 = time.thread_time_ns()
             try:
-                self.tracker.feed(self.recorder.drain())
-                self.tracker.resolve_gpu(force=final)
-                if final:
-                    self.tracker.close_all(self.anchor.wall_ns(monotonic_ns()))
-                finished, steps = self.tracker.take()
-                spans = []
-                for r in finished:
-                    spans.extend(self.factory.request_spans(r))
-                if self.detail == "steps":
-                    spans.extend(self.factory.step_spans(steps))
-                for h in self.tracker.take_http():
-                    span = self.factory.http_span(h, self.anchor.wall_ns)
-                    if span is not None:
-                        spans.append(span)
-                c = self.counters
-                c.requests_traced += len(finished)
-                c.requests_unsampled = self.factory.unsampled
-                c.steps_traced += len(steps)
-                c.requests_evicted = self.tracker.evicted
-                c.events_dropped = self.recorder.dropped
-            except Exception as exc:
-                self.counters.builder_errors += 1
-                if not self._builder_warned:
-                    self._builder_warned = True
-                    log.warning(
-                        "engine_hooks: building spans failed (%s: %s); counting and going on",
-                        type(exc).__name__,
-                        exc,
-                        exc_info=True,
-                    )
-                return 0
-            if self.exporter is None:
-                return 0
-            for i in range(0, len(spans), self.batch_size):
-                self.exporter.export(spans[i : i + self.batch_size])
-            self.counters.spans_exported = self.exporter.exported
-            self.counters.spans_dropped = self.exporter.dropped
-            return len(spans)
+                return self._process(final)
+            finally:
+                self.counters.cpu_ns += time.thread_time_ns() - t0
+
+    def _process(self, final: bool) -> int:
+        """:meth:`process` under its lock."""
+        try:
+            self.tracker.feed(self.recorder.drain())
+            self.tracker.resolve_gpu(force=final)
+            if final:
+                self.tracker.close_all(self.anchor.wall_ns(monotonic_ns()))
+            finished, steps = self.tracker.take()
+            spans = []
+            for r in finished:
+                spans.extend(self.factory.request_spans(r))
+            if self.detail == "steps":
+                spans.extend(self.factory.step_spans(steps))
+            for h in self.tracker.take_http():
+                span = self.factory.http_span(h, self.anchor.wall_ns)
+                if span is not None:
+                    spans.append(span)
+            c = self.counters
+            c.requests_traced += len(finished)
+            c.requests_unsampled = self.factory.unsampled
+            c.steps_traced += len(steps)
+            c.requests_evicted = self.tracker.evicted
+            c.events_dropped = self.recorder.dropped
+        except Exception as exc:
+            self.counters.builder_errors += 1
+            if not self._builder_warned:
+                self._builder_warned = True
+                log.warning(
+                    "engine_hooks: building spans failed (%s: %s); counting and going on",
+                    type(exc).__name__,
+                    exc,
+                    exc_info=True,
+                )
+            return 0
+        if self.exporter is None:
+            return 0
+        for i in range(0, len(spans), self.batch_size):
+            self.exporter.export(spans[i : i + self.batch_size])
+        self.counters.spans_exported = self.exporter.exported
+        self.counters.spans_dropped = self.exporter.dropped
+        return len(spans)
 
     def _after_fork_in_child(self) -> None:
         """In a child made by ``fork()``: the span thread did not survive, the locks may be held by
@@ -201,6 +215,9 @@ def _flush_all_at_exit() -> None:
             p.shutdown()
         except Exception:
             pass
+    from . import self_metrics
+
+    self_metrics.shutdown()  # the last values, after the final flush
 
 
 _defaults: dict[tuple, TracingPipeline] = {}

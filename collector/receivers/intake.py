@@ -50,6 +50,11 @@ class Intake(Protocol):
         or :class:`Overloaded`."""
         ...
 
+    def accept_metrics(self, body: bytes, *, json_body: bool = False, gzipped: bool = False) -> bytes:
+        """Take one OTLP metrics export request; returns the serialized response. Raises
+        :class:`DecodeError` or :class:`PayloadTooLarge`."""
+        ...
+
 
 __all__ = [
     "AcceptResult",

@@ -19,6 +19,7 @@ from ..config import ReceiverSettings
 from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters, token_matches
 
 SERVICE = "opentelemetry.proto.collector.trace.v1.TraceService"
+METRICS_SERVICE = "opentelemetry.proto.collector.metrics.v1.MetricsService"  # the tracer's own cost
 
 
 def retry_trailer(message: str, seconds: int) -> tuple:
@@ -44,7 +45,15 @@ class GrpcReceiver:
                 )
             },
         )
-        self.server.add_generic_rpc_handlers((handler,))
+        metrics = grpc.method_handlers_generic_handler(
+            METRICS_SERVICE,
+            {
+                "Export": grpc.unary_unary_rpc_method_handler(
+                    self._export_metrics, request_deserializer=None, response_serializer=None
+                )
+            },
+        )
+        self.server.add_generic_rpc_handlers((handler, metrics))
         addr = f"{host}:{port}"
         creds = None
         if cfg.tls_cert and cfg.tls_key:
@@ -60,6 +69,18 @@ class GrpcReceiver:
         if not self.port:
             raise OSError(f"OTLP/gRPC receiver cannot listen on {addr} (in use, or not an address of this host)")
         self.address = (host, self.port)
+
+    def _export_metrics(self, body: bytes, context) -> bytes:
+        token = self.settings.auth_token
+        if token and not token_matches(dict(context.invocation_metadata()).get("authorization"), token):
+            self.counters.unauthenticated += 1
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+        try:
+            return self.intake.accept_metrics(body)
+        except PayloadTooLarge as exc:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        except DecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
 
     def _export(self, body: bytes, context):
         token = self.settings.auth_token

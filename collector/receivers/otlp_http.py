@@ -20,6 +20,7 @@ from ..config import ReceiverSettings, listen
 from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters, token_matches
 
 PATH = "/v1/traces"
+METRICS_PATH = "/v1/metrics"  # the traced processes' own cost (collector.receivers.tracer_cost)
 
 
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -123,7 +124,8 @@ class HttpReceiver:
                 ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip().lower()
                 as_json = ctype == "application/json"
                 length = self.headers.get("Content-Length")
-                if self.path.split("?")[0] != PATH:
+                path = self.path.split("?")[0]
+                if path not in (PATH, METRICS_PATH):
                     self.close_connection = True
                     self._status(5, 404, f"unknown path {self.path}; traces go to {PATH}", as_json)
                     return
@@ -163,6 +165,17 @@ class HttpReceiver:
                 enc = (self.headers.get("Content-Encoding") or "").strip().lower()
                 if enc not in ("", "identity", "gzip"):
                     self._status(3, 415, f"unsupported Content-Encoding {enc!r}", as_json)
+                    return
+                if path == METRICS_PATH:
+                    try:
+                        reply = intake.accept_metrics(body, json_body=as_json, gzipped=enc == "gzip")
+                    except PayloadTooLarge as exc:
+                        self._status(8, 413, str(exc), as_json)
+                        return
+                    except DecodeError as exc:
+                        self._status(3, 400, str(exc), as_json)
+                        return
+                    self._reply(200, reply, "application/json" if as_json else "application/x-protobuf")
                     return
                 try:
                     res = intake.accept(body, json_body=as_json, gzipped=enc == "gzip")

@@ -1,0 +1,121 @@
+"""What tracing costs this process, as OpenTelemetry metrics beside its spans.
+
+One ``MeterProvider`` per traced process, started with its first pipeline, exporting every
+``OTEL_METRIC_EXPORT_INTERVAL`` ms (the SDK's variable and default, 60 s) to where the standard
+variables say (``OTEL_METRICS_EXPORTER``, default ``otlp``; ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``
+or ``OTEL_EXPORTER_OTLP_ENDPOINT``; the protocol of ``OTEL_EXPORTER_OTLP_PROTOCOL``). Cumulative
+counters, read from the pipelines' own counters when the SDK collects, one series per pipeline
+(``otel_llm.pipeline``: its engine and boundary):
+
+* ``otel_llm.tracer.cpu_time`` (s): CPU time of span building and export, on the pipeline's thread;
+* ``otel_llm.tracer.spans.exported`` and ``.spans.dropped`` ({span});
+* ``otel_llm.tracer.events.dropped`` ({event}): hook events lost to a full recorder;
+* ``otel_llm.tracer.requests.unsampled`` ({request}): finished requests the sampler did not keep.
+
+Nothing is sent when traces are not (``OTEL_TRACES_EXPORTER=none``, or spans to
+``OTEL_LLM_TRACES_FILE``) unless ``OTEL_METRICS_EXPORTER`` asks, nor with
+``OTEL_METRICS_EXPORTER=none``. The otel-llm collector keeps these series
+(:mod:`collector.receivers.tracer_cost`) and serves them on its ``/metrics``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from otel_llm import environment
+
+log = logging.getLogger("engine_hooks")
+
+_provider = None
+_lock = threading.Lock()
+
+METRICS = (
+    ("otel_llm.tracer.cpu_time", "s", "CPU time of span building and export", lambda c: c.cpu_ns / 1e9),
+    ("otel_llm.tracer.spans.exported", "{span}", "Spans handed to the exporter", lambda c: c.spans_exported),
+    ("otel_llm.tracer.spans.dropped", "{span}", "Spans the exporter failed to send", lambda c: c.spans_dropped),
+    ("otel_llm.tracer.events.dropped", "{event}", "Hook events lost to a full recorder", lambda c: c.events_dropped),
+    (
+        "otel_llm.tracer.requests.unsampled",
+        "{request}",
+        "Finished requests the sampler did not keep",
+        lambda c: c.requests_unsampled,
+    ),
+)
+
+
+def wanted() -> bool:
+    """Whether this process should send its tracing cost (see the module's docstring)."""
+    asked = environment.raw("OTEL_METRICS_EXPORTER")
+    if asked is not None:
+        return asked.strip().lower() not in ("none", "")
+    if environment.raw(environment.TRACES_FILE) is not None:
+        return False
+    return (environment.raw("OTEL_TRACES_EXPORTER") or "otlp").strip().lower() == "otlp"
+
+
+def _exporter():
+    protocol = (
+        environment.raw("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
+        or environment.raw("OTEL_EXPORTER_OTLP_PROTOCOL")
+        or "http/protobuf"
+    )
+    if protocol.strip().lower() == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    else:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    return OTLPMetricExporter()
+
+
+def start(pipelines, resource) -> object | None:
+    """The process's meter provider over ``pipelines`` (an iterable read at every collection),
+    started once; None when not :func:`wanted` or the SDK cannot be set up."""
+    global _provider
+    with _lock:
+        if _provider is not None and _provider[0] == os.getpid():
+            return _provider[1]
+        if not wanted():
+            return None
+        try:
+            from opentelemetry.metrics import CallbackOptions, Observation
+            from opentelemetry.sdk.metrics import MeterProvider
+            from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+            from opentelemetry.sdk.resources import Resource
+
+            pid = os.getpid()
+            reader = PeriodicExportingMetricReader(_exporter())  # OTEL_METRIC_EXPORT_INTERVAL, as the SDK reads it
+            mp = MeterProvider(metric_readers=[reader], resource=resource.merge(Resource({"process.pid": pid})))
+            meter = mp.get_meter("engine_hooks", "0.1.0")
+
+            def callback(read):
+                def observe(options: CallbackOptions):
+                    if os.getpid() != pid:  # inherited by a forked child: that child reports as itself
+                        return []
+                    out = []
+                    for p in list(pipelines):
+                        label = f"{p.factory.engine or 'engine'}/{p.factory.boundary}"
+                        out.append(Observation(read(p.counters), {"otel_llm.pipeline": label}))
+                    return out
+
+                return observe
+
+            for name, unit, desc, read in METRICS:
+                meter.create_observable_counter(name, callbacks=[callback(read)], unit=unit, description=desc)
+        except Exception as exc:  # tracing goes on without its cost metrics
+            log.warning("engine_hooks: the tracer's own metrics are off (%s: %s)", type(exc).__name__, exc)
+            return None
+        _provider = (os.getpid(), mp)
+        return mp
+
+
+def shutdown() -> None:
+    """Send the last values (at exit, after the pipelines' final flush)."""
+    global _provider
+    with _lock:
+        if _provider is not None and _provider[0] == os.getpid():
+            try:
+                _provider[1].shutdown(timeout_millis=5000)
+            except Exception:
+                pass
+        _provider = None

@@ -1,0 +1,131 @@
+"""What tracing costs a traced process, as OpenTelemetry metrics beside its spans
+(engine_hooks/self_metrics.py), and the collector keeping them on its /metrics
+(collector/receivers/tracer_cost.py): a real traced process end to end, then the receiver's
+rules (what it keeps, what it ignores, what it refuses) over both transports."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import grpc
+import pytest
+from conftest import ROOT
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from test_collector import metrics_text, wait_for
+
+
+def value(text: str, name: str, **labels) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_a_traced_process_reports_its_tracing_cost_to_the_collector(make_collector):
+    c = make_collector()
+    env = {
+        **os.environ,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_METRIC_EXPORT_INTERVAL": "200",
+        "OTEL_SERVICE_NAME": "toy",
+        "OTEL_LLM_DETAIL": "steps",
+    }
+    env.pop("OTEL_LLM_TRACES_FILE", None)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "toy_engine.py")], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    wait_for(lambda: value(metrics_text(c), "otel_llm_tracer_spans_exported_total", service="toy"), what="metrics")
+    text = metrics_text(c)
+    exported = value(text, "otel_llm_tracer_spans_exported_total", service="toy", pipeline="toy-engine/engine")
+    assert exported == c.receiver_counters.spans > 0  # what it says it sent is what arrived
+    assert value(text, "otel_llm_tracer_spans_dropped_total", service="toy") == 0
+    assert 0 < value(text, "otel_llm_tracer_cpu_time_total", service="toy") < 60
+    # one series per process: its service.instance.id (the SDK's resource gives each process one), else its pid
+    assert re.search(r'otel_llm_tracer_cpu_time_total\{service="toy",instance="[^"]+",pipeline=', text)
+
+
+def export(metrics: list[tuple[str, str, float]], service: str = "svc", pid: int = 7) -> bytes:
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    for k, v in (("service.name", service), ("process.pid", pid)):
+        a = rm.resource.attributes.add(key=k)
+        if isinstance(v, int):
+            a.value.int_value = v
+        else:
+            a.value.string_value = v
+    sm = rm.scope_metrics.add()
+    for name, kind, v in metrics:
+        m = sm.metrics.add(name=name, unit="s")
+        pts = m.sum.data_points if kind == "sum" else m.gauge.data_points
+        if kind == "sum":
+            m.sum.is_monotonic = True
+            m.sum.aggregation_temporality = 2  # cumulative
+        p = pts.add(as_double=v)
+        p.attributes.add(key="otel_llm.pipeline").value.string_value = "vllm/engine"
+    return req.SerializeToString()
+
+
+def post(c, body: bytes, ctype: str = "application/x-protobuf", **headers) -> tuple[int, bytes]:
+    url = f"http://127.0.0.1:{c.receivers[1].address[1]}/v1/metrics"
+    r = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": ctype, **headers})
+    try:
+        with urllib.request.urlopen(r, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def test_the_receiver_keeps_the_tracer_series_and_only_those(make_collector):
+    c = make_collector()
+    body = export([("otel_llm.tracer.cpu_time", "sum", 1.5), ("some.app.metric", "sum", 9.0), ("x", "gauge", 1.0)])
+    code, resp = post(c, body)
+    assert code == 200 and ExportMetricsServiceResponse.FromString(resp) == ExportMetricsServiceResponse()
+    text = metrics_text(c)
+    assert value(text, "otel_llm_tracer_cpu_time_total", service="svc", instance="7", pipeline="vllm/engine") == 1.5
+    assert "some_app_metric" not in text and c.tracer_costs.points_ignored == 2
+    post(c, export([("otel_llm.tracer.cpu_time", "sum", 2.5)]))  # cumulative: the latest value
+    assert value(metrics_text(c), "otel_llm_tracer_cpu_time_total", service="svc", instance="7") == 2.5
+    assert (
+        post(c, gzip.compress(export([("otel_llm.tracer.cpu_time", "sum", 3.0)])), **{"Content-Encoding": "gzip"})[0]
+        == 200
+    )
+    assert value(metrics_text(c), "otel_llm_tracer_cpu_time_total", service="svc", instance="7") == 3.0
+    # gRPC's MetricsService/Export, another process
+    channel = grpc.insecure_channel(f"127.0.0.1:{c.receivers[0].port}")
+    call = channel.unary_unary("/opentelemetry.proto.collector.metrics.v1.MetricsService/Export")
+    assert call(export([("otel_llm.tracer.spans.exported", "sum", 42.0)], pid=8), timeout=10) == b""
+    assert value(metrics_text(c), "otel_llm_tracer_spans_exported_total", instance="8") == 42.0
+    with pytest.raises(grpc.RpcError) as err:
+        call(b"\xff\xff\xff", timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_the_receiver_refuses_what_it_cannot_take(make_collector):
+    c = make_collector()
+    assert post(c, b"\x0a\xff\xff")[0] == 400  # not a message
+    assert post(c, b"{not json", "application/json")[0] == 400
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", c.receivers[1].address[1], timeout=10)
+    conn.putrequest("POST", "/v1/metrics")
+    conn.putheader("Content-Type", "application/x-protobuf")
+    conn.putheader("Content-Length", str(c.config.max_message_bytes + 1))
+    conn.endheaders()  # answered from the headers, before any body is read
+    assert conn.getresponse().status == 413
+    c.tracer_costs.max_series = 2
+    for pid in range(4):
+        post(c, export([("otel_llm.tracer.cpu_time", "sum", 1.0)], pid=pid))
+    assert c.tracer_costs.series_refused == 2  # bounded: a sender cannot grow the scrape without end
+    assert sum(1 for line in metrics_text(c).splitlines() if line.startswith("otel_llm_tracer_cpu_time_total{")) == 2
