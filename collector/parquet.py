@@ -46,7 +46,16 @@ def records_table(batch: RecordBatch) -> pa.Table:
 def steps_table(steps: StepBatch) -> pa.Table:
     rows = steps.rows()
     cols = list(zip(*rows)) if rows else [()] * len(STEP_COLUMNS)
-    types = [pa.string(), pa.string(), pa.string(), *[pa.int64()] * 7, pa.float64(), pa.int64()]
+    types = [
+        pa.string(),
+        pa.string(),
+        pa.string(),
+        *[pa.int64()] * 7,
+        pa.float64(),
+        pa.int64(),
+        pa.int64(),
+        pa.string(),
+    ]
     return pa.Table.from_arrays([pa.array(list(c), type=t) for c, t in zip(cols, types)], names=STEP_COLUMNS)
 
 

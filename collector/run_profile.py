@@ -71,6 +71,13 @@ def engine_state(engine: RecordBatch, steps: StepBatch | None) -> dict | None:
         kv_usage_max=float(kv.max()) if len(kv) else None,
         preempted_in_steps=int(s.preempted[s.preempted > 0].sum()),
     )
+    said = s.waiting >= 0
+    if said.any():  # the engine says how many waited after each step, and why
+        w = s.waiting[said]
+        reasons = [r for r, k in zip(s.wait_reason, said.tolist()) if k and r]
+        out["waiting_mean"] = float(w.mean())
+        out["steps_with_waiting"] = float((w > 0).mean())  # share of the steps
+        out["wait_reasons"] = {r: reasons.count(r) / len(w) for r in sorted(set(reasons))}  # share of the steps
     return out
 
 

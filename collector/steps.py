@@ -31,6 +31,8 @@ CREATE TABLE IF NOT EXISTS steps (
   preempted INTEGER,
   kv_usage REAL,
   gpu_time_ns INTEGER,
+  waiting INTEGER,
+  wait_reason TEXT,
   UNIQUE (trace_id, span_id)
 );
 CREATE INDEX IF NOT EXISTS steps_by_start ON steps (start_ns);
@@ -53,6 +55,15 @@ class StepBatch:
     preempted: np.ndarray  # int64: requests preempted in the step
     kv_usage: np.ndarray  # float64, fraction 0..1 of the KV cache in use
     gpu_time_ns: np.ndarray  # int64: CUDA-event time of the step (-1: not measured)
+    waiting: np.ndarray | None = None  # int64: requests left waiting after the step (-1: not said)
+    wait_reason: list | None = None  # why they waited, as the engine says (None: not said, or none waiting)
+
+    def __post_init__(self) -> None:
+        n = len(self.start_ns)
+        if self.waiting is None:
+            self.waiting = np.full(n, -1, np.int64)
+        if self.wait_reason is None:
+            self.wait_reason = [None] * n
 
     def __len__(self) -> int:
         return len(self.start_ns)
@@ -81,7 +92,9 @@ class StepBatch:
         py = [c if isinstance(c, list) else c.tolist() for c in cols]
         kv = [None if v != v else v for v in py[10]]  # NaN -> NULL
         ints = lambda xs: [None if v == -1 else v for v in xs]
-        return list(zip(py[0], py[1], py[2], py[3], py[4], *(ints(c) for c in py[5:10]), kv, ints(py[11])))
+        return list(
+            zip(py[0], py[1], py[2], py[3], py[4], *(ints(c) for c in py[5:10]), kv, ints(py[11]), ints(py[12]), py[13])
+        )
 
     @classmethod
     def from_walked(cls, spans: list[tuple]) -> StepBatch:
@@ -107,6 +120,8 @@ class StepBatch:
             ),
             kv_usage=np.array(num(sp.STEP_KV_USAGE, float, np.nan), np.float64),
             gpu_time_ns=np.array(num(sp.STEP_GPU_TIME_NS), np.int64),
+            waiting=np.array(num(sp.STEP_WAITING), np.int64),
+            wait_reason=[v[:64] if type(v) is str else None for v in (s[sp.STEP_WAIT_REASON] for s in spans)],
         )
 
     @classmethod
@@ -122,7 +137,7 @@ class StepBatch:
 
     @classmethod
     def from_rows(cls, rows: list[tuple]) -> StepBatch:
-        cols = list(zip(*rows)) if rows else [()] * 12
+        cols = list(zip(*rows)) if rows else [()] * len(STEP_COLUMNS)
         ints = lambda xs: np.array([-1 if v is None else v for v in xs], np.int64)
         return cls(
             trace_id=list(cols[0]),
@@ -137,6 +152,8 @@ class StepBatch:
             preempted=ints(cols[9]),
             kv_usage=np.array([np.nan if v is None else v for v in cols[10]], np.float64),
             gpu_time_ns=ints(cols[11]),
+            waiting=ints(cols[12]),
+            wait_reason=[v if type(v) is str else None for v in cols[13]],
         )
 
 

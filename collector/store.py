@@ -118,6 +118,13 @@ class RequestStore:
                     self._db.execute(f'ALTER TABLE requests ADD COLUMN "{c.name}" {c.kind.sqlite}')
             have = {c.name for c in COLUMNS}
         self._select = ", ".join(f'"{c.name}"' if c.name in have else "NULL" for c in COLUMNS)
+        step_have = {row[1] for row in self._db.execute("PRAGMA table_info(steps)")} if self._has_steps else set()
+        if not readonly and self._has_steps:
+            for name, kind in (("waiting", "INTEGER"), ("wait_reason", "TEXT")):  # columns added since 0.1
+                if name not in step_have:
+                    self._db.execute(f"ALTER TABLE steps ADD COLUMN {name} {kind}")
+            step_have = set(STEP_COLUMNS)
+        self._step_select = ", ".join(c if c in step_have else "NULL" for c in STEP_COLUMNS)
         self._lock = threading.Lock()
         max_vars = self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         self._chunk = max(1, min(256, max_vars // _WIDTH))
@@ -208,7 +215,7 @@ class RequestStore:
         """The engine steps stored (overlapping [since_ns, until_ns] when given), by start time."""
         if not self._has_steps:
             return StepBatch.from_rows([])
-        q = f"SELECT {', '.join(STEP_COLUMNS)} FROM steps WHERE end_ns >= ? AND start_ns <= ? ORDER BY start_ns, rowid"
+        q = f"SELECT {self._step_select} FROM steps WHERE end_ns >= ? AND start_ns <= ? ORDER BY start_ns, rowid"
         with self._lock:
             lo, hi = int(since_ns or 0), int(until_ns if until_ns is not None else 2**63 - 1)
             rows = self._db.execute(q, (lo, hi)).fetchall()

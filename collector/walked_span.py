@@ -63,6 +63,8 @@ _ATTRIBUTES = (
     ("gen_offsets", sc.TOKEN_GENERATED_OFFSETS),
     ("gen_tokens", sc.TOKEN_GENERATED_TOKENS),
     ("sampling_p", sc.SAMPLING_PROBABILITY),
+    ("waiting", sc.STEP_WAITING),
+    ("wait_reason", sc.STEP_WAIT_REASON),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -92,6 +94,8 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     GEN_OFFSETS,
     GEN_TOKENS,
     SAMPLING_P,
+    STEP_WAITING,
+    STEP_WAIT_REASON,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

@@ -294,10 +294,12 @@ class EngineHooks:
         kv_usage: Extractor | None = None,
         key: Extractor | None = None,
         tokens: Extractor | None = None,
+        waiting: Extractor | None = None,
     ):
         """Ends the iteration begun by the matching :meth:`schedule` call and records an
         ``llm.engine.step`` span (GPU time too, when a GPU timer is set). ``tokens`` may replace
-        ``prefill_tokens`` and ``decode_tokens`` when one pass gives both: it returns the pair."""
+        ``prefill_tokens`` and ``decode_tokens`` when one pass gives both: it returns the pair.
+        ``waiting`` returns (requests left waiting, why) after the step, why a short word or None."""
 
         def deco(fn):
             zero = _const(0)
@@ -330,6 +332,7 @@ class EngineHooks:
                         pr(res, *a, **k),
                         kv_usage(res, *a, **k) if kv_usage else None,
                         None if handle is None else (timer, handle),  # read back by its own timer
+                        waiting(res, *a, **k) if waiting else None,
                     )
                 )
 

@@ -241,5 +241,9 @@ class SpanFactory:
                 a[sc.STEP_KV_USAGE] = float(s.kv_usage)
             if s.gpu_time_ns is not None:
                 a[sc.STEP_GPU_TIME_NS] = int(s.gpu_time_ns)
+            if s.waiting is not None:
+                a[sc.STEP_WAITING] = int(s.waiting)
+                if s.wait_reason:
+                    a[sc.STEP_WAIT_REASON] = str(s.wait_reason)
             out.append(self._span(sc.SPAN_STEP, self._ctx(trace_id), root, s.start_ns, s.end_ns, a))
         return out

@@ -73,6 +73,8 @@ class StepRecord:
     preempted: int
     kv_usage: float | None = None
     gpu_time_ns: int | None = None
+    waiting: int | None = None  # requests left waiting after the step
+    wait_reason: str | None = None  # why, as the engine says
 
 
 class _Live:
@@ -222,8 +224,11 @@ class RequestTracker:
         preempted: int,
         kv_usage: float | None,
         gpu_handle: object | None,
+        waiting: tuple | None = None,
     ) -> None:
         rec = StepRecord(start_ns, end_ns, index, batch, prefill, decode, preempted, kv_usage)
+        if waiting is not None:
+            rec.waiting, rec.wait_reason = waiting
         if gpu_handle is not None and (self.gpu_elapsed is not None or type(gpu_handle) is tuple):
             self.pending_gpu.append((rec, gpu_handle))
         else:

@@ -184,6 +184,11 @@ def conclude_capacity(search: CapacitySearch, points: list[dict], args: argparse
     if hi is not None:
         low = by_rate[min(by_rate)]
         out["why"] = what_grew(low, by_rate[hi], "rate") if low is not by_rate[hi] else "the first point failed"
+        waits = (((by_rate[hi].get("profile") or {}).get("engine")) or {}).get("wait_reasons")
+        if waits:  # what the engine says held requests back at the first failing rate
+            reason, share = max(waits.items(), key=lambda kv: kv[1])
+            out["waiting_at_knee"] = {"reason": reason, "share_of_steps": share, "all": waits}
+            out["why"] += f"; at {hi:g} req/s requests waited after {share:.0%} of the engine's steps: {reason}"
     return out
 
 

@@ -72,6 +72,9 @@ STEP_DECODE_TOKENS = "llm.step.decode_tokens"
 STEP_PREEMPTED = "llm.step.preempted"
 STEP_KV_USAGE = "llm.step.kv_cache_usage"  # fraction 0..1
 STEP_GPU_TIME_NS = "llm.step.gpu_time_ns"  # CUDA only
+STEP_WAITING = "llm.step.waiting"  # requests left waiting for a place in the batch after the step
+#: why they waited, where the engine says (vLLM: max_num_seqs, token_budget, deferred, kv_cache, other)
+STEP_WAIT_REASON = "llm.step.wait_reason"
 
 REQUEST_CHOICE = "llm.request.choice"  # a request with n > 1 choices: one span per choice, this its index
 STREAMING = "llm.request.streaming"  # on llm.client.request: the call streamed (no token events otherwise)

@@ -118,6 +118,10 @@ def test_the_capacity_search_agrees_with_the_points_it_measured(traced):
     share = lambda p: p["profile"]["decomposition"]["share"]["queue"]
     assert share(knee) > share(low) + 0.2, (share(low), share(knee))
     assert "the part that grew most is queue" in end["why"], end["why"]
+    # and the engine says why they waited: the batch was full (--max-num-seqs), at the knee more than below it
+    waits = knee["profile"]["engine"]["wait_reasons"]
+    assert max(waits, key=waits.get) == "max_num_seqs" and end["waiting_at_knee"]["reason"] == "max_num_seqs"
+    assert waits["max_num_seqs"] > low["profile"]["engine"]["wait_reasons"].get("max_num_seqs", 0.0)
     # and analyze reads the same run from the store
     run = points[0]["run_id"]
     got = json.loads(

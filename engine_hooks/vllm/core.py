@@ -7,7 +7,8 @@ their ``SchedulerOutput``, so overlapping iterations under async scheduling pair
 Per step, on the engine's thread: two clock reads, a handful of attribute reads and one
 ``list.count`` over the batch's scheduled-token counts (C). Prefill tokens are the scheduled
 tokens of requests that were given more than one token this step; decode tokens count the
-requests given exactly one (a one-token prefill chunk counts as decode).
+requests given exactly one (a one-token prefill chunk counts as decode). After the step: how many
+requests are left waiting and why (``_waiting``: the scheduler's own limits).
 """
 
 from __future__ import annotations
@@ -30,6 +31,24 @@ def _kv_usage(res, self, *a, **k):
     return self.kv_cache_manager.usage
 
 
+def _waiting(res, self, so, *a, **k) -> tuple[int, str | None]:
+    """Requests left waiting after the step, and why, from the scheduler's own limits:
+    ``max_num_seqs`` (the batch is full), ``token_budget`` (the step used every schedulable
+    token), ``deferred`` (every waiting request is held back: a grammar to compile, remote KV to
+    arrive, streamed input), ``kv_cache`` (room in the batch and the budget, but the cache is
+    nearly full), else ``other``."""
+    n = len(self.waiting) + len(getattr(self, "kv_holding_waiting", ()))
+    if not n:
+        return 0, None
+    if len(self.running) >= self.max_num_running_reqs:
+        return n, "max_num_seqs"
+    if so.total_num_scheduled_tokens >= self.max_num_scheduled_tokens:
+        return n, "token_budget"
+    if len(getattr(self, "deferred_waiting", ())) >= n:
+        return n, "deferred"
+    return n, "kv_cache" if self.kv_cache_manager.usage >= 0.9 else "other"
+
+
 def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = None) -> bool:
     """Patch vLLM's Scheduler class in this process; returns False when already patched."""
     if scheduler_cls is None:
@@ -44,6 +63,7 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
         tokens=_tokens,
         preempted=lambda res, self, so, *a, **k: len(getattr(so, "preempted_req_ids", None) or ()),
         kv_usage=_kv_usage,
+        waiting=_waiting,
     )(scheduler_cls.update_from_output)
 
     shutdown = scheduler_cls.shutdown
