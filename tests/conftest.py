@@ -119,6 +119,30 @@ def make_collector(tmp_path):
             pass
 
 
+def start_collector(store: str, grace_s: float = 0.3):
+    """An in-process collector on free loopback ports writing ``store``, and the environment that
+    sends a process's spans to it over OTLP/HTTP (the caller stops it)."""
+    from collector.assembly import AssemblyConfig
+    from collector.config import CollectorConfig
+    from collector.service import Collector
+
+    cfg = CollectorConfig(
+        otlp_grpc="127.0.0.1:0",
+        otlp_http="127.0.0.1:0",
+        prometheus="127.0.0.1:0",
+        store=store,
+        assembly=AssemblyConfig(grace_s=grace_s, timeout_s=30),
+        tick_s=0.05,
+    )
+    c = Collector(cfg).start()
+    env = {
+        "OTEL_TRACES_EXPORTER": "otlp",  # run_cli turns exporting off unless told
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+    }
+    return c, env
+
+
 def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2**20, timeout: float = 180.0, extra_args=()):
     """Start vLLM's OpenAI-compatible server on a free loopback port (the CPU build); returns
     (process, base_url). The caller stops it. Its log: ``vllm-server-<port>.log`` beside the model."""

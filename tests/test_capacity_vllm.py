@@ -14,9 +14,8 @@ import signal
 import time
 
 import pytest
-from conftest import run_cli, start_vllm_server
+from conftest import run_cli, start_collector, start_vllm_server
 
-from collector.assembly import AssemblyConfig
 from otel_llm.capacity import wilson
 
 pytestmark = pytest.mark.slow
@@ -27,29 +26,13 @@ SEQS = 4
 @pytest.fixture(scope="module")
 def traced(tiny_model, tmp_path_factory):
     """A collector (its store) and a traced vLLM server exporting to it; bench's OTLP env."""
-    from collector.config import CollectorConfig
-    from collector.service import Collector
-
     tmp = tmp_path_factory.mktemp("capacity")
-    cfg = CollectorConfig(
-        otlp_grpc="127.0.0.1:0",
-        otlp_http="127.0.0.1:0",
-        prometheus="127.0.0.1:0",
-        store=str(tmp / "store.db"),
-        assembly=AssemblyConfig(grace_s=0.3, timeout_s=30),
-        tick_s=0.05,
-    )
-    c = Collector(cfg).start()
-    otlp = {
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-    }
+    c, otlp = start_collector(str(tmp / "store.db"))
     server, base_url = start_vllm_server(
         tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp}, kv_bytes=16 * 2**20, extra_args=["--max-num-seqs", str(SEQS)]
     )
     try:
-        yield {"store": cfg.store, "env": otlp, "url": base_url, "model": tiny_model, "tmp": tmp}
+        yield {"store": c.config.store, "env": otlp, "url": base_url, "model": tiny_model, "tmp": tmp}
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)

@@ -14,9 +14,7 @@ import signal
 import time
 
 import pytest
-from conftest import run_cli, start_vllm_server
-
-from collector.assembly import AssemblyConfig
+from conftest import run_cli, start_collector, start_vllm_server
 
 pytestmark = pytest.mark.slow
 
@@ -24,26 +22,11 @@ P, N = 0.1, 600
 
 
 def test_rates_and_goodput_from_a_ten_percent_sample(tiny_model, tmp_path):
-    from collector.config import CollectorConfig
     from collector.run_profile import records_of_run
-    from collector.service import Collector
 
-    cfg = CollectorConfig(
-        otlp_grpc="127.0.0.1:0",
-        otlp_http="127.0.0.1:0",
-        prometheus="127.0.0.1:0",
-        store=str(tmp_path / "store.db"),
-        assembly=AssemblyConfig(grace_s=0.3, timeout_s=30),
-        tick_s=0.05,
-    )
-    c = Collector(cfg).start()
-    env = {
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
-        "OTEL_TRACES_SAMPLER_ARG": str(P),
-    }
+    c, otlp = start_collector(str(tmp_path / "store.db"))
+    env = {**otlp, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(P)}
+    cfg = c.config
     server, url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **env})
     truth_file = tmp_path / "truth.jsonl"
     try:
