@@ -50,6 +50,8 @@ def start_sink() -> tuple[object, int, list]:
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
     received = [0]
+    costs: dict = {}  # (service, pid, pipeline) -> {metric: latest value}, from engine_hooks.self_metrics
+    received.append(costs)
 
     class Sink(trace_service_pb2_grpc.TraceServiceServicer):
         def Export(self, request, context):
@@ -58,6 +60,17 @@ def start_sink() -> tuple[object, int, list]:
 
     class MetricsSink(metrics_service_pb2_grpc.MetricsServiceServicer):
         def Export(self, request, context):
+            for rm in request.resource_metrics:
+                res = {a.key: a.value for a in rm.resource.attributes}
+                who = (res["service.name"].string_value if "service.name" in res else "?", res.get("process.pid"))
+                for sm in rm.scope_metrics:
+                    for m in sm.metrics:
+                        if m.name.startswith("otel_llm.tracer.") and m.WhichOneof("data") == "sum":
+                            for p in m.sum.data_points:
+                                pipe = next((a.value.string_value for a in p.attributes), "")
+                                key = (who[0], who[1].int_value if who[1] is not None else 0, pipe)
+                                v = p.as_double if p.WhichOneof("value") == "as_double" else p.as_int
+                                costs.setdefault(key, {})[m.name[len("otel_llm.tracer.") :]] = v
             return metrics_service_pb2.ExportMetricsServiceResponse()
 
     server = grpc.server(futures.ThreadPoolExecutor(2))
@@ -151,6 +164,7 @@ def main() -> None:
         OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
         OTEL_EXPORTER_OTLP_INSECURE="true",
         OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRIC_EXPORT_INTERVAL="1000",  # the tracer's own cost, per process, every second
     )
     common = dict(
         model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=a.kv_mib * MiB
@@ -230,6 +244,18 @@ def main() -> None:
         "requests": fe.counters.requests_traced,
     }
     print("RESULT " + json.dumps(result), flush=True)
+    time.sleep(2.5)  # the processes' last cost reports (every second)
+    for (service, pid, pipe), v in sorted(received[1].items()):
+        per = []
+        if v.get("requests"):
+            per.append(f"{v['cpu_time'] / v['requests'] * 1e6:.1f} us per request")
+        if v.get("steps"):
+            per.append(f"{v['cpu_time'] / v['steps'] * 1e6:.1f} us per step")
+        print(
+            f"tracer's own report, process {pid} ({service}, {pipe}): {v.get('cpu_time', 0):.3f} s of span CPU over "
+            f"{v.get('requests', 0):.0f} requests and {v.get('steps', 0):.0f} steps"
+            + (f": {', '.join(per)}" if per else "")
+        )
     # the sink stays up until the process exits: vLLM's exporter flushes at exit
 
 

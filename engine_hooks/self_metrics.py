@@ -10,7 +10,9 @@ counters, read from the pipelines' own counters when the SDK collects, one serie
 * ``otel_llm.tracer.cpu_time`` (s): CPU time of span building and export, on the pipeline's thread;
 * ``otel_llm.tracer.spans.exported`` and ``.spans.dropped`` ({span});
 * ``otel_llm.tracer.events.dropped`` ({event}): hook events lost to a full recorder;
-* ``otel_llm.tracer.requests.unsampled`` ({request}): finished requests the sampler did not keep.
+* ``otel_llm.tracer.requests.unsampled`` ({request}): finished requests the sampler did not keep;
+* ``otel_llm.tracer.requests`` ({request}) and ``otel_llm.tracer.steps`` ({step}): what it saw, so the
+  CPU per request and per step can be read off.
 
 Nothing is sent when traces are not (``OTEL_TRACES_EXPORTER=none``, or spans to
 ``OTEL_LLM_TRACES_FILE``) unless ``OTEL_METRICS_EXPORTER`` asks, nor with
@@ -42,6 +44,8 @@ METRICS = (
         "Finished requests the sampler did not keep",
         lambda c: c.requests_unsampled,
     ),
+    ("otel_llm.tracer.requests", "{request}", "Finished requests the pipeline saw", lambda c: c.requests_traced),
+    ("otel_llm.tracer.steps", "{step}", "Engine steps the pipeline saw", lambda c: c.steps_traced),
 )
 
 

@@ -51,6 +51,8 @@ def test_a_traced_process_reports_its_tracing_cost_to_the_collector(make_collect
     exported = value(text, "otel_llm_tracer_spans_exported_total", service="toy", pipeline="toy-engine/engine")
     assert exported == c.receiver_counters.spans > 0  # what it says it sent is what arrived
     assert value(text, "otel_llm_tracer_spans_dropped_total", service="toy") == 0
+    assert value(text, "otel_llm_tracer_requests_total", service="toy") == 12  # the toy engine's main: 12
+    assert value(text, "otel_llm_tracer_steps_total", service="toy") > 0
     assert 0 < value(text, "otel_llm_tracer_cpu_time_total", service="toy") < 60
     # one series per process: its service.instance.id (the SDK's resource gives each process one), else its pid
     assert re.search(r'otel_llm_tracer_cpu_time_total\{service="toy",instance="[^"]+",pipeline=', text)

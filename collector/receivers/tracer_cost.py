@@ -106,6 +106,8 @@ DESCRIPTIONS = {
     "otel_llm.tracer.spans.dropped": "Spans a traced process's exporter failed to send",
     "otel_llm.tracer.events.dropped": "Hook events dropped because the recorder between span-building rounds was full",
     "otel_llm.tracer.requests.unsampled": "Requests a traced process finished but its sampler did not keep",
+    "otel_llm.tracer.requests": "Finished requests a traced process's pipeline saw",
+    "otel_llm.tracer.steps": "Engine steps a traced process's pipeline saw",
 }
 
 
