@@ -13,6 +13,9 @@ Run: ``.venv/bin/python benchmarks/overhead.py [--rounds 5] [--requests 128] [--
 ``--detail request|phases|steps`` traces the instrumented engine at that ``OTEL_LLM_DETAIL`` level
 (default: phases, the default level); ``--detail all`` runs the benchmark once per level, each in a
 process of its own (a process has one front-end pipeline), and prints the levels side by side.
+``--exporter file``: the instrumented engine writes ``OTEL_LLM_TRACES_FILE`` instead of OTLP. Each
+traced process's own report of its span CPU (engine_hooks.self_metrics, to the sink every second)
+is printed per process: front end and engine core, per request and per step.
 Target (docs/architecture.md, "The hot path"): instrumented/plain >= 0.98 here.
 
 ``--engine transformers``: the same comparison for transformers continuous batching (the tiny
@@ -140,6 +143,12 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="model folder (default: build the tiny model in a temp dir)")
     ap.add_argument("--engine", choices=("vllm", "transformers"), default="vllm")
     ap.add_argument("--detail", choices=("request", "phases", "steps", "all"), default="phases")
+    ap.add_argument(
+        "--exporter",
+        choices=("otlp", "file"),
+        default="otlp",
+        help="the instrumented engine's exporter: OTLP/gRPC to a local sink (default), or OTEL_LLM_TRACES_FILE",
+    )
     a = ap.parse_args()
     if a.detail == "all":
         all_levels(a)
@@ -166,6 +175,9 @@ def main() -> None:
         OTEL_TRACES_EXPORTER="otlp",
         OTEL_METRIC_EXPORT_INTERVAL="1000",  # the tracer's own cost, per process, every second
     )
+    if a.exporter == "file":  # the instrumented engine writes OTLP JSON lines; its cost report goes to the sink
+        os.environ["OTEL_LLM_TRACES_FILE"] = os.path.join(tmp, "spans.jsonl")
+        os.environ["OTEL_METRICS_EXPORTER"] = "otlp"
     common = dict(
         model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=a.kv_mib * MiB
     )
@@ -232,10 +244,12 @@ def main() -> None:
     print(
         f"front-end pipeline: {fe.counters.requests_traced} requests traced, {fe.counters.spans_exported} spans "
         f"exported, {fe.counters.spans_dropped} dropped, {fe.counters.hook_errors} hook errors; "
-        f"the sink received {received[0]} spans from both traced engines"
+        f"the sink received {received[0]} spans"
+        + (" from both traced engines" if a.exporter == "otlp" else " from vLLM's own tracing (ours went to the file)")
     )
     result = {
         "detail": a.detail,
+        "exporter": a.exporter,
         "ratio_median": statistics.median(ratio),
         "ratio_rounds": ratio,
         "vllm_tracing_median": statistics.median(vratio),
@@ -267,7 +281,7 @@ def all_levels(a: argparse.Namespace) -> None:
     for level in ("request", "phases", "steps"):
         print(f"== detail {level} ==", flush=True)
         argv = [sys.executable, __file__, "--detail", level, "--rounds", str(a.rounds), "--requests", str(a.requests)]
-        argv += ["--tokens", str(a.tokens), "--kv-mib", str(a.kv_mib), "--engine", a.engine]
+        argv += ["--tokens", str(a.tokens), "--kv-mib", str(a.kv_mib), "--engine", a.engine, "--exporter", a.exporter]
         if a.model:
             argv += ["--model", a.model]
         proc = subprocess.run(argv, capture_output=True, text=True)
