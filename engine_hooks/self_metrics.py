@@ -15,9 +15,10 @@ counters, read from the pipelines' own counters when the SDK collects, one serie
   CPU per request and per step can be read off.
 
 Nothing is sent when traces are not (``OTEL_TRACES_EXPORTER=none``, or spans to
-``OTEL_LLM_TRACES_FILE``) unless ``OTEL_METRICS_EXPORTER`` asks, nor with
-``OTEL_METRICS_EXPORTER=none``. The otel-llm collector keeps these series
-(:mod:`collector.receivers.tracer_cost`) and serves them on its ``/metrics``.
+``OTEL_LLM_TRACES_FILE``), nor when no OTLP endpoint is configured (the SDK's default
+``localhost``), unless ``OTEL_METRICS_EXPORTER`` asks; never with ``OTEL_METRICS_EXPORTER=none``.
+The otel-llm collector keeps these series (:mod:`collector.receivers.tracer_cost`) and serves them
+on its ``/metrics``.
 """
 
 from __future__ import annotations
@@ -56,7 +57,12 @@ def wanted() -> bool:
         return asked.strip().lower() not in ("none", "")
     if environment.raw(environment.TRACES_FILE) is not None:
         return False
-    return (environment.raw("OTEL_TRACES_EXPORTER") or "otlp").strip().lower() == "otlp"
+    if (environment.raw("OTEL_TRACES_EXPORTER") or "otlp").strip().lower() != "otlp":
+        return False
+    # an endpoint someone configured: not the SDK's default localhost, where nothing may listen
+    return any(
+        environment.raw(v) is not None for v in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+    )
 
 
 def _exporter():
@@ -89,7 +95,9 @@ def start(pipelines, resource) -> object | None:
 
             pid = os.getpid()
             reader = PeriodicExportingMetricReader(_exporter())  # OTEL_METRIC_EXPORT_INTERVAL, as the SDK reads it
-            mp = MeterProvider(metric_readers=[reader], resource=resource.merge(Resource({"process.pid": pid})))
+            mp = MeterProvider(  # shut down by this module's shutdown(), after the pipelines' final flush
+                metric_readers=[reader], resource=resource.merge(Resource({"process.pid": pid})), shutdown_on_exit=False
+            )
             meter = mp.get_meter("engine_hooks", "0.1.0")
 
             def callback(read):
@@ -119,7 +127,7 @@ def shutdown() -> None:
     with _lock:
         if _provider is not None and _provider[0] == os.getpid():
             try:
-                _provider[1].shutdown(timeout_millis=5000)
+                _provider[1].shutdown(timeout_millis=3000)
             except Exception:
                 pass
         _provider = None
