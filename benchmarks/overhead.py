@@ -115,7 +115,7 @@ def hot_path_cost_us(n: int = 20000, batch: int = 128) -> tuple[float, float]:
         return Sched
 
     Plain, Sched = make_scheduler_class(), make_scheduler_class()
-    pipeline = TracingPipeline(None, capacity=1 << 30)
+    pipeline = TracingPipeline(None, capacity=1 << 30, detail="steps")  # builds the step spans it times
     instrument_scheduler_class(Sched, EngineHooks(pipeline=pipeline))
 
     def loop(cls):

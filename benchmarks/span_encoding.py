@@ -33,21 +33,23 @@ def main() -> None:
     now = time.time_ns()
     tp = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     recs = [
-        FinishedRequest(
-            str(i),
-            now,
-            now + 10**9,
-            "ok",
-            "length",
-            tp if i % 2 else None,
-            32,
-            now + 10**6,
-            now + 2 * 10**6,
-            now + 9 * 10**8,
-            m,
-            [(now + 5 * 10**6, now + 6 * 10**6, "recompute")],
-            [now + 2 * 10**6 + j * 3 * 10**6 for j in range(m)],
-            [1] * m,
+        FinishedRequest(  # by keyword: the record grows fields
+            request_id=str(i),
+            start_ns=now,
+            end_ns=now + 10**9,
+            status="ok",
+            finish_reason="length",
+            trace_headers=tp if i % 2 else None,
+            input_tokens=32,
+            queued_ns=now + 5 * 10**5,
+            first_scheduled_ns=now + 10**6,
+            first_generated_ns=now + 2 * 10**6,
+            last_generated_ns=now + 9 * 10**8,
+            generated_tokens=m,
+            preemptions=[(now + 5 * 10**6, now + 6 * 10**6, "recompute")],
+            preemption_tokens=[40],
+            out_times_ns=[now + 2 * 10**6 + j * 3 * 10**6 for j in range(m)],
+            out_tokens=[1] * m,
         )
         for i in range(n)
     ]
