@@ -121,7 +121,14 @@ def profile_from_store(
 def records_of_run(path: str | Sequence[str], run_id: str) -> dict[str, int]:
     """Entry point ``otel_llm.run_profiles: store_counts``: how many records of ``run_id`` (warm-ups
     left out) a store holds at each boundary (a sweep waits for them before profiling a point)."""
-    from .store import read_stores
+    from .store import open_existing, store_paths
 
-    run = read_stores(path)[0].selected(Selection(runs=(run_id,)))
-    return {b: sum(1 for x in run.boundary if x == b) for b in BOUNDARIES}
+    out = dict.fromkeys(BOUNDARIES, 0)
+    for p in store_paths(path):  # a count in SQL: the sweep asks every half second
+        s = open_existing(p)
+        try:
+            for b, n in s.run_counts(run_id).items():
+                out[b] = out.get(b, 0) + n
+        finally:
+            s.close()
+    return out

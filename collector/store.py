@@ -246,6 +246,16 @@ class RequestStore:
         """:meth:`batch` as row views."""
         return self.batch(boundary).records()
 
+    def run_counts(self, run_id: str) -> dict[str, int]:
+        """Records of one bench run (warm-ups left out) at each boundary: one SQL count."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT boundary, COUNT(*) FROM requests"
+                " WHERE run_id = ? AND NOT COALESCE(warmup, 0) GROUP BY boundary",
+                (run_id,),
+            ).fetchall()
+        return dict(rows)
+
     def count(self, boundary: str | None = None) -> int:
         with self._lock:
             if boundary:
