@@ -24,7 +24,7 @@ import numpy as np
 from otel_llm.fluidity import FluidityTarget, miss_rates
 from otel_llm.request_math import RequestMetrics
 from otel_llm.slo import SLO
-from otel_llm.summary import bound_checks
+from otel_llm.summary import bound_checks, weighted_sum
 
 from .compare import TTFT_PARTS
 from .records import RecordBatch
@@ -281,14 +281,8 @@ class MetricsRegistry:
                 g.append(i)
         status = np.array(batch.status)
         ok = status == "ok"
-        wt = batch.sample_weight
-        if not (wt != 1.0).any():
-            wt = None  # no sampling: integer counts, as before
-
-        def total(values: np.ndarray, idx: np.ndarray) -> int | float:
-            """A sum over requests ``idx`` where each counts for its sample weight."""
-            return int(values[idx].sum()) if wt is None else float((values[idx] * wt[idx]).sum())
-
+        wt = batch.sample_weight if (batch.sample_weight != 1.0).any() else None  # None: integer counts
+        total = lambda values, idx: weighted_sum(values, wt, idx)  # each request counts for its weight
         one = np.ones(len(batch), np.int64)
         checks = {name: bound_checks(rm, slo) for name, slo in self.slos.items()}
         itl_counts = np.maximum(rm.events - 1, 0)  # ITL samples per request (m - 1), in request order

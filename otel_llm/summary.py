@@ -178,6 +178,15 @@ def _rate(count: int, seconds: float) -> float | None:
     return count / seconds if seconds > 0 else None
 
 
+def weighted_sum(values: np.ndarray, weight: np.ndarray | None, which: np.ndarray) -> int | float:
+    """``values[which]`` summed, each request counting for its sample weight (docs/metrics/spec.md,
+    "Sampling"); an int, as before sampling existed, when there are no weights. ``which``: a mask or
+    indices over the requests."""
+    if weight is None:
+        return int(values[which].sum())
+    return float((values[which] * weight[which]).sum())
+
+
 def bound_checks(rm: RequestMetrics, slo: SLO) -> dict[str, np.ndarray]:
     """For each bound of ``slo``, a boolean per request: does it meet that bound (spec rules for
     undefined values: TPOT per ``slo.tpot_undefined``, ITL max vacuous with < 2 events, and any
@@ -244,9 +253,8 @@ def summarize(
 
     wt = batch.weight  # sampled requests: each counts for 1 / its sampling probability in rates
 
-    def n_of(mask: np.ndarray) -> int | float:
-        return int(mask.sum()) if wt is None else float(wt[mask].sum())
-
+    one = np.ones(len(batch), np.int64)
+    n_of = lambda mask: weighted_sum(one, wt, mask)  # requests, each counting for its weight
     in_tok = w.contains(batch.event_time)
     if wt is None:
         tok_in = int(batch.event_tokens[in_tok].sum())
@@ -277,13 +285,12 @@ def summarize(
             good_mask &= ok
         good = int(good_mask.sum())
         good_n, done_n = n_of(good_mask), n_of(completed)
-        good_tokens = rm.output_tokens[good_mask] if wt is None else rm.output_tokens[good_mask] * wt[good_mask]
         goodput = Goodput(
             slo=slo.bounds,
             tpot_undefined=slo.tpot_undefined,
             good=good,
             requests_per_s=_rate(good_n, T),
-            output_tokens_per_s=_rate(good_tokens.sum(), T),
+            output_tokens_per_s=_rate(weighted_sum(rm.output_tokens, wt, good_mask), T),
             attainment=good_n / done_n if n_completed else None,
             attainment_by_bound={
                 k: (n_of(completed & ok) / done_n if n_completed else None) for k, ok in checks.items()
