@@ -114,8 +114,14 @@ class OTLPForwarder:
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        try:
-            self._q.put(None, timeout=timeout_s)
-        except queue.Full:
-            pass
-        self._thread.join(timeout_s)
+        stop_worker(self._q, self._thread, timeout_s)
+
+
+def stop_worker(q: queue.Queue, thread: threading.Thread, timeout_s: float) -> None:
+    """End a queue's worker thread: a ``None`` after what is queued, then wait for it (at most
+    ``timeout_s`` for each)."""
+    try:
+        q.put(None, timeout=timeout_s)
+    except queue.Full:
+        pass
+    thread.join(timeout_s)

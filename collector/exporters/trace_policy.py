@@ -213,11 +213,9 @@ class PolicyForwarder:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Parse what is queued, then decide every trace still held by the ratio."""
-        try:
-            self._q.put(None, timeout=timeout_s)
-        except queue.Full:
-            pass
-        self._thread.join(timeout_s)
+        from .otlp_forward import stop_worker
+
+        stop_worker(self._q, self._thread, timeout_s)
         self.expire(now=float("inf"))
 
     @property
