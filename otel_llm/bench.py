@@ -347,7 +347,7 @@ def cmd_sweep(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: Le
         args.points_requests, args.points_error = points_size(args)
         if args.points_requests is not None:
             spec.num_requests = args.points_requests
-    sweeper = Sweeper(args, spec, inp, out, lambda s: run_spec(args, s, inp, out))
+    sweeper = Sweeper(args, spec, lambda s: run_spec(args, s, inp, out))
     conclusion = None
     try:
         if args.sweep:

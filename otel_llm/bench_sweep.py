@@ -23,7 +23,7 @@ from importlib.metadata import entry_points
 
 from .capacity import CapacitySearch, Sweep, first_failed_bound, part_that_grew, requests_per_point, wilson
 from .cli_options import CLIError, fluidity_option, slo_option
-from .load import LengthDist, LoadSpec, measured
+from .load import LoadSpec, measured
 from .summary import summarize
 from .timeline import TimelineBatch
 
@@ -40,8 +40,8 @@ class Sweeper:
     """Runs points and keeps what each gave. ``run_point(spec)`` is bench's own run of one spec;
     it returns (run, conditions)."""
 
-    def __init__(self, args: argparse.Namespace, base: LoadSpec, inp: LengthDist, out: LengthDist, run_point):
-        self.args, self.base, self.inp, self.out, self.run_point = args, base, inp, out, run_point
+    def __init__(self, args: argparse.Namespace, base: LoadSpec, run_point):
+        self.args, self.base, self.run_point = args, base, run_point
         self.slo = slo_option(args.slo, args.tpot_undefined)
         self.fluidity = fluidity_option(args.fluidity)
         self.points: list[dict] = []
@@ -64,7 +64,7 @@ class Sweeper:
         changes = {"run_id": f"{self.base.run_id}-{label}"}
         if knob == "rate":
             changes.update(rate=value, concurrency=None)
-            at_least = math.ceil(value * getattr(args, "min_point_duration", 0.0))
+            at_least = math.ceil(value * args.min_point_duration)
             if self.base.num_requests is not None and at_least > self.base.num_requests:
                 changes["num_requests"] = at_least
         else:
