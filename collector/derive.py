@@ -341,6 +341,10 @@ def _events(offsets: tuple, tokens: tuple, duration_ns: np.ndarray) -> tuple[np.
     return (*clean_events(owner, offs, toks, n), rejected)
 
 
+#: the smallest sampling probability a span may claim (a weight of at most a million)
+MIN_SAMPLING_P = 1e-6
+
+
 def _seconds(ns: np.ndarray) -> np.ndarray:
     """int64 ns durations (NO_NS: unknown) -> float seconds (NaN)."""
     return np.where(ns != NO_NS, ns / _NS, np.nan)
@@ -433,9 +437,12 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     input_tokens = np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64)
     rm = request_metrics(timeline_batch(request_id, submit, end, status, start, offs, toks, input_tokens))
     # sampling: each record counts for 1 / the probability it was kept with; an engine or server
-    # record whose own span does not say takes its client's (the sampler decided there), else each other's
+    # record whose own span does not say takes its client's (the sampler decided there), else each other's.
+    # Below MIN_SAMPLING_P a probability is not taken (a sender could make one span count for 1e300)
     prob = np.fromiter(
-        (float(v) if type(v) in (float, int) and 0 < v <= 1 else np.nan for v in cols[sp.SAMPLING_P]), np.float64, n
+        (float(v) if type(v) in (float, int) and MIN_SAMPLING_P <= v <= 1 else np.nan for v in cols[sp.SAMPLING_P]),
+        np.float64,
+        n,
     )
     for c, e in rq.pairs:
         if prob[e] != prob[e]:

@@ -101,6 +101,16 @@ def test_the_collector_counts_each_request_for_its_weight(make_collector):
     c = make_collector(slos={"default": SLO(ttft=1.0)})
     send(
         grpc_exporter(c.receivers[0].port),
+        [Req(f"s{i}", client_attrs={sc.SAMPLING_PROBABILITY: 0.25}) for i in range(3)]
+        # claims no sampler makes: one span counting for 1e300 requests, a probability over 1, a string
+        + [Req(f"h{i}", client_attrs={sc.SAMPLING_PROBABILITY: v}) for i, v in enumerate((1e-300, 2.0, "0.5"))],
+    )
+    wait_for(lambda: c.records_derived >= 12, what="derivation")
+    hostile = [r for r in c.store.records() if r.request_id.startswith("h")]
+    assert len(hostile) == 6 and {r.sample_weight for r in hostile} == {1.0}  # not taken: weight 1
+    c = make_collector(slos={"default": SLO(ttft=1.0)})
+    send(
+        grpc_exporter(c.receivers[0].port),
         [Req(f"s{i}", client_attrs={sc.SAMPLING_PROBABILITY: 0.25}) for i in range(3)],
     )
     wait_for(lambda: c.records_derived >= 6, what="derivation")
