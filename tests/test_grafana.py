@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT
 from otlp_helpers import Req, sample_request
 from test_prometheus_integration import prometheus, promql  # noqa: F401 (the fixture)
+from test_tracer_cost import export, post
 
 from collector.stalls import STALL_CLASSES
 from otel_llm.slo import SLO
@@ -156,6 +157,9 @@ def test_every_panel_query_returns_data(make_collector, prometheus):  # noqa: F8
     prom = prometheus(c.prometheus.address[1])
     for k in range(6):  # load across several scrapes, so every rate() has samples to differ
         c.accept(sample_request(_stall_reqs(f"r{k}-")).SerializeToString())
+        # and a traced process's report of its own cost, over OTLP/HTTP as the SDK sends it
+        costs = ["cpu_time", "spans.exported", "spans.dropped", "events.dropped", "requests.unsampled"]
+        assert post(c, export([(f"otel_llm.tracer.{m}", "sum", 0.5 * k) for m in costs]))[0] == 200
         time.sleep(1.2)
     time.sleep(1.5)
     for p in dashboard()["panels"]:

@@ -166,6 +166,34 @@ def build() -> dict:
         ],
         "short",
     )
+    panel(
+        "Tracing's own cost: CPU by process",
+        [
+            (
+                f"sum by (service, instance, pipeline) (rate(otel_llm_tracer_cpu_time_total[{R}]))",
+                "{{service}} {{instance}} {{pipeline}}",
+            )
+        ],
+        "percentunit",
+        description="the share of one core each traced process spends building and exporting its spans "
+        "(otel_llm.tracer.cpu_time, sent by the process beside its spans; the hooks on the engine's threads "
+        "are not in it)",
+    )
+    panel(
+        "Tracing's own cost: spans exported, dropped, unsampled",
+        [
+            (f"sum by (service) (rate(otel_llm_tracer_spans_exported_total[{R}]))", "{{service}} exported"),
+            (f"sum by (service) (rate(otel_llm_tracer_spans_dropped_total[{R}]))", "{{service}} dropped"),
+            (f"sum by (service) (rate(otel_llm_tracer_events_dropped_total[{R}]))", "{{service}} hook events dropped"),
+            (
+                f"sum by (service) (rate(otel_llm_tracer_requests_unsampled_total[{R}]))",
+                "{{service}} requests not sampled",
+            ),
+        ],
+        "short",
+        description="per second, as each traced process reports it: spans its exporter could not send and hook "
+        "events its recorder had no room for are lost; unsampled requests were left out by OTEL_TRACES_SAMPLER",
+    )
     return {
         "uid": "otel-llm",
         "title": "otel-llm: LLM inference latency",
