@@ -16,6 +16,10 @@ process of its own (a process has one front-end pipeline), and prints the levels
 ``--exporter file``: the instrumented engine writes ``OTEL_LLM_TRACES_FILE`` instead of OTLP. Each
 traced process's own report of its span CPU (engine_hooks.self_metrics, to the sink every second)
 is printed per process: front end and engine core, per request and per step.
+Each round also reads the CPU time (user + system) of this process and every engine-core process
+under it before and after each engine's batch: CPU per output token, printed as plain /
+instrumented (1 = free), which does not depend on what else the two shared cores were doing
+at the time the way throughput does.
 Target (docs/architecture.md, "The hot path"): instrumented/plain >= 0.98 here.
 
 ``--engine transformers``: the same comparison for transformers continuous batching (the tiny
@@ -43,6 +47,21 @@ os.environ.setdefault("KMP_BLOCKTIME", "0")
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 MiB = 2**20
+
+
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) used so far by this process and every live process under it
+    (the engines' engine-core processes): what a round cost in CPU, whichever core it ran on."""
+    import psutil
+
+    me = psutil.Process()
+    total = sum(me.cpu_times()[:2])
+    for child in me.children(recursive=True):
+        try:
+            total += sum(child.cpu_times()[:2])
+        except psutil.Error:  # ended meanwhile
+            pass
+    return total
 
 
 def start_sink() -> tuple[object, int, list]:
@@ -192,17 +211,24 @@ def main() -> None:
     for llm in engines.values():  # warm-up
         llm.generate(prompts[:8], SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
     rates: dict[str, list[float]] = {k: [] for k in engines}
+    cpu_per_token: dict[str, list[float]] = {k: [] for k in engines}  # CPU us per output token, all processes
     for r in range(a.rounds):
         order = list(engines.items())
         order = order[r % 3 :] + order[: r % 3]  # rotate who goes first
         for name, llm in order:
+            c0 = tree_cpu_s()
             t0 = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
             dt = time.perf_counter() - t0
+            engine_hooks.flush()  # the instrumented engine's last spans, in its own round's CPU
+            cpu = tree_cpu_s() - c0
             toks = sum(len(o.outputs[0].token_ids) for o in outs)
             rates[name].append(toks / dt)
+            cpu_per_token[name].append(cpu / toks * 1e6)
         print(
-            f"round {r + 1}/{a.rounds}: " + ", ".join(f"{k} {v[-1]:,.0f} tok/s" for k, v in rates.items()), flush=True
+            f"round {r + 1}/{a.rounds}: "
+            + ", ".join(f"{k} {v[-1]:,.0f} tok/s ({cpu_per_token[k][-1]:.1f} us CPU/token)" for k, v in rates.items()),
+            flush=True,
         )
     engine_hooks.flush()
     from engine_hooks.pipeline import _live_pipelines
@@ -232,6 +258,22 @@ def main() -> None:
         f"vllm-tracing / plain: median {statistics.median(vratio):.3f}  "
         f"(rounds: {', '.join(f'{x:.3f}' for x in vratio)})"
     )
+    # CPU per output token of each engine's round (front end, its engine core, the sink's share):
+    # plain / instrumented, so that like the throughput ratio 1 means free and lower costs more
+    cpu_ratio = [p / i for i, p in zip(cpu_per_token["instrumented"], cpu_per_token["plain"])]
+    vcpu_ratio = [p / v for v, p in zip(cpu_per_token["vllm-tracing"], cpu_per_token["plain"])]
+    tot_cpu = {k: statistics.fmean(v) for k, v in cpu_per_token.items()}
+    for name, rs in (("instrumented", cpu_ratio), ("vllm-tracing", vcpu_ratio)):
+        print(
+            f"CPU per output token, plain / {name}: median {statistics.median(rs):.3f} "
+            f"(rounds: {', '.join(f'{x:.3f}' for x in rs)}); all rounds {tot_cpu['plain'] / tot_cpu[name]:.3f}"
+        )
+    extra = (tot_cpu["instrumented"] - tot_cpu["plain"]) * a.tokens
+    print(
+        "CPU per output token (us, mean of rounds): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in tot_cpu.items())
+        + f"; instrumented's extra: {extra:.0f} us per {a.tokens}-token request"
+    )
     print(
         f"hook cost on the engine's thread: {hot_us:.2f} us per engine step "
         f"(schedule + update_from_output wrappers, 128-request batch)"
@@ -253,6 +295,9 @@ def main() -> None:
         "ratio_median": statistics.median(ratio),
         "ratio_rounds": ratio,
         "vllm_tracing_median": statistics.median(vratio),
+        "cpu_ratio_median": statistics.median(cpu_ratio),
+        "cpu_ratio_rounds": cpu_ratio,
+        "vllm_tracing_cpu_ratio_median": statistics.median(vcpu_ratio),
         "spans_exported": fe.counters.spans_exported,
         "cpu_us_per_request": fe.counters.cpu_ns / max(fe.counters.requests_traced, 1) / 1000,
         "requests": fe.counters.requests_traced,
@@ -298,6 +343,13 @@ def all_levels(a: argparse.Namespace) -> None:
         print(
             f"{r['detail']:>8}: {r['ratio_median']:.3f} (rounds {', '.join(f'{x:.3f}' for x in r['ratio_rounds'])})"
             + (f"; vllm-tracing / plain {vt:.3f}" if vt is not None else "")
+            + (
+                f"; CPU plain / instrumented {r['cpu_ratio_median']:.3f} "
+                f"(rounds {', '.join(f'{x:.3f}' for x in r['cpu_ratio_rounds'])}), "
+                f"plain / vllm-tracing {r['vllm_tracing_cpu_ratio_median']:.3f}"
+                if "cpu_ratio_median" in r
+                else ""
+            )
             + f"; {per:.1f} front-end spans and {r.get('cpu_us_per_request', float('nan')):.0f} us of front-end "
             "span CPU per request (step spans come from the engine core)"
         )
