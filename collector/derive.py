@@ -516,6 +516,9 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         stall_core_gap=stall_core,
         stall_server_gap=stall_server,
         tokens_unread=unread,
+        tokens_after_abort=np.fromiter(
+            (v if type(v) is int and 0 <= v < 2**62 else -1 for v in cols[sp.AFTER_ABORT]), np.int64, n
+        ),
         sample_weight=weight,
         paired=paired,
         peer_request_id=peer,

@@ -200,6 +200,13 @@ class MetricsRegistry:
             "who had gone; paired requests, counted at the engine boundary)",
             BM,
         )
+        self.after_abort = Counter(
+            "llm.tokens.after_abort",
+            "{token}",
+            "Tokens engines generated for requests after those were aborted, and dropped (work wasted; "
+            "llm.usage.tokens_after_abort of aborted engine requests)",
+            BM,
+        )
         self.ttft_part = Histogram(
             "llm.ttft.part",
             "s",
@@ -261,6 +268,7 @@ class MetricsRegistry:
             self.output_tokens,
             self.preemptions,
             self.unread,
+            self.after_abort,
             self.ttft_part,
             self.stalls,
             self.stall_seconds,
@@ -313,6 +321,8 @@ class MetricsRegistry:
                     self.preemptions.add(labels, total(batch.preemptions, idx))
                     self.unread.series.setdefault(labels, 0)
                     self.unread.add(labels, total(np.maximum(batch.tokens_unread, 0), idx))
+                    self.after_abort.series.setdefault(labels, 0)
+                    self.after_abort.add(labels, total(np.maximum(batch.tokens_after_abort, 0), idx))
                 if index is not None:
                     x = index[sel]
                     x = x[np.isfinite(x)]

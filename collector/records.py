@@ -156,8 +156,16 @@ COLUMNS: tuple[Column, ...] = (
         INT,
         "tokens",
         "a paired request whose client gave up (client status cancelled), on both its records: the engine's "
-        "output tokens the client never received (made after it left, or in flight when it did; tokens the "
-        "engine core made after the abort and dropped are not seen)",
+        "output tokens the client never received (made after it left, or in flight when it did; what the "
+        "engine made after the abort and dropped is tokens_after_abort)",
+        unknown=-1,
+    ),
+    Column(
+        "tokens_after_abort",
+        INT,
+        "tokens",
+        "an aborted engine request (llm.usage.tokens_after_abort): tokens its engine generated after the abort, "
+        "which nobody received (a step already under way when the abort came); unknown for any other request",
         unknown=-1,
     ),
     Column(

@@ -65,6 +65,7 @@ _ATTRIBUTES = (
     ("sampling_p", sc.SAMPLING_PROBABILITY),
     ("waiting", sc.STEP_WAITING),
     ("wait_reason", sc.STEP_WAIT_REASON),
+    ("after_abort", sc.TOKENS_AFTER_ABORT),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -96,6 +97,7 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     SAMPLING_P,
     STEP_WAITING,
     STEP_WAIT_REASON,
+    AFTER_ABORT,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

@@ -340,17 +340,32 @@ class EngineHooks:
 
         return deco
 
-    def preempt(self, request_id: Extractor, mode: str | Extractor = "recompute"):
+    def preempt(
+        self,
+        request_id: Extractor,
+        mode: str | Extractor = "recompute",
+        kv_usage: Extractor | None = None,
+        recompute_tokens: Extractor | None = None,
+    ):
         """A request was preempted (``mode``: ``recompute`` or ``swap``); it is back in when
-        :meth:`schedule` reports it scheduled again."""
+        :meth:`schedule` reports it scheduled again. ``kv_usage`` (the KV cache's used fraction,
+        0..1) and ``recompute_tokens`` (the request's tokens whose KV it loses) are read *before*
+        the method runs, with ``result=None``: the state that made the engine preempt. An engine
+        whose requests are traced in another process (vLLM's engine core) gets one
+        ``llm.engine.preemption`` span per preemption from them, named by ``llm.request.internal_id``."""
         mode_fn = mode if callable(mode) else _const(mode)
+        state = None
+        if kv_usage is not None or recompute_tokens is not None:
+            kv_fn, tok_fn = kv_usage or _const(None), recompute_tokens or _const(None)
+            state = lambda a, k: (kv_fn(None, *a, **k), tok_fn(None, *a, **k))
 
         def deco(fn):
-            def after(res, a, k, _):
-                self._rec((PREEMPTED, monotonic_ns(), request_id(res, *a, **k), mode_fn(res, *a, **k)))
+            def after(res, a, k, pre):
+                ev = (PREEMPTED, monotonic_ns(), request_id(res, *a, **k), mode_fn(res, *a, **k))
+                self._rec(ev if pre is None else ev + pre)
 
             failed = lambda exc, a, k: self._finish_failed(request_id(None, *a, **k), "error", exc)
-            return self._wrap(fn, after, failed=failed)
+            return self._wrap(fn, after, state, failed=failed)
 
         return deco
 

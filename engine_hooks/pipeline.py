@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_llm import environment
 from otel_llm.clock import WallAnchor, monotonic_ns
-from otel_llm.export import SafeSpanExporter, exporter_from_env
+from otel_llm.export import SafeSpanExporter, exporter_from_env, takes_int_arrays
 from otel_llm.tracing import make_resource
 
 from .recorder import Recorder
@@ -67,8 +67,18 @@ class TracingPipeline:
             raise ValueError(f"detail must be one of {', '.join(environment.DETAIL_LEVELS)}, got {detail!r}")
         self.recorder = Recorder(capacity or environment.env_int(environment.MAX_QUEUE_SIZE, 1 << 18, minimum=1))
         self.anchor = WallAnchor()
-        self.tracker = RequestTracker(self.anchor, max_in_flight, gpu_elapsed=gpu_elapsed)
-        self.factory = SpanFactory(make_resource(service_name, resource_attrs), boundary, engine, model, self.detail)
+        grace_ms = environment.env_int(environment.ABORT_GRACE, 1000, minimum=0)
+        self.tracker = RequestTracker(
+            self.anchor, max_in_flight, gpu_elapsed=gpu_elapsed, abort_grace_ns=grace_ms * 10**6
+        )
+        self.factory = SpanFactory(
+            make_resource(service_name, resource_attrs),
+            boundary,
+            engine,
+            model,
+            self.detail,
+            int_arrays=takes_int_arrays(exporter),
+        )
         self.exporter = SafeSpanExporter(exporter, "engine_hooks") if exporter is not None else None
         delay_ms = environment.env_int(environment.SCHEDULE_DELAY, 200, minimum=1)
         self.interval_s = interval_s if interval_s is not None else delay_ms / 1000
@@ -112,28 +122,33 @@ class TracingPipeline:
             self._wake.clear()
             self.process()
 
-    def process(self, final: bool = False) -> int:
-        """Drain, build and export; returns the number of spans handed to the exporter."""
+    def process(self, final: bool = False, everything: bool = False) -> int:
+        """Drain, build and export; returns the number of spans handed to the exporter.
+        ``everything``: aborted requests too, without waiting out their grace (a flush)."""
         with self._lock:
             t0 = time.thread_time_ns()
             try:
-                return self._process(final)
+                return self._process(final, everything)
             finally:
                 self.counters.cpu_ns += time.thread_time_ns() - t0
 
-    def _process(self, final: bool) -> int:
+    def _process(self, final: bool, everything: bool = False) -> int:
         """:meth:`process` under its lock."""
         try:
             self.tracker.feed(self.recorder.drain())
             self.tracker.resolve_gpu(force=final)
             if final:
                 self.tracker.close_all(self.anchor.wall_ns(monotonic_ns()))
+            self.tracker.release_aborted(None if everything else self.anchor.wall_ns(monotonic_ns()))
             finished, steps = self.tracker.take()
             spans = []
             for r in finished:
                 spans.extend(self.factory.request_spans(r))
             if self.detail == "steps":
                 spans.extend(self.factory.step_spans(steps))
+            preemptions = self.tracker.take_preemptions()
+            if self.detail != "request":
+                spans.extend(self.factory.preemption_spans(preemptions))
             for h in self.tracker.take_http():
                 span = self.factory.http_span(h, self.anchor.wall_ns)
                 if span is not None:
@@ -173,21 +188,27 @@ class TracingPipeline:
         self._wake = threading.Event()
         self.recorder.reset()  # in place: the hooks hold its record method
         self.anchor = WallAnchor()
-        self.tracker = RequestTracker(self.anchor, self.tracker.max_in_flight, gpu_elapsed=self.tracker.gpu_elapsed)
+        old = self.tracker
+        self.tracker = RequestTracker(
+            self.anchor, old.max_in_flight, gpu_elapsed=old.gpu_elapsed, abort_grace_ns=old.abort_grace_ns
+        )
         self.counters = PipelineCounters()
         if self._from_env:
             try:
-                self.exporter = SafeSpanExporter(exporter_from_env(), "engine_hooks")
+                fresh = exporter_from_env()
+                self.exporter = SafeSpanExporter(fresh, "engine_hooks") if fresh is not None else None
             except ValueError:
                 self.exporter = None
+            self.factory.int_arrays = takes_int_arrays(self.exporter)
         was_running = self._thread is not None
         self._thread = None
         if was_running and not self._stopped:
             self.start()
 
     def flush(self) -> None:
-        """Export everything recorded so far (requests still in flight stay in flight)."""
-        self.process()
+        """Export everything recorded so far (requests still in flight stay in flight; aborted ones
+        do not wait out their grace)."""
+        self.process(everything=True)
         if self.exporter is not None:
             self.exporter.force_flush()
 

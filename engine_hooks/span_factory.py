@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 from opentelemetry import trace as trace_api
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -23,7 +24,7 @@ from opentelemetry.trace.status import Status, StatusCode
 from otel_llm import semconv as sc
 from otel_llm.sdk_internals import configured_sampler, sampling_probability
 
-from .tracker import FinishedRequest, StepRecord
+from .tracker import FinishedRequest, PreemptionRecord, StepRecord
 
 _SCOPE = InstrumentationScope("engine_hooks", "0.1.0")
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -48,8 +49,12 @@ class SpanFactory:
         model: str | None = None,
         detail: str = "phases",
         sampler=None,
+        int_arrays: bool = False,
     ):
         self.resource = resource
+        # token-event arrays as int64 numpy arrays, for an exporter that takes them (otel_llm's own
+        # encoders: otel_llm.export); lists (what any OpenTelemetry exporter takes) otherwise
+        self.int_arrays = int_arrays
         self.detail = detail  # request: the llm.request span alone (OTEL_LLM_DETAIL)
         # which requests are traced: OTEL_TRACES_SAMPLER's sampler, decided as the SDK's tracer would
         # (a parent-based one follows the caller's traceparent); requests it drops are only counted
@@ -106,22 +111,21 @@ class SpanFactory:
         s0, s1 = r.start_ns, r.end_ns
         clamp = lambda t: min(max(t, s0), s1)
         b = {sc.BOUNDARY: self.boundary}
-        offsets = [t - s0 for t in r.out_times_ns]
-        if offsets and (offsets[0] < 0 or offsets[-1] > s1 - s0):  # rare: keep them inside the span
-            offsets = [min(max(o, 0), s1 - s0) for o in offsets]
+        out_tokens = np.asarray(r.out_tokens, dtype=np.int64)
         attrs = {
             **b,
             sc.REQUEST_ID: r.request_id,
             sc.STATUS: r.status,
-            sc.OUTPUT_TOKENS: r.output_tokens,
+            sc.OUTPUT_TOKENS: int(out_tokens.sum()) if len(out_tokens) else r.generated_tokens,
             sc.PREEMPTIONS: len(r.preemptions),
-            sc.TOKEN_EVENT_OFFSETS: offsets,
-            sc.TOKEN_EVENT_TOKENS: list(r.out_tokens),
+            sc.TOKEN_EVENT_OFFSETS: self._offsets(r.out_times_ns, s0, s1),
+            sc.TOKEN_EVENT_TOKENS: self._array(out_tokens),
         }
-        if r.gen_times_ns:
-            attrs[sc.TOKEN_GENERATED_OFFSETS] = [min(max(t - s0, 0), s1 - s0) for t in r.gen_times_ns]
-            if r.gen_tokens != r.out_tokens:
-                attrs[sc.TOKEN_GENERATED_TOKENS] = list(r.gen_tokens)
+        if len(r.gen_times_ns):
+            attrs[sc.TOKEN_GENERATED_OFFSETS] = self._offsets(r.gen_times_ns, s0, s1)
+            gen_tokens = r.gen_tokens if r.gen_tokens is r.out_tokens else np.asarray(r.gen_tokens, dtype=np.int64)
+            if not np.array_equal(gen_tokens, out_tokens):
+                attrs[sc.TOKEN_GENERATED_TOKENS] = self._array(gen_tokens)
         if r.input_tokens is not None:
             attrs[sc.INPUT_TOKENS] = r.input_tokens
         if self.model:
@@ -132,6 +136,8 @@ class SpanFactory:
             attrs[sc.FINISH_REASONS] = [r.finish_reason]
         if r.incomplete:
             attrs[sc.REQUEST_INCOMPLETE] = True
+        if r.tokens_after_abort is not None:
+            attrs[sc.TOKENS_AFTER_ABORT] = r.tokens_after_abort
         if p is not None and p < 1.0:
             attrs[sc.SAMPLING_PROBABILITY] = p
         if r.attrs:
@@ -169,10 +175,24 @@ class SpanFactory:
             a = {sc.PREEMPTION_MODE: mode}
             if k < len(r.preemption_tokens):
                 a[sc.PREEMPTION_RECOMPUTE_TOKENS] = r.preemption_tokens[k]
+            if k < len(r.preemption_kv) and r.preemption_kv[k] is not None:
+                a[sc.PREEMPTION_KV_USAGE] = float(r.preemption_kv[k])
             child(sc.SPAN_PREEMPTION, t0, t1, a)
-        if r.out_times_ns:
-            child(sc.SPAN_STREAM, r.out_times_ns[0], r.out_times_ns[-1], {sc.STREAM_EVENTS: len(r.out_times_ns)})
+        if len(r.out_times_ns):
+            t = r.out_times_ns
+            child(sc.SPAN_STREAM, int(t[0]), int(t[-1]), {sc.STREAM_EVENTS: len(t)})
         return out
+
+    def _array(self, values: np.ndarray):
+        """An int64 array as the attribute value the exporter takes."""
+        return values if self.int_arrays else values.tolist()
+
+    def _offsets(self, times, s0: int, s1: int):
+        """Token-event times (wall ns) as offsets from the span's start, kept inside the span."""
+        offsets = np.asarray(times, dtype=np.int64) - s0
+        if len(offsets) and (offsets.min() < 0 or offsets.max() > s1 - s0):  # rare
+            offsets = np.clip(offsets, 0, s1 - s0)
+        return self._array(offsets)
 
     def http_span(self, h, wall_ns) -> ReadableSpan | None:
         """The server span of one HTTP request (:class:`engine_hooks.asgi.HttpRecord`; ``wall_ns``
@@ -209,6 +229,22 @@ class SpanFactory:
             attrs[sc.SAMPLING_PROBABILITY] = h.probability
         status = Status(StatusCode.ERROR) if h.status is not None and h.status >= 500 else None
         return self._span(f"{h.method} {h.path}", ctx, parent, t0, t1, attrs, SpanKind.SERVER, status)
+
+    def preemption_spans(self, preemptions: list[PreemptionRecord]) -> list[ReadableSpan]:
+        """One ``llm.engine.preemption`` span (a trace of its own, at the moment it happened) per
+        preemption of a request traced in another process."""
+        out = []
+        for p in preemptions:
+            a = {sc.BOUNDARY: self.boundary, sc.REQUEST_INTERNAL_ID: p.request_id, sc.PREEMPTION_MODE: p.mode}
+            if self.engine:
+                a[sc.ENGINE_NAME] = self.engine
+            if p.kv_usage is not None:
+                a[sc.PREEMPTION_KV_USAGE] = float(p.kv_usage)
+            if p.recompute_tokens is not None:
+                a[sc.PREEMPTION_RECOMPUTE_TOKENS] = int(p.recompute_tokens)
+            ctx = self._ctx(self._ids.generate_trace_id())
+            out.append(self._span(sc.SPAN_ENGINE_PREEMPTION, ctx, None, p.time_ns, p.time_ns, a))
+        return out
 
     def step_spans(self, steps: list[StepRecord]) -> list[ReadableSpan]:
         if not steps:

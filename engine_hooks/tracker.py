@@ -5,7 +5,9 @@ Event tuples (``mono`` = monotonic ns when the hook ran):
 =========== =============================================================================
 ARRIVAL     ``(ARRIVAL, mono, request_id, start_wall_ns|None, input_tokens|None, trace_headers|None, attrs|None)``
 SCHEDULED   ``(SCHEDULED, mono, request_id)``: first scheduled, or scheduled again after a preemption
-PREEMPTED   ``(PREEMPTED, mono, request_id, mode)``: ``mode`` is ``recompute`` or ``swap``
+PREEMPTED   ``(PREEMPTED, mono, request_id, mode[, kv_usage, recompute_tokens])``: ``mode`` is
+            ``recompute`` or ``swap``; the KV cache's used fraction and the request's tokens whose
+            KV it lost, as the engine had them when it decided (either may be None)
 GENERATED   ``(GENERATED, mono, request_id, tokens)``: tokens produced inside the engine
 TOKEN_OUT   ``(TOKEN_OUT, mono, request_id, tokens)``: output handed to the transport
 FINISH      ``(FINISH, mono, request_id, status, reason|None)``: status ``ok|error|cancelled|rejected``
@@ -17,12 +19,25 @@ RAW         ``(RAW, mono, expander, payload)``: ``expander(tracker, mono, payloa
 
 An engine without a separate GENERATED hook gets its token-out times used as generation times.
 In-flight requests are bounded (``max_in_flight``): the oldest is evicted and counted.
+
+A batching engine hands out tokens for every running request at every step, so
+:meth:`RequestTracker.emitted` takes a whole step at once and does one C-level append per request:
+the step's index and the request's token count, packed into one int64 (``step << 12 | tokens``),
+onto that request's array; the step's two times go once onto the tracker's step arrays. The
+request's token events are unpacked with numpy when it finishes (:meth:`RequestTracker._unpack`).
+The step arrays are trimmed to what requests still in flight refer to.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from array import array
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import call
+
+import numpy as np
 
 from otel_llm.clock import WallAnchor
 
@@ -47,17 +62,34 @@ class FinishedRequest:
     generated_tokens: int = 0
     preemptions: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, mode)
     preemption_tokens: list[int] = field(default_factory=list)  # each preemption's computed tokens then
-    out_times_ns: list[int] = field(default_factory=list)
-    out_tokens: list[int] = field(default_factory=list)
+    preemption_kv: list[float | None] = field(default_factory=list)  # each one's KV cache usage then
+    # token events, int64 arrays (a list works as well): when output was handed out, and how many tokens
+    out_times_ns: array = field(default_factory=lambda: array("q"))
+    out_tokens: array = field(default_factory=lambda: array("q"))
     # tokens generated inside the engine (an engine with a GENERATED hook): when, and how many
-    gen_times_ns: list[int] = field(default_factory=list)
-    gen_tokens: list[int] = field(default_factory=list)
+    gen_times_ns: array = field(default_factory=lambda: array("q"))
+    gen_tokens: array = field(default_factory=lambda: array("q"))
     attrs: dict | None = None
     incomplete: bool = False  # still in flight at shutdown or eviction
+    # an aborted request (status cancelled): tokens the engine generated for it after the abort,
+    # which nobody received (counted for the abort grace after it); None for any other request
+    tokens_after_abort: int | None = None
 
     @property
     def output_tokens(self) -> int:
-        return sum(self.out_tokens) if self.out_tokens else self.generated_tokens
+        return int(np.sum(self.out_tokens)) if len(self.out_tokens) else self.generated_tokens
+
+
+@dataclass
+class PreemptionRecord:
+    """A preemption of a request this process does not trace (vLLM's engine core: its requests'
+    spans come from the front end), as the engine said it. Times are wall-clock ns."""
+
+    request_id: str
+    time_ns: int
+    mode: str
+    kv_usage: float | None
+    recompute_tokens: int | None
 
 
 @dataclass
@@ -77,13 +109,27 @@ class StepRecord:
     wait_reason: str | None = None  # why, as the engine says
 
 
+_TOKEN_BITS = 20  # a packed step entry: step index << 20 | tokens; 43 bits of steps
+_TOKEN_MASK = (1 << _TOKEN_BITS) - 1  # as tokens: "more than fit", the count is in _Live.big
+
+
 class _Live:
-    __slots__ = ("gen_seen", "open_preemption", "rec")
+    __slots__ = ("big", "gen_seen", "open_preemption", "packed", "rec")
 
     def __init__(self, rec: FinishedRequest):
         self.rec = rec
-        self.open_preemption: tuple[int, str, int] | None = None  # (start, mode, computed tokens)
+        # (start, mode, computed tokens, KV usage or None)
+        self.open_preemption: tuple[int, str, int, float | None] | None = None
         self.gen_seen = False
+        self.packed = array("q")  # the steps that gave it tokens (RequestTracker.emitted), packed
+        self.big: list[int] = []  # in order, the counts of its entries marked _TOKEN_MASK
+
+    def packed_tokens(self) -> np.ndarray:
+        """The token count of each packed entry."""
+        n = np.frombuffer(self.packed, dtype=np.int64) & _TOKEN_MASK  # a copy: the view ends here
+        if self.big:
+            n[n == _TOKEN_MASK] = self.big
+        return n
 
 
 class RequestTracker:
@@ -92,17 +138,31 @@ class RequestTracker:
         anchor: WallAnchor | None = None,
         max_in_flight: int = 100_000,
         gpu_elapsed: Callable[[object], int | None] | None = None,
+        abort_grace_ns: int = 1_000_000_000,
     ):
         self.anchor = anchor or WallAnchor()
+        # an aborted request is held this long (wall ns) after its abort, counting the tokens its
+        # engine still makes for it (a step already under way, the abort not yet arrived)
+        self.abort_grace_ns = abort_grace_ns
+        self._aborted: dict[str, tuple[FinishedRequest, int]] = {}  # request id -> (record, release at)
+        self.tokens_after_abort = 0  # all requests, so far
         self.max_in_flight = max_in_flight
         self.gpu_elapsed = gpu_elapsed
         self.live: dict[str, _Live] = {}
         self.finished: list[FinishedRequest] = []
         self.steps: list[StepRecord] = []
+        self.preemptions: list[PreemptionRecord] = []  # of requests not traced here (bounded)
         self.pending_gpu: list[tuple[StepRecord, object]] = []
         self.evicted = 0
         self.unknown_events = 0
         self.http_done: list = []  # engine_hooks.asgi.HttpRecord, finished
+        # batch steps (emitted): the wall ns each step's tokens were generated and handed out,
+        # the first kept being step number ``_step_base``; and each live request's packed append
+        self._step_gen = array("q")
+        self._step_out = array("q")
+        self._step_base = 0
+        self._appenders: dict[str, Callable[[int], None]] = {}
+        self._unknown: list[int] = []  # packed entries of steps for requests not in flight
 
     # -- request lifecycle, wall-clock ns ---------------------------------------------------------
     def arrival(
@@ -117,14 +177,16 @@ class RequestTracker:
         if len(self.live) >= self.max_in_flight:
             old_id = next(iter(self.live))
             old = self.live.pop(old_id)
+            self._appenders.pop(old_id, None)
             self.evicted += 1
             self._close(old, wall_ns, "cancelled", "evicted", incomplete=True)
         start = start_ns if start_ns is not None else wall_ns
-        self.live[rid] = _Live(
+        st = self.live[rid] = _Live(
             FinishedRequest(
                 rid, start, start, "ok", trace_headers=trace_headers, input_tokens=input_tokens, attrs=attrs
             )
         )
+        self._appenders[rid] = st.packed.append
 
     def _get(self, rid: str) -> _Live | None:
         st = self.live.get(rid)
@@ -145,16 +207,38 @@ class RequestTracker:
         if st.rec.first_scheduled_ns is None:
             st.rec.first_scheduled_ns = wall_ns
         if st.open_preemption is not None:
-            t0, mode, tokens = st.open_preemption
-            st.rec.preemptions.append((t0, wall_ns, mode))
-            st.rec.preemption_tokens.append(tokens)
-            st.open_preemption = None
+            self._end_preemption(st, wall_ns)
 
-    def preempted(self, rid: str, wall_ns: int, mode: str = "recompute") -> None:
-        st = self._get(rid)
-        if st is not None and st.open_preemption is None:
-            # what it had computed: its prompt and what it generated (a recompute does it again)
-            st.open_preemption = (wall_ns, mode, (st.rec.input_tokens or 0) + st.rec.generated_tokens)
+    @staticmethod
+    def _end_preemption(st: _Live, wall_ns: int) -> None:
+        t0, mode, tokens, kv = st.open_preemption
+        st.rec.preemptions.append((t0, wall_ns, mode))
+        st.rec.preemption_tokens.append(tokens)
+        st.rec.preemption_kv.append(kv)
+        st.open_preemption = None
+
+    def preempted(
+        self,
+        rid: str,
+        wall_ns: int,
+        mode: str = "recompute",
+        kv_usage: float | None = None,
+        recompute_tokens: int | None = None,
+    ) -> None:
+        st = self.live.get(rid)
+        if st is None:
+            if kv_usage is None and recompute_tokens is None:
+                self.unknown_events += 1
+            elif len(self.preemptions) < self.max_in_flight:  # traced elsewhere: said on its own
+                self.preemptions.append(PreemptionRecord(rid, wall_ns, mode, kv_usage, recompute_tokens))
+            return
+        if st.open_preemption is None:
+            if recompute_tokens is None:
+                # the tokens whose KV it held, which a recompute computes again: its prompt and every
+                # token it generated but the newest (whose KV the next step would have written)
+                generated = st.rec.generated_tokens + int(st.packed_tokens().sum())
+                recompute_tokens = (st.rec.input_tokens or 0) + max(generated - 1, 0)
+            st.open_preemption = (wall_ns, mode, recompute_tokens, kv_usage)
 
     def annotate(self, rid: str, attrs: dict) -> None:
         """More attributes of the request's span (what the engine says about it on the way)."""
@@ -163,8 +247,9 @@ class RequestTracker:
             st.rec.attrs = {**(st.rec.attrs or {}), **attrs}
 
     def generated(self, rid: str, wall_ns: int, tokens: int) -> None:
-        st = self._get(rid)
+        st = self.live.get(rid)
         if st is None:
+            self._after_end(rid, tokens)
             return
         st.gen_seen = True
         self._gen(st.rec, wall_ns, tokens)
@@ -188,29 +273,136 @@ class RequestTracker:
         if not st.gen_seen:
             self._gen(st.rec, wall_ns, tokens)
 
+    def emitted(self, request_ids: Sequence[str], tokens: Sequence[int], gen_ns: int, out_ns: int) -> None:
+        """One engine step's tokens for many requests at once: ``tokens[i]`` for ``request_ids[i]``,
+        generated at ``gen_ns`` and handed out at ``out_ns`` (wall-clock ns). The same as
+        :meth:`generated` then :meth:`token_out` for each request with tokens; this runs for every
+        running request at every step, so it is one packed append per request, in C."""
+        k = self._step_base + len(self._step_gen)
+        self._step_gen.append(gen_ns)
+        self._step_out.append(out_ns)
+        if tokens and max(tokens) >= _TOKEN_MASK:  # 2^20 tokens or more for one request in one step
+            self._emit_big(request_ids, tokens, k)
+            return
+        base = k << _TOKEN_BITS
+        unknown = self._unknown
+        entries = repeat(base + 1) if tokens.count(1) == len(tokens) else map(base.__add__, tokens)  # mostly 1 each
+        deque(map(call, map(self._appenders.get, request_ids, repeat(unknown.append)), entries), 0)
+        if unknown:
+            unknown.clear()
+            live = self._appenders
+            for rid, n in zip(request_ids, tokens):
+                if rid not in live:
+                    self._after_end(rid, n)
+
+    def _emit_big(self, request_ids: Sequence[str], tokens: Sequence[int], k: int) -> None:
+        """:meth:`emitted`, for a step with more tokens for a request than an entry holds."""
+        base = k << _TOKEN_BITS
+        for rid, n in zip(request_ids, tokens):
+            st = self.live.get(rid)
+            if st is None:
+                self._after_end(rid, n)
+            elif n >= _TOKEN_MASK:
+                st.packed.append(base | _TOKEN_MASK)
+                st.big.append(n)
+            else:
+                st.packed.append(base + n)
+
+    def _after_end(self, rid: str, tokens: int) -> None:
+        """Tokens for a request not in flight: made after its abort (it is held), else unknown."""
+        held = self._aborted.get(rid)
+        if held is None:
+            self.unknown_events += 1
+        elif tokens > 0:
+            held[0].tokens_after_abort += tokens
+            self.tokens_after_abort += tokens
+
+    def release_aborted(self, wall_ns: int | None = None) -> None:
+        """Aborted requests whose grace has passed at ``wall_ns`` (all of them: None) are finished."""
+        if not self._aborted:
+            return
+        keep = {}
+        for rid, (rec, at) in self._aborted.items():
+            if wall_ns is None or at <= wall_ns:
+                self.finished.append(rec)
+            else:
+                keep[rid] = (rec, at)
+        self._aborted = keep
+
+    def _unpack(self, st: _Live) -> None:
+        """Move a request's packed step entries into its record's token events (numpy arrays)."""
+        if not st.packed:
+            return
+        n = st.packed_tokens()
+        idx = (np.frombuffer(st.packed, dtype=np.int64) >> _TOKEN_BITS) - self._step_base
+        keep = n > 0
+        if not keep.all():
+            n, idx = n[keep], idx[keep]
+        gen = np.frombuffer(self._step_gen, dtype=np.int64)[idx]
+        out = np.frombuffer(self._step_out, dtype=np.int64)[idx]  # copies: the views end here
+        st.packed, st.big = array("q"), []
+        if not len(n):
+            return
+        rec = st.rec
+        if rec.first_generated_ns is None or gen[0] < rec.first_generated_ns:
+            rec.first_generated_ns = int(gen[0])
+        rec.last_generated_ns = max(int(gen[-1]), rec.last_generated_ns or 0)
+        rec.generated_tokens += int(n.sum())
+        if len(rec.out_times_ns) or len(rec.gen_times_ns):  # other token events too: merge, in time order
+            out, n_out = _merged(rec.out_times_ns, rec.out_tokens, out, n)
+            gen, n = _merged(rec.gen_times_ns, rec.gen_tokens, gen, n)
+        else:
+            n_out = n
+        rec.out_times_ns, rec.out_tokens, rec.gen_times_ns, rec.gen_tokens = out, n_out, gen, n
+
+    def _trim_steps(self) -> None:
+        """Forget the batch steps no request in flight refers to (amortised: when the arrays have
+        doubled since the last trim)."""
+        firsts = [st.packed[0] >> _TOKEN_BITS for st in self.live.values() if st.packed]
+        keep_from = min(firsts) if firsts else self._step_base + len(self._step_gen)
+        cut = keep_from - self._step_base
+        if cut > 0:
+            del self._step_gen[:cut]
+            del self._step_out[:cut]
+            self._step_base = keep_from
+        self._trim_at = max(4096, 2 * len(self._step_gen))
+
+    _trim_at = 4096
+
     def finish(self, rid: str, wall_ns: int, status: str, reason: str | None = None) -> None:
         st = self.live.pop(rid, None)
         if st is None:
             self.unknown_events += 1
             return
+        self._appenders.pop(rid, None)
         self._close(st, wall_ns, status, reason)
 
     def _close(self, st: _Live, wall_ns: int, status: str, reason: str | None, incomplete: bool = False) -> None:
+        self._unpack(st)
+        if len(self._step_gen) >= self._trim_at:
+            self._trim_steps()
         rec = st.rec
         rec.end_ns = max(wall_ns, rec.start_ns)
         rec.status = status
         rec.finish_reason = reason
         rec.incomplete = incomplete
         if st.open_preemption is not None:
-            t0, mode, tokens = st.open_preemption
-            rec.preemptions.append((t0, rec.end_ns, mode))
-            rec.preemption_tokens.append(tokens)
+            self._end_preemption(st, rec.end_ns)
+        if status == "cancelled" and not incomplete and self.abort_grace_ns > 0:
+            rec.tokens_after_abort = 0  # held: what the engine still makes for it is counted
+            if len(self._aborted) >= self.max_in_flight:  # bounded: the oldest goes now
+                oldest = next(iter(self._aborted))
+                self.finished.append(self._aborted.pop(oldest)[0])
+            self._aborted[rec.request_id] = (rec, rec.end_ns + self.abort_grace_ns)
+            return
         self.finished.append(rec)
 
     def close_all(self, wall_ns: int) -> None:
         """Shutdown: every request still in flight ends now, marked incomplete and cancelled."""
         for rid in list(self.live):
+            self._appenders.pop(rid, None)
             self._close(self.live.pop(rid), wall_ns, "cancelled", "shutdown", incomplete=True)
+        self.release_aborted()
 
     # -- steps --------------------------------------------------------------------------------------
     def step(
@@ -267,11 +459,15 @@ class RequestTracker:
             elif kind == SCHEDULED:
                 self.scheduled(ev[2], wall(ev[1]))
             elif kind == PREEMPTED:
-                self.preempted(ev[2], wall(ev[1]), ev[3])
+                self.preempted(ev[2], wall(ev[1]), *ev[3:])
             elif kind == FINISH:
                 self.finish(ev[2], wall(ev[1]), ev[3], ev[4])
             elif kind == QUEUED:
                 self.queued(ev[2], wall(ev[1]))
+
+    def take_preemptions(self) -> list[PreemptionRecord]:
+        p, self.preemptions = self.preemptions, []
+        return p
 
     def take_http(self) -> list:
         h, self.http_done = self.http_done, []
@@ -281,3 +477,11 @@ class RequestTracker:
         f, s = self.finished, self.steps
         self.finished, self.steps = [], []
         return f, s
+
+
+def _merged(times, tokens, more_times: np.ndarray, more_tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two sets of token events as one, in time order (ties keep the first set first)."""
+    t = np.concatenate([np.asarray(times, dtype=np.int64), more_times])
+    n = np.concatenate([np.asarray(tokens, dtype=np.int64), more_tokens])
+    order = np.argsort(t, kind="stable")
+    return t[order], n[order]

@@ -55,7 +55,12 @@ class ToyEngine:
     def add_request(self, req: Request) -> None:
         self.waiting.append(req)
 
-    @hooks.preempt(request_id=lambda res, self, req: req.id, mode="recompute")
+    @hooks.preempt(
+        request_id=lambda res, self, req: req.id,
+        mode="recompute",
+        kv_usage=lambda res, self, req: sum(r.kv_tokens for r in self.running) / self.kv_capacity,
+        recompute_tokens=lambda res, self, req: req.computed,
+    )
     def preempt(self, req: Request) -> None:
         self.running.remove(req)
         req.computed = 0  # recompute: KV dropped, prompt and output so far are prefilled again

@@ -44,6 +44,8 @@ FRONTEND = "OTEL_LLM_FRONTEND"  # "0": the plugin leaves this process's vLLM fro
 SCHEDULE_DELAY = "OTEL_LLM_SCHEDULE_DELAY"  # ms between span-building rounds (default 200)
 MAX_QUEUE_SIZE = "OTEL_LLM_MAX_QUEUE_SIZE"  # hook events buffered between rounds (default 262144)
 STRICT = "OTEL_LLM_STRICT"  # "1": an engine hook that fails raises (tests), instead of being counted
+# ms an aborted request's span waits for the tokens its engine still made for it (default 1000)
+ABORT_GRACE = "OTEL_LLM_ABORT_GRACE"
 #: how much an engine traces: request (the llm.request span alone, its token-event arrays included),
 #: phases (default: plus front end, queue, prefill, decode, preemption, stream), steps (plus one
 #: llm.engine.step span per engine iteration: batch size, tokens, KV usage)

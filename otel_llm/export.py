@@ -29,8 +29,19 @@ log = logging.getLogger("otel_llm")
 ENV_TRACES_FILE = environment.TRACES_FILE
 
 
+def takes_int_arrays(exporter: SpanExporter | None) -> bool:
+    """Whether ``exporter`` encodes with :mod:`otel_llm.otlp_encode`, which takes int64 numpy
+    arrays as attribute values (engine_hooks then skips making lists of its token-event arrays);
+    any other exporter gets the types the OpenTelemetry API allows."""
+    while isinstance(exporter, SafeSpanExporter):
+        exporter = exporter.inner
+    return bool(getattr(exporter, "takes_int_arrays", False))
+
+
 class FileSpanExporter(SpanExporter):
     """Append spans to ``path`` as OTLP JSON lines."""
+
+    takes_int_arrays = True  # otlp_encode.spans_to_json
 
     def __init__(self, path: str):
         self.path = path
@@ -160,10 +171,14 @@ def exporter_from_env() -> SpanExporter | None:
 def grpc_exporter(**kwargs) -> SpanExporter:
     """The SDK's OTLP/gRPC span exporter (configured by the standard variables) with the fast
     encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
-    return sdk_internals.grpc_span_exporter(otlp_encode.encode_spans, **kwargs)
+    exporter = sdk_internals.grpc_span_exporter(otlp_encode.encode_spans, **kwargs)
+    exporter.takes_int_arrays = True
+    return exporter
 
 
 def http_exporter(**kwargs) -> SpanExporter:
     """The SDK's OTLP/HTTP (protobuf) span exporter (standard variables, retries, compression)
     with the fast encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
-    return sdk_internals.http_span_exporter(otlp_encode.encode_spans, **kwargs)
+    exporter = sdk_internals.http_span_exporter(otlp_encode.encode_spans, **kwargs)
+    exporter.takes_int_arrays = True
+    return exporter

@@ -13,6 +13,9 @@ SPAN_PREEMPTION = "llm.preemption"
 SPAN_STREAM = "llm.stream"
 SPAN_STEP = "llm.engine.step"
 SPAN_STEPS = "llm.engine.steps"  # parent of a run of step spans (one trace per export batch)
+# a preemption as an engine saw it where its request is not traced (vLLM's engine core): a span of
+# its own at the moment, named by llm.request.internal_id (the front end's llm.preemption is its twin)
+SPAN_ENGINE_PREEMPTION = "llm.engine.preemption"
 
 SPAN_BENCH_RUN = "llm.bench.run"
 
@@ -50,9 +53,13 @@ ERROR_TYPE = "error.type"
 STATUS = "llm.request.status"  # ok | error | cancelled | rejected
 PREEMPTIONS = "llm.request.preemptions"
 PREEMPTION_MODE = "llm.preemption.mode"  # recompute | swap
-#: on llm.preemption: the tokens the request had computed when preempted (prompt + generated), which a
-#: recompute preemption must compute again (an upper bound: the prefix cache may still hold some)
+#: on llm.preemption: the tokens whose KV the request held when preempted (prompt + generated but the
+#: newest, or what the engine says), which a recompute preemption must compute again (an upper bound:
+#: the prefix cache may still hold some)
 PREEMPTION_RECOMPUTE_TOKENS = "llm.preemption.recompute_tokens"
+PREEMPTION_KV_USAGE = "llm.preemption.kv_cache_usage"  # fraction 0..1 of the KV cache used when it preempted
+# on an aborted request's llm.request: tokens the engine generated for it after the abort (dropped)
+TOKENS_AFTER_ABORT = "llm.usage.tokens_after_abort"
 #: on llm.request, where the engine says (vLLM's prefill stats): prompt tokens served from a cache
 #: (GenAI semantic conventions), and where the prompt's tokens came from
 CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"

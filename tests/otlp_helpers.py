@@ -37,6 +37,7 @@ class Req:
     generated: list | None = None  # ms: when the engine core generated each engine event's tokens
     server_received: float | None = None  # ms: an HTTP server span between client and engine from here
     server_chunks: list = field(default_factory=list)  # ms: the body chunks that server span wrote
+    engine_attrs: dict = field(default_factory=dict)  # more attributes of the engine's request span
 
 
 def provider(exporter, service="test") -> TracerProvider:
@@ -99,6 +100,7 @@ def emit(tracer, r: Req, base_ns: int) -> None:
                 sc.TOKEN_EVENT_TOKENS: [k for _, k in r.engine_events],
                 sc.OUTPUT_TOKENS: sum(k for _, k in r.engine_events),
                 **gen,
+                **r.engine_attrs,
             },
         )
         ectx = set_span_in_context(es)

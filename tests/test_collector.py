@@ -8,6 +8,7 @@ import pytest
 from conftest import run_cli
 from otlp_helpers import Req, emit, grpc_exporter, http_exporter, provider
 
+from otel_llm import semconv as sc
 from otel_llm.slo import SLO
 
 US = 1e-6  # float Unix seconds resolve about 0.2 us today: compare to the microsecond
@@ -230,6 +231,26 @@ def test_tokens_a_client_that_gave_up_never_received(make_collector):
     assert recs[("client", "left")].tokens_unread == recs[("engine", "left")].tokens_unread == 3
     assert recs[("client", "read")].tokens_unread is None and recs[("engine", "read")].tokens_unread is None
     assert 'llm_tokens_unread_total{boundary="engine",model="tiny"} 3' in metrics_text(c)
+
+
+def test_tokens_an_engine_made_after_the_abort(make_collector):
+    """The engine's llm.usage.tokens_after_abort on an aborted request: its record's column and
+    llm_tokens_after_abort_total; a value of the wrong type or sign is unknown, never counted."""
+    c = make_collector()
+    reqs = [
+        Req("cut", status="cancelled", engine_attrs={sc.TOKENS_AFTER_ABORT: 2}),
+        Req("cut2", status="cancelled", engine_attrs={sc.TOKENS_AFTER_ABORT: 0}),
+        Req("odd", status="cancelled", engine_attrs={sc.TOKENS_AFTER_ABORT: -5}),
+        Req("text", status="cancelled", engine_attrs={sc.TOKENS_AFTER_ABORT: "lots"}),
+        Req("fine"),
+    ]
+    send(grpc_exporter(c.receivers[0].port), reqs)
+    wait_for(lambda: c.records_derived >= 10, what="derivation")
+    recs = records_by(c, 10)
+    got = {rid: recs[("engine", rid)].tokens_after_abort for rid in ("cut", "cut2", "odd", "text", "fine")}
+    assert got == {"cut": 2, "cut2": 0, "odd": None, "text": None, "fine": None}
+    assert recs[("client", "cut")].tokens_after_abort is None  # the engine's count, on the engine's record
+    assert 'llm_tokens_after_abort_total{boundary="engine",model="tiny"} 2' in metrics_text(c)
 
 
 def test_store_survives_restart_and_appends(make_collector, tmp_path):

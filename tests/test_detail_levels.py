@@ -32,7 +32,8 @@ def run_toy(path, detail: str | None):
     eng = toy_engine.ToyEngine(kv_capacity=250, max_batch=6, step_time_s=0)
     preempted = []
     orig = eng.preempt
-    eng.preempt = lambda r: (preempted.append((r.id, r.kv_tokens)), orig(r))
+    usage = lambda: sum(r.kv_tokens for r in eng.running) / eng.kv_capacity
+    eng.preempt = lambda r: (preempted.append((r.id, r.computed, usage())), orig(r))
     for i in range(8):
         eng.add_request(toy_engine.Request(f"r{i}", prompt_len=30 + 5 * i, max_tokens=24))
     done = eng.run()
@@ -61,11 +62,15 @@ def test_each_level_emits_its_spans_and_the_collector_derives_what_they_hold(tmp
     known = ~(records.queue != records.queue)  # not NaN
     assert known.all() if detail != "request" else not known.any()  # the phases need their spans
     assert len(steps) == (0 if detail != "steps" else sum(1 for s in spans if s.name == sc.SPAN_STEP))
-    if detail != "request":  # each preemption says what must be computed again: prompt + generated then
+    if detail != "request":  # each preemption says what the engine had when it preempted: the tokens
+        # whose KV it dropped (a recompute computes them again) and how full its KV cache was
         got = sorted(
-            (s.attributes[sc.PREEMPTION_RECOMPUTE_TOKENS], s.trace_id) for s in spans if s.name == sc.SPAN_PREEMPTION
+            (s.attributes[sc.PREEMPTION_RECOMPUTE_TOKENS], s.attributes[sc.PREEMPTION_KV_USAGE])
+            for s in spans
+            if s.name == sc.SPAN_PREEMPTION
         )
-        assert sorted(n for _, n in preempted) == [n for n, _ in got]
+        assert sorted((n, kv) for _, n, kv in preempted) == got
+        assert all(kv > 0.9 for _, kv in got)  # it preempts when its budget is exceeded
 
 
 def test_the_default_is_phases_and_a_bad_value_says_so(monkeypatch, caplog):

@@ -37,6 +37,33 @@ def test_class_form_with_preemptions(tmp_path, tiny_model):
         for p in pre:
             assert p.start_ns >= tree["children"][sc.SPAN_PREFILL][0].start_ns
     assert total_preemptions > 0, "a 1 MiB KV cache should force preemptions"
+    # the engine core's account of each preemption, taken as it decided: its KV cache's usage then and
+    # the request's computed tokens (vLLM's num_computed_tokens), one llm.engine.preemption span each,
+    # named by the internal id the front end's request span carries
+    internal = {t["root"].attributes[sc.REQUEST_INTERNAL_ID]: t for t in trees.values()}
+    core = [s for s in spans if s.name == sc.SPAN_ENGINE_PREEMPTION]
+    assert len(core) == total_preemptions
+    assert Counter(s.attributes[sc.REQUEST_INTERNAL_ID] for s in core) == Counter(
+        {
+            i: len(t["children"].get(sc.SPAN_PREEMPTION, []))
+            for i, t in internal.items()
+            if t["children"].get(sc.SPAN_PREEMPTION)
+        }
+    )
+    for s in core:
+        assert 0.5 < s.attributes[sc.PREEMPTION_KV_USAGE] <= 1.0  # it preempts when the cache is full
+        tree = internal[s.attributes[sc.REQUEST_INTERNAL_ID]]
+        assert 0 < s.attributes[sc.PREEMPTION_RECOMPUTE_TOKENS] <= 40 + 200
+        # the front end's llm.preemption of the same request starts at the same moment (vLLM's own
+        # PREEMPTED timestamp, taken in the same call, converted by the front end's clock anchor)
+        fe = tree["children"][sc.SPAN_PREEMPTION]
+        assert min(abs(p.start_ns - s.start_ns) for p in fe) < 5_000_000
+    for i, t in internal.items():  # and the front end's count of what is computed again is vLLM's
+        mine = sorted(t["children"].get(sc.SPAN_PREEMPTION, []), key=lambda p: p.start_ns)
+        theirs = sorted((s for s in core if s.attributes[sc.REQUEST_INTERNAL_ID] == i), key=lambda s: s.start_ns)
+        assert [p.attributes[sc.PREEMPTION_RECOMPUTE_TOKENS] for p in mine] == [
+            s.attributes[sc.PREEMPTION_RECOMPUTE_TOKENS] for s in theirs
+        ]
     steps = [s for s in spans if s.name == sc.SPAN_STEP]
     assert len(steps) >= 200
     assert sum(s.attributes[sc.STEP_PREEMPTED] for s in steps) == total_preemptions
@@ -83,11 +110,15 @@ def test_async_cancelled_mid_stream_and_traceparent(tmp_path, tiny_model):
     assert victim.attributes[sc.STATUS] == "cancelled" and victim.status_code == 2
     assert victim.attributes[sc.OUTPUT_TOKENS] >= truth["seen"]["victim"] >= 5
     assert victim.attributes[sc.OUTPUT_TOKENS] < 400
+    # what the engine core still made for it after the abort (the step under way): counted, not lost
+    after = victim.attributes[sc.TOKENS_AFTER_ABORT]
+    assert type(after) is int and after >= 0 and victim.attributes[sc.OUTPUT_TOKENS] + after < 400
     check_nesting_and_order(trees["victim"])
     for rid, n in (("ok-0", 32), ("ok-1", 48)):
         check_nesting_and_order(trees[rid])
         assert trees[rid]["root"].attributes[sc.OUTPUT_TOKENS] == n == truth["seen"][rid]
         assert trees[rid]["root"].attributes[sc.STATUS] == "ok"
+        assert sc.TOKENS_AFTER_ABORT not in trees[rid]["root"].attributes
     _, trace_id, parent_id, _ = truth["traceparent"].split("-")
     ok0 = trees["ok-0"]["root"]
     assert ok0.trace_id == trace_id and ok0.parent_span_id == parent_id

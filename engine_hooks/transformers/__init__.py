@@ -86,11 +86,8 @@ def _tokens_of_step(tracker: RequestTracker, mono_ns: int, payload: list) -> Non
     """One step's FutureRequestStates (by reference): a token generated and handed out for each
     that sampled one (runs on the span-building thread)."""
     t = tracker.anchor.wall_ns(mono_ns)
-    for fs in payload:
-        if fs.has_new_token:
-            rid = fs.state.request_id
-            tracker.generated(rid, t, 1)
-            tracker.token_out(rid, t, 1)
+    rids = [fs.state.request_id for fs in payload if fs.has_new_token]
+    tracker.emitted(rids, [1] * len(rids), t, t)
 
 
 def instrument_batch_processor(bp: Any, hooks: EngineHooks) -> bool:

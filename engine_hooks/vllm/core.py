@@ -8,7 +8,10 @@ Per step, on the engine's thread: two clock reads, a handful of attribute reads 
 ``list.count`` over the batch's scheduled-token counts (C). Prefill tokens are the scheduled
 tokens of requests that were given more than one token this step; decode tokens count the
 requests given exactly one (a one-token prefill chunk counts as decode). After the step: how many
-requests are left waiting and why (``_waiting``: the scheduler's own limits).
+requests are left waiting and why (``_waiting``: the scheduler's own limits). Each preemption
+(``_preempt_request``, before it frees the request's blocks): the KV cache's usage and the
+request's computed tokens, as an ``llm.engine.preemption`` span (its request is traced in the
+front end, whose ``llm.preemption`` span is the same preemption, by ``llm.request.internal_id``).
 """
 
 from __future__ import annotations
@@ -76,4 +79,11 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
         return shutdown(self, *a, **k)
 
     scheduler_cls.shutdown = shutdown_and_flush
+    if hasattr(scheduler_cls, "_preempt_request"):  # the moment it preempts: what it had, before freeing it
+        scheduler_cls._preempt_request = hooks.preempt(
+            request_id=lambda res, self, request, *a, **k: request.request_id,
+            mode="recompute",  # vLLM v1 preempts by recomputation only
+            kv_usage=_kv_usage,
+            recompute_tokens=lambda res, self, request, *a, **k: request.num_computed_tokens,
+        )(scheduler_cls._preempt_request)
     return True

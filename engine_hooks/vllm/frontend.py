@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextvars
 import operator
 from collections.abc import Mapping
+from itertools import compress, repeat
 from typing import Any
 
 from otel_llm import semconv as sc
@@ -39,28 +40,37 @@ _QUEUED, _SCHEDULED, _PREEMPTED = 1, 2, 3  # EngineCoreEventType
 
 
 _NEW_TOKEN_IDS = operator.attrgetter("new_token_ids")
+_REQUEST_ID = operator.attrgetter("request_id")
+# what most outputs of a step do not have (a FinishReason may be 0: compared with None, not by truth)
+_RARE_FIELDS = operator.attrgetter("events", "prefill_stats", "finish_reason")
+_NONE_OF_THEM = (None, None, None)
 
 
 def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float | None, list, list[int]]) -> None:
     """Unpack one ``process_outputs`` call (runs on the span-building thread). Token counts were
     taken on the engine's thread: vLLM extends an output's ``new_token_ids`` list in place when it
-    merges streamed deltas for a slow consumer, so its length later is not the step's count."""
+    merges streamed deltas for a slow consumer, so its length later is not the step's count.
+
+    In the order the engine meant them: the engine core's events (queued, scheduled, preempted)
+    and its account of the prompt, then the step's tokens (:meth:`RequestTracker.emitted`, the
+    whole batch at once), then the requests that finished. The few outputs with events, prefill
+    stats or a finish reason are picked out in one pass in C."""
     core_ts, outputs, counts = payload
     anchor = tracker.anchor
     out_ns = anchor.wall_ns(mono_ns)
     gen_ns = anchor.wall_ns_from_mono_s(core_ts) if core_ts else out_ns
-    for o, n in zip(outputs, counts):
+    rare = list(compress(outputs, map(operator.ne, map(_RARE_FIELDS, outputs), repeat(_NONE_OF_THEM))))
+    for o in rare:
         rid = o.request_id
-        if o.events:
-            for ev in o.events:
-                t = anchor.wall_ns_from_mono_s(ev.timestamp)
-                if ev.type == _SCHEDULED:
-                    tracker.scheduled(rid, t)
-                elif ev.type == _QUEUED:
-                    tracker.queued(rid, t)
-                elif ev.type == _PREEMPTED:
-                    tracker.preempted(rid, t, "recompute")  # vLLM v1 preempts by recomputation only
-        ps = getattr(o, "prefill_stats", None)
+        for ev in o.events or ():
+            t = anchor.wall_ns_from_mono_s(ev.timestamp)
+            if ev.type == _SCHEDULED:
+                tracker.scheduled(rid, t)
+            elif ev.type == _QUEUED:
+                tracker.queued(rid, t)
+            elif ev.type == _PREEMPTED:
+                tracker.preempted(rid, t, "recompute")  # vLLM v1 preempts by recomputation only
+        ps = o.prefill_stats
         if ps is not None:  # the engine core's account of the prompt: computed, or from a cache
             tracker.annotate(
                 rid,
@@ -71,12 +81,11 @@ def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float |
                     sc.PREFILL_EXTERNAL_CACHED_TOKENS: ps.num_external_cached_tokens,
                 },
             )
-        if n:
-            tracker.generated(rid, gen_ns, n)
-            tracker.token_out(rid, out_ns, n)
-        fr = o.finish_reason
-        if fr is not None:
-            tracker.finish(rid, out_ns, _STATUS.get(int(fr), "error"), _REASON.get(int(fr), str(fr)))
+    tracker.emitted(list(map(_REQUEST_ID, outputs)), counts, gen_ns, out_ns)
+    for o in rare:
+        if o.finish_reason is not None:
+            fr = int(o.finish_reason)
+            tracker.finish(o.request_id, out_ns, _STATUS.get(fr, "error"), _REASON.get(fr, str(fr)))
 
 
 def _trace_headers(res, self, request, *a, **k):
