@@ -1,0 +1,96 @@
+"""Benchmark: CPU per traced request on the vLLM front end's span thread, stage by stage.
+
+A batch of requests run through the same code the front end's pipeline runs, on real vLLM
+``EngineCoreOutput`` objects: every request arrives, gets one token per step for ``--tokens``
+steps (its first output with the engine core's QUEUED and SCHEDULED events, its last with a
+finish reason), and its spans are built and encoded. Prints microseconds of thread CPU per
+request for each stage (the least of ``--repeat`` runs, as timeit reports: this machine's neighbours only ever add).
+
+* unpack: the steps' outputs into token events (``engine_hooks.vllm.frontend.expand_outputs``);
+* build: the request's spans at the phases level (``SpanFactory.request_spans``);
+* protobuf / json: encoding them for OTLP (gRPC or HTTP) / for ``OTEL_LLM_TRACES_FILE``.
+
+Run: ``.venv/bin/python benchmarks/frontend_cost.py [--requests 128] [--tokens 256] [--repeat 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import os
+import sys
+import time
+
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+
+from engine_hooks.recorder import ARRIVAL, RAW
+from engine_hooks.span_factory import SpanFactory
+from engine_hooks.tracker import RequestTracker
+from engine_hooks.vllm.frontend import expand_outputs
+from otel_llm import otlp_encode
+from otel_llm import semconv as sc
+from otel_llm.clock import monotonic_ns
+from otel_llm.tracing import make_resource
+
+
+def events(n: int, steps: int) -> list[tuple]:
+    """The recorder's events for ``n`` requests of ``steps`` one-token steps, as vLLM's hooks record them."""
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason
+
+    m0, now = monotonic_ns(), time.monotonic()
+    out = [(ARRIVAL, m0, f"r{i}", None, 32, None, {sc.REQUEST_ID: f"r{i}"}) for i in range(n)]
+    for t in range(steps):
+        outputs = []
+        for i in range(n):
+            ev = None
+            if t == 0:
+                ev = [
+                    EngineCoreEvent(EngineCoreEventType.QUEUED, now),
+                    EngineCoreEvent(EngineCoreEventType.SCHEDULED, now + 1e-4),
+                ]
+            fin = FinishReason.LENGTH if t == steps - 1 else None
+            outputs.append(EngineCoreOutput(f"r{i}", [5], events=ev, finish_reason=fin))
+        step_mono = m0 + (t + 1) * 3_000_000
+        out.append((RAW, step_mono, expand_outputs, (now + (t + 1) * 0.003, outputs, [1] * n)))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=128)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--repeat", type=int, default=5)
+    a = ap.parse_args()
+    kw = {"int_arrays": True} if "int_arrays" in inspect.signature(SpanFactory).parameters else {}
+    stages: dict[str, list[float]] = {"unpack": [], "build": [], "protobuf": [], "json": []}
+    n = a.requests
+    for _ in range(a.repeat):
+        evs = events(n, a.tokens)
+        tracker = RequestTracker()
+        factory = SpanFactory(make_resource("bench"), "engine", "vllm", "tiny", "phases", **kw)
+        c = [time.thread_time_ns()]
+        tracker.feed(evs)
+        done, _ = tracker.take()
+        c.append(time.thread_time_ns())
+        spans = [s for r in done for s in factory.request_spans(r)]
+        c.append(time.thread_time_ns())
+        otlp_encode.encode_spans(spans)
+        c.append(time.thread_time_ns())
+        otlp_encode.spans_to_json(spans)
+        c.append(time.thread_time_ns())
+        assert len(done) == n
+        for k, name in enumerate(stages):
+            stages[name].append((c[k + 1] - c[k]) / n / 1000)
+    med = {k: min(v) for k, v in stages.items()}
+    print(f"{n} requests x {a.tokens} one-token steps, {len(spans) // n} spans each, least of {a.repeat} runs")
+    print("us of CPU per request: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items()))
+    print(
+        f"per request, OTLP (unpack + build + protobuf): {med['unpack'] + med['build'] + med['protobuf']:.1f} us; "
+        f"file (unpack + build + json): {med['unpack'] + med['build'] + med['json']:.1f} us; "
+        f"unpacking {med['unpack'] / a.tokens * 1000:.0f} ns per request per step"
+    )
+
+
+if __name__ == "__main__":
+    main()
