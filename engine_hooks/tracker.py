@@ -251,11 +251,12 @@ class RequestTracker:
         if st is None:
             self._after_end(rid, tokens)
             return
+        if tokens <= 0:  # no token (as token_out and emitted take it)
+            return
         st.gen_seen = True
         self._gen(st.rec, wall_ns, tokens)
-        if tokens > 0:
-            st.rec.gen_times_ns.append(wall_ns)
-            st.rec.gen_tokens.append(tokens)
+        st.rec.gen_times_ns.append(wall_ns)
+        st.rec.gen_tokens.append(tokens)
 
     @staticmethod
     def _gen(rec: FinishedRequest, wall_ns: int, tokens: int) -> None:
@@ -281,7 +282,7 @@ class RequestTracker:
         k = self._step_base + len(self._step_gen)
         self._step_gen.append(gen_ns)
         self._step_out.append(out_ns)
-        if tokens and max(tokens) >= _TOKEN_MASK:  # 2^20 tokens or more for one request in one step
+        if tokens and (max(tokens) >= _TOKEN_MASK or min(tokens) < 0):  # 2^20 tokens or more in a step, or < 0
             self._emit_big(request_ids, tokens, k)
             return
         base = k << _TOKEN_BITS
@@ -296,12 +297,15 @@ class RequestTracker:
                     self._after_end(rid, n)
 
     def _emit_big(self, request_ids: Sequence[str], tokens: Sequence[int], k: int) -> None:
-        """:meth:`emitted`, for a step with more tokens for a request than an entry holds."""
+        """:meth:`emitted`, for a step with more tokens for a request than an entry holds (or a
+        count below zero, which is no token)."""
         base = k << _TOKEN_BITS
         for rid, n in zip(request_ids, tokens):
             st = self.live.get(rid)
             if st is None:
                 self._after_end(rid, n)
+            elif n <= 0:
+                continue
             elif n >= _TOKEN_MASK:
                 st.packed.append(base | _TOKEN_MASK)
                 st.big.append(n)

@@ -24,7 +24,7 @@ ops = st.lists(
         st.tuples(
             st.just("step"),
             st.lists(
-                st.tuples(st.integers(0, 7), st.sampled_from([0, 1, 1, 1, 2, 5, 4095, 2**20 - 1, 2**20, 2**40])),
+                st.tuples(st.integers(0, 7), st.sampled_from([-3, 0, 1, 1, 1, 2, 5, 4095, 2**20 - 1, 2**20, 2**40])),
                 max_size=6,
             ),
         ),
