@@ -49,19 +49,57 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 MiB = 2**20
 
 
-def tree_cpu_s() -> float:
+def tree_cpu_s(exclude: int | None = None) -> float:
     """CPU seconds (user + system) used so far by this process and every live process under it
-    (the engines' engine-core processes): what a round cost in CPU, whichever core it ran on."""
+    (the engines' engine-core processes) but ``exclude`` (the sink's): what a round cost in CPU,
+    whichever core it ran on."""
     import psutil
 
     me = psutil.Process()
     total = sum(me.cpu_times()[:2])
     for child in me.children(recursive=True):
+        if child.pid == exclude:
+            continue
         try:
             total += sum(child.cpu_times()[:2])
         except psutil.Error:  # ended meanwhile
             pass
     return total
+
+
+class Sink:
+    """:func:`start_sink` in a process of its own: parsing what the traced engines send is the
+    collector's work, not theirs, so it is kept off their CPU and out of their process's GIL.
+    :meth:`report` asks it for (spans received, the tracer's cost reports)."""
+
+    def __init__(self):
+        import subprocess
+
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--sink"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self.port = int(self.proc.stdout.readline())
+        self.pid = self.proc.pid
+
+    def report(self) -> tuple[int, dict]:
+        self.proc.stdin.write("report\n")
+        self.proc.stdin.flush()
+        d = json.loads(self.proc.stdout.readline())
+        return d["spans"], {tuple(k): v for k, v in d["costs"]}
+
+
+def serve_sink() -> None:
+    """``--sink``: run :func:`start_sink`, print its port, answer each ``report`` line on stdin
+    with one JSON line; end when stdin does."""
+    _server, port, received = start_sink()
+    print(port, flush=True)
+    for line in sys.stdin:
+        if line.strip() == "report":
+            costs = [[list(k), v] for k, v in received[1].items()]
+            print(json.dumps({"spans": received[0], "costs": costs}), flush=True)
 
 
 def start_sink() -> tuple[object, int, list]:
@@ -75,7 +113,7 @@ def start_sink() -> tuple[object, int, list]:
     costs: dict = {}  # (service, pid, pipeline) -> {metric: latest value}, from engine_hooks.self_metrics
     received.append(costs)
 
-    class Sink(trace_service_pb2_grpc.TraceServiceServicer):
+    class TraceSink(trace_service_pb2_grpc.TraceServiceServicer):
         def Export(self, request, context):
             received[0] += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
             return trace_service_pb2.ExportTraceServiceResponse()
@@ -96,7 +134,7 @@ def start_sink() -> tuple[object, int, list]:
             return metrics_service_pb2.ExportMetricsServiceResponse()
 
     server = grpc.server(futures.ThreadPoolExecutor(2))
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Sink(), server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(TraceSink(), server)
     metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(MetricsSink(), server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
@@ -168,7 +206,11 @@ def main() -> None:
         default="otlp",
         help="the instrumented engine's exporter: OTLP/gRPC to a local sink (default), or OTEL_LLM_TRACES_FILE",
     )
+    ap.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)  # the sink's own process
     a = ap.parse_args()
+    if a.sink:
+        serve_sink()
+        return
     if a.detail == "all":
         all_levels(a)
         return
@@ -184,7 +226,8 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="otel-llm-bench-")
     model = a.model or build_tiny_model(os.path.join(tmp, "tiny"))
-    _server, port, received = start_sink()
+    sink = Sink()
+    port = sink.port
     # both traced engines export over OTLP/gRPC to the same local sink, as in a deployment
     os.environ.pop("OTEL_LLM_TRACES_FILE", None)
     os.environ.update(
@@ -216,12 +259,12 @@ def main() -> None:
         order = list(engines.items())
         order = order[r % 3 :] + order[: r % 3]  # rotate who goes first
         for name, llm in order:
-            c0 = tree_cpu_s()
+            c0 = tree_cpu_s(sink.pid)
             t0 = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
             dt = time.perf_counter() - t0
             engine_hooks.flush()  # the instrumented engine's last spans, in its own round's CPU
-            cpu = tree_cpu_s() - c0
+            cpu = tree_cpu_s(sink.pid) - c0
             toks = sum(len(o.outputs[0].token_ids) for o in outs)
             rates[name].append(toks / dt)
             cpu_per_token[name].append(cpu / toks * 1e6)
@@ -286,7 +329,7 @@ def main() -> None:
     print(
         f"front-end pipeline: {fe.counters.requests_traced} requests traced, {fe.counters.spans_exported} spans "
         f"exported, {fe.counters.spans_dropped} dropped, {fe.counters.hook_errors} hook errors; "
-        f"the sink received {received[0]} spans"
+        f"the sink received {sink.report()[0]} spans"
         + (" from both traced engines" if a.exporter == "otlp" else " from vLLM's own tracing (ours went to the file)")
     )
     result = {
@@ -304,7 +347,7 @@ def main() -> None:
     }
     print("RESULT " + json.dumps(result), flush=True)
     time.sleep(2.5)  # the processes' last cost reports (every second)
-    for (service, pid, pipe), v in sorted(received[1].items()):
+    for (service, pid, pipe), v in sorted(sink.report()[1].items()):
         per = []
         if v.get("requests"):
             per.append(f"{v['cpu_time'] / v['requests'] * 1e6:.1f} us per request")

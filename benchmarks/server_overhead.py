@@ -37,7 +37,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from overhead import start_sink  # noqa: E402
+from overhead import Sink  # noqa: E402
 
 
 def start_server(model: str, env: dict, log_dir: str, name: str, args=()) -> tuple[subprocess.Popen, str]:
@@ -126,7 +126,8 @@ def main() -> None:
 
     tmp = tempfile.mkdtemp(prefix="otel-llm-server-overhead-")
     model = a.model or build_tiny_model(os.path.join(tmp, "tiny-llama"))
-    sink, sink_port, received = start_sink()
+    sink = Sink()
+    sink_port = sink.port
     sink_url = f"http://127.0.0.1:{sink_port}"
     traced_env = {
         "OTEL_LLM_ENABLE": "1",
@@ -180,10 +181,11 @@ def main() -> None:
             f"{statistics.median(cratios):.3f} (rounds {', '.join(f'{x:.3f}' for x in cratios)})"
         )
     print(
-        f"{received[0]:,} spans reached the sink" + (" (otel-llm's went to the file)" if a.exporter == "file" else "")
+        f"{sink.report()[0]:,} spans reached the sink"
+        + (" (otel-llm's went to the file)" if a.exporter == "file" else "")
     )
     print(f"HTTP server span: {per_req:.1f} us per request with 256 body chunks ({per_chunk:.2f} us per chunk)")
-    sink.stop(0)
+    sink.proc.terminate()
 
 
 if __name__ == "__main__":
