@@ -157,8 +157,12 @@ def hot_path_cost_us(n: int = 20000, batch: int = 128) -> tuple[float, float]:
         usage = 0.5
 
     def make_scheduler_class():
-        class Sched:
+        class Sched:  # what the hooks read of vLLM's Scheduler
             kv_cache_manager = KV()
+            waiting = [object()] * 4  # requests left waiting: the step's wait reason is worked out
+            running = [object()] * batch
+            max_num_running_reqs = batch
+            max_num_scheduled_tokens = 8192
 
             def schedule(self):
                 return SO()
