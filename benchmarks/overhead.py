@@ -381,6 +381,11 @@ def main() -> None:
             f"tracer's own report, process {pid} ({service}, {pipe}): {v.get('cpu_time', 0):.3f} s of span CPU over "
             f"{v.get('requests', 0):.0f} requests and {v.get('steps', 0):.0f} steps"
             + (f": {', '.join(per)}" if per else "")
+            + (
+                " (the stand-in scheduler hot_path_cost_us timed, not an engine)"
+                if pid == os.getpid() and pipe == "engine/engine"
+                else ""
+            )
         )
     # the sink stays up until the process exits: vLLM's exporter flushes at exit
 
