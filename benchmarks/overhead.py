@@ -51,19 +51,23 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 MiB = 2**20
 
 
-def tree_cpu_s(exclude: int | None = None) -> float:
-    """CPU seconds (user + system) used so far by this process and every live process under it
-    (the engines' engine-core processes) but ``exclude`` (the sink's): what a round cost in CPU,
-    whichever core it ran on."""
+def tree_cpu_s(pid: int | None = None, exclude: int | None = None) -> float:
+    """CPU seconds (user + system) used so far by process ``pid`` (this one by default) and every
+    live process under it but ``exclude`` (the sink's): what a round cost in CPU, whichever core it
+    ran on. 0 for a process that has gone."""
     import psutil
 
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:2])
-    for child in me.children(recursive=True):
-        if child.pid == exclude:
+    try:
+        top = psutil.Process(pid)
+        procs = [top, *top.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        if p.pid == exclude:
             continue
         try:
-            total += sum(child.cpu_times()[:2])
+            total += sum(p.cpu_times()[:2])
         except psutil.Error:  # ended meanwhile
             pass
     return total
@@ -278,12 +282,12 @@ def main() -> None:
         order = list(engines.items())
         order = order[r % 3 :] + order[: r % 3]  # rotate who goes first
         for name, llm in order:
-            c0 = tree_cpu_s(sink.pid)
+            c0 = tree_cpu_s(exclude=sink.pid)
             t0 = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
             dt = time.perf_counter() - t0
             engine_hooks.flush()  # the instrumented engine's last spans, in its own round's CPU
-            cpu = tree_cpu_s(sink.pid) - c0
+            cpu = tree_cpu_s(exclude=sink.pid) - c0
             toks = sum(len(o.outputs[0].token_ids) for o in outs)
             rates[name].append(toks / dt)
             cpu_per_token[name].append(cpu / toks * 1e6)

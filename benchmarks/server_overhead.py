@@ -37,7 +37,7 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path[:0] = [ROOT, os.path.dirname(os.path.abspath(__file__))]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from overhead import Sink  # noqa: E402
+from overhead import Sink, tree_cpu_s  # noqa: E402
 
 
 def start_server(model: str, env: dict, log_dir: str, name: str, args=()) -> tuple[subprocess.Popen, str]:
@@ -45,24 +45,6 @@ def start_server(model: str, env: dict, log_dir: str, name: str, args=()) -> tup
 
     quiet = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "VLLM_LOGGING_LEVEL": "WARNING"}
     return start_cpu_server(model, {**quiet, **env}, os.path.join(log_dir, f"{name}.log"), extra_args=args)
-
-
-def server_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by the server process and everything under it."""
-    import psutil
-
-    total = 0.0
-    try:
-        top = psutil.Process(pid)
-        procs = [top, *top.children(recursive=True)]
-    except psutil.Error:
-        return 0.0
-    for p in procs:
-        try:
-            total += sum(p.cpu_times()[:2])
-        except psutil.Error:
-            pass
-    return total
 
 
 def bench(base_url: str, model: str, requests: int, concurrency: int, tokens: int, with_tokens: bool = False):
@@ -154,9 +136,9 @@ def main() -> None:
             proc, url = start_server(model, env, tmp, f"{name}-{r}", args)
             try:
                 bench(url, model, 16, 16, 16)  # warm-up: compile, caches
-                c0 = server_cpu_s(proc.pid)
+                c0 = tree_cpu_s(proc.pid)
                 tps, tokens = bench(url, model, a.requests, a.concurrency, a.tokens, with_tokens=True)
-                cpu[name].append((server_cpu_s(proc.pid) - c0) / tokens * 1e6)
+                cpu[name].append((tree_cpu_s(proc.pid) - c0) / tokens * 1e6)
                 tput[name].append(tps)
             finally:
                 proc.terminate()
