@@ -109,6 +109,11 @@ class Counter:
         if n:
             self.series[labels] = self.series.get(labels, 0) + n
 
+    def add_from_zero(self, labels: tuple, n: float) -> None:
+        """:meth:`add`, the series there (at 0) from its first record on, so that rate() has a base."""
+        self.series.setdefault(labels, 0)
+        self.add(labels, n)
+
 
 BM = ("boundary", "model")
 #: The model label of the records past the registry's limit of distinct models.
@@ -319,16 +324,13 @@ class MetricsRegistry:
                     self.queue.observe(labels, batch.queue[sel])
                     self.prefill.observe(labels, batch.prefill[sel])
                     self.preemptions.add(labels, total(batch.preemptions, idx))
-                    self.unread.series.setdefault(labels, 0)
-                    self.unread.add(labels, total(np.maximum(batch.tokens_unread, 0), idx))
-                    self.after_abort.series.setdefault(labels, 0)
-                    self.after_abort.add(labels, total(np.maximum(batch.tokens_after_abort, 0), idx))
+                    self.unread.add_from_zero(labels, total(np.maximum(batch.tokens_unread, 0), idx))
+                    self.after_abort.add_from_zero(labels, total(np.maximum(batch.tokens_after_abort, 0), idx))
                 if index is not None:
                     x = index[sel]
                     x = x[np.isfinite(x)]
                     self.fluidity_index.observe(labels, x)
-                    self.fluid.series.setdefault(labels, 0)
-                    self.fluid.add(labels, int((x >= self.fluidity.target).sum()))
+                    self.fluid.add_from_zero(labels, int((x >= self.fluidity.target).sum()))
                 for st in np.unique(status[idx]).tolist():
                     self.requests.add(labels + (st,), total(one, idx[status[idx] == st]))
                 self.output_tokens.add(labels, total(rm.output_tokens, idx))
@@ -336,9 +338,8 @@ class MetricsRegistry:
                     good = ok[idx].copy()
                     for passed in per_bound.values():
                         good &= passed[idx]
-                    # a series per SLO and group from the first request on, so rate() has a base
-                    self.good.series.setdefault(labels + (name,), 0)
-                    self.good.add(labels + (name,), total(one, idx[good]))
+                    # a series per SLO and group from the first request on
+                    self.good.add_from_zero(labels + (name,), total(one, idx[good]))
             self._record_pairs(batch, ok)
 
     def _record_pairs(self, batch: RecordBatch, ok: np.ndarray) -> None:
