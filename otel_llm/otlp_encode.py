@@ -128,6 +128,11 @@ def _scalar(value) -> bytes | None:
     return None
 
 
+#: the scalar types in the order the SDK tests them, with what makes a subclass's value plain
+#: (``str(value)`` of a str Enum is its name, not its value)
+_PLAIN = ((bool, bool), (str, str.__str__), (int, int), (float, float))
+
+
 def _attribute(key: str, value, arrays: list) -> bytes | int | None:
     """One ``KeyValue`` as wire bytes; for an integer array, its index in ``arrays`` (encoded
     later, all at once); None when the SDK must encode the span."""
@@ -159,16 +164,10 @@ def _attribute(key: str, value, arrays: list) -> bytes | int | None:
                 return None
             parts.append(_field(b"\x0a", b))
         return kb + _field(b"\x12", _field(b"\x2a", b"".join(parts)))
-    if isinstance(value, (str, bool, int, float)):  # subclasses: as the SDK sees them
-        value = (
-            str
-            if isinstance(value, str)
-            else bool
-            if isinstance(value, bool)
-            else int
-            if isinstance(value, int)
-            else float
-        )(value)
+    for base, plain in _PLAIN:  # a subclass (an IntEnum, a str Enum) as the SDK takes it, in its order
+        if isinstance(value, base):
+            value = plain(value)
+            break
     b = _scalar(value)
     return None if b is None else kb + _field(b"\x12", b)
 
