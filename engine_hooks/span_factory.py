@@ -116,14 +116,14 @@ class SpanFactory:
             **b,
             sc.REQUEST_ID: r.request_id,
             sc.STATUS: r.status,
-            sc.OUTPUT_TOKENS: int(out_tokens.sum()) if len(out_tokens) else r.generated_tokens,
+            sc.OUTPUT_TOKENS: r.output_tokens,
             sc.PREEMPTIONS: len(r.preemptions),
             sc.TOKEN_EVENT_OFFSETS: self._offsets(r.out_times_ns, s0, s1),
             sc.TOKEN_EVENT_TOKENS: self._array(out_tokens),
         }
         if len(r.gen_times_ns):
             attrs[sc.TOKEN_GENERATED_OFFSETS] = self._offsets(r.gen_times_ns, s0, s1)
-            gen_tokens = r.gen_tokens if r.gen_tokens is r.out_tokens else np.asarray(r.gen_tokens, dtype=np.int64)
+            gen_tokens = np.asarray(r.gen_tokens, dtype=np.int64)
             if not np.array_equal(gen_tokens, out_tokens):
                 attrs[sc.TOKEN_GENERATED_TOKENS] = self._array(gen_tokens)
         if r.input_tokens is not None:

@@ -22,7 +22,7 @@ In-flight requests are bounded (``max_in_flight``): the oldest is evicted and co
 
 A batching engine hands out tokens for every running request at every step, so
 :meth:`RequestTracker.emitted` takes a whole step at once and does one C-level append per request:
-the step's index and the request's token count, packed into one int64 (``step << 12 | tokens``),
+the step's index and the request's token count, packed into one int64 (``step << 20 | tokens``),
 onto that request's array; the step's two times go once onto the tracker's step arrays. The
 request's token events are unpacked with numpy when it finishes (:meth:`RequestTracker._unpack`).
 The step arrays are trimmed to what requests still in flight refer to.
@@ -175,9 +175,7 @@ class RequestTracker:
         attrs: dict | None = None,
     ) -> None:
         if len(self.live) >= self.max_in_flight:
-            old_id = next(iter(self.live))
-            old = self.live.pop(old_id)
-            self._appenders.pop(old_id, None)
+            old = self._end_live(next(iter(self.live)))
             self.evicted += 1
             self._close(old, wall_ns, "cancelled", "evicted", incomplete=True)
         start = start_ns if start_ns is not None else wall_ns
@@ -373,12 +371,16 @@ class RequestTracker:
 
     _trim_at = 4096
 
+    def _end_live(self, rid: str) -> _Live | None:
+        """Take a request out of flight (and out of :meth:`emitted`'s lookup)."""
+        self._appenders.pop(rid, None)
+        return self.live.pop(rid, None)
+
     def finish(self, rid: str, wall_ns: int, status: str, reason: str | None = None) -> None:
-        st = self.live.pop(rid, None)
+        st = self._end_live(rid)
         if st is None:
             self.unknown_events += 1
             return
-        self._appenders.pop(rid, None)
         self._close(st, wall_ns, status, reason)
 
     def _close(self, st: _Live, wall_ns: int, status: str, reason: str | None, incomplete: bool = False) -> None:
@@ -404,8 +406,7 @@ class RequestTracker:
     def close_all(self, wall_ns: int) -> None:
         """Shutdown: every request still in flight ends now, marked incomplete and cancelled."""
         for rid in list(self.live):
-            self._appenders.pop(rid, None)
-            self._close(self.live.pop(rid), wall_ns, "cancelled", "shutdown", incomplete=True)
+            self._close(self._end_live(rid), wall_ns, "cancelled", "shutdown", incomplete=True)
         self.release_aborted()
 
     # -- steps --------------------------------------------------------------------------------------
