@@ -145,3 +145,4 @@ def test_subclass_values_encode_as_the_sdk_takes_them(attrs):
     Enum's value (not its str(), which is its name); so must the fast encoder."""
     s = make_span(attrs, SpanKind.INTERNAL, None, Status(StatusCode.UNSET))
     assert otlp_encode.encode_spans([s]) == sdk_encode([s])
+    assert from_dict(json.loads(otlp_encode.spans_to_json([s]))) == sdk_encode([s])
