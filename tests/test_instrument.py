@@ -21,10 +21,13 @@ class ProbeAsyncLLM(AsyncLLM):
 
     seen: typing.ClassVar[dict] = {}
 
-    def __init__(self, vllm_config, executor_class, log_stats, usage_context=None, **kw):
+    def __init__(self, vllm_config, executor_class, log_stats, usage_context=None, stat_loggers=None, **kw):
         ProbeAsyncLLM.seen = {"config": vllm_config, "executor": executor_class, "log_stats": log_stats, **kw}
-        self.output_processor = OutputProcessor(None, log_stats=log_stats)
+        tracing = kw.pop("tracing", False)
+        self.output_processor = OutputProcessor(None, log_stats=log_stats, tracing_enabled=tracing)
         self.log_stats = log_stats
+        self.logger_manager = object() if log_stats else None  # vLLM's stat loggers
+        self.output_handler = kw.pop("running", None)  # AsyncLLM's output loop, if it has started
         self.model_config = None
 
 
@@ -62,6 +65,28 @@ def test_stats_are_turned_on_however_log_stats_is_given(args, kwargs):
     assert ProbeAsyncLLM.seen.get("log_requests", False) is False  # everything else passes through unchanged
     assert hooked(engine.output_processor.process_outputs)  # and the front end it built is hooked
     assert engine_hooks.instrument(engine) is engine  # an engine hooked already stays as it is
+
+
+def _front_end_stats(engine) -> tuple[bool, bool, bool, bool]:
+    op = engine.output_processor
+    return engine.log_stats, op.log_stats, op.lora_states.log_stats, engine.logger_manager is not None
+
+
+@pytest.mark.parametrize(
+    "kwargs, kept",
+    [
+        ({"log_stats": False}, False),  # not asked for: off again in the front end (the engine core keeps them)
+        ({"log_stats": True}, True),  # asked for: the caller's stat loggers and RequestOutput.metrics stay
+        ({"log_stats": False, "stat_loggers": [object]}, True),  # custom stat loggers read them
+        ({"log_stats": False, "tracing": True}, True),  # vLLM's own tracing reads them
+        ({"log_stats": False, "running": "started"}, True),  # the output loop started: it read log_stats
+    ],
+)
+def test_statistics_the_caller_did_not_ask_for_are_off_in_the_front_end(kwargs, kept):
+    engine = engine_hooks.instrument(ProbeAsyncLLM)("cfg", "executor", **kwargs)
+    assert ProbeAsyncLLM.seen["log_stats"] is True  # the engine core gets them whichever
+    assert _front_end_stats(engine) == (kept,) * 4
+    engine.output_handler = None  # the probe has no task for AsyncLLM's shutdown to cancel
 
 
 def test_the_wrapped_constructor_raises_what_the_class_raises():

@@ -17,6 +17,8 @@ def test_class_form_with_preemptions(tmp_path, tiny_model):
     vLLM's RequestOutput.metrics.num_preemptions, and token counts match its outputs."""
     truth, spans = run_vllm_scenario(tmp_path, "class-preempt", tiny_model)
     assert truth["class_name"] == "LLM"
+    # the caller asked for vLLM's statistics (disable_log_stats=False): its front end keeps them
+    assert truth["front_end_stats"] == [True, True, [True] * 32]
     trees = request_trees(spans)
     reqs = {r["id"]: r for r in truth["requests"]}
     assert set(trees) == set(reqs)
@@ -154,6 +156,10 @@ def test_detail_levels(tmp_path, tiny_model, detail):
         tmp_path, "class", tiny_model, env={"OTEL_LLM_DETAIL": detail, "VLLM_WORKER_MULTIPROC_METHOD": "fork"}
     )
     assert truth["mp_method"] == "spawn"  # the CPU platform's override (if this changes, fork is tested here too)
+    # vLLM's statistics, which the caller did not ask for, are on in its engine core (the queue and
+    # prefill spans below come from them) and off in its front end, as in the plain vllm.LLM: no
+    # stat loggers, no RequestOutput.metrics
+    assert truth["front_end_stats"] == [False, False, [False] * 24]
     reqs = {r["id"]: r for r in truth["requests"]}
     names = Counter(s.name for s in spans)
     roots = {s.attributes[sc.REQUEST_ID]: s for s in spans if s.name == sc.SPAN_REQUEST}

@@ -48,17 +48,27 @@ def truth_of(outputs) -> list[dict]:
     ]
 
 
-def scenario_class(model: str, kv_mib: float, n: int, max_tokens: int) -> dict:
+def scenario_class(model: str, kv_mib: float, n: int, max_tokens: int, stats: bool = False) -> dict:
+    """``stats``: the caller asks for vLLM's statistics (``disable_log_stats=False``), whose
+    ``RequestOutput.metrics`` are the truth for preemptions."""
     from vllm import LLM, SamplingParams
 
     import engine_hooks
 
     TracedLLM = engine_hooks.instrument(LLM)
-    llm = TracedLLM(model=model, kv_cache_memory_bytes=int(kv_mib * MiB), **ENGINE_ARGS)
+    asked = {"disable_log_stats": False} if stats else {}
+    llm = TracedLLM(model=model, kv_cache_memory_bytes=int(kv_mib * MiB), **asked, **ENGINE_ARGS)
     outs = llm.generate(prompts(n), SamplingParams(max_tokens=max_tokens, ignore_eos=True), use_tqdm=False)
     # the start method vLLM used for its engine core (it overrides the variable when it must spawn)
     method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
-    return {"requests": truth_of(outs), "class_name": TracedLLM.__name__, "mp_method": method}
+    engine = llm.llm_engine
+    return {
+        "requests": truth_of(outs),
+        "class_name": TracedLLM.__name__,
+        "mp_method": method,
+        # what the caller sees of vLLM's statistics in the front end
+        "front_end_stats": [engine.log_stats, engine.logger_manager is not None, [o.metrics is not None for o in outs]],
+    }
 
 
 def scenario_prefix(model: str) -> dict:
@@ -190,7 +200,7 @@ def main() -> None:
     if scenario == "class":
         result = scenario_class(model, kv_mib=64, n=24, max_tokens=32)
     elif scenario == "class-preempt":
-        result = scenario_class(model, kv_mib=1, n=32, max_tokens=200)
+        result = scenario_class(model, kv_mib=1, n=32, max_tokens=200, stats=True)
     elif scenario == "prefix":
         result = scenario_prefix(model)
     elif scenario == "instance":

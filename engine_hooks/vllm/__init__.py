@@ -8,7 +8,12 @@ detail (it says which, once). ``vllm serve`` is traced through the plugin with
 ``OTEL_LLM_ENABLE=1`` (``plugin.py``).
 
 vLLM's statistics (``disable_log_stats=False``; the server's default) carry the engine core's own
-QUEUED / SCHEDULED / PREEMPTED timestamps; ``instrument`` turns them on.
+QUEUED / SCHEDULED / PREEMPTED timestamps and its account of the prompt's cached tokens;
+``instrument`` turns them on in the engine core. Where the caller did not ask for statistics, it
+turns them off again in the front end (:func:`_front_end_stats_off`): there they would only feed
+vLLM's stat loggers (its periodic log lines, its Prometheus metrics), which cost the front end's
+thread about as much CPU as all of otel-llm's tracing, and change what the caller sees
+(``RequestOutput.metrics``, ``get_metrics()``).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ def attach(engine: Any) -> bool:
         raise TypeError(f"{type(engine).__name__} has no output_processor: not a vLLM v1 engine")
     done = instrument_output_processor(op, frontend_hooks(), _model_name(engine))
     capture_trace_headers(engine)
-    if not getattr(engine, "log_stats", True):
+    if done and not getattr(engine, "log_stats", True):
         _warn_once(
             "log_stats",
             "otel-llm: this vLLM engine runs with stats logging off (disable_log_stats=True): "
@@ -128,25 +133,50 @@ def instrument(target: Any) -> Any:
     return target
 
 
+def _front_end_stats_off(engine: Any) -> bool:
+    """Turn vLLM's statistics off in the front end of an engine built with them on (its engine
+    core keeps them: the events the hooks read come from there). Not where something in the front
+    end reads them: vLLM's own tracing, custom stat loggers, or an AsyncLLM whose output loop has
+    started (it read ``log_stats`` when it did). Returns whether it did."""
+    op = getattr(engine, "output_processor", None)
+    if op is None or getattr(op, "tracing_enabled", False) or getattr(engine, "output_handler", None) is not None:
+        return False
+    engine.log_stats = op.log_stats = False
+    lora = getattr(op, "lora_states", None)
+    if lora is not None:
+        lora.log_stats = False
+    if hasattr(engine, "logger_manager"):
+        engine.logger_manager = None
+    return True
+
+
 def _instrument_class(cls: type, is_llm: bool) -> type:
     """A subclass whose constructor turns vLLM's statistics on (``disable_log_stats=False`` for
     ``vllm.LLM``, ``log_stats=True`` for the engines, given by keyword or by position), lets the
-    engine-core process load the step hooks, then hooks the front end it built."""
+    engine-core process load the step hooks, then hooks the front end it built. Statistics the
+    caller did not ask for (nor custom stat loggers) are off again in that front end."""
     sig = inspect.signature(cls.__init__)
 
     def __init__(self, *args, **kwargs):
         bound = sig.bind(self, *args, **kwargs)  # the caller's TypeError, as the class would raise it
         if is_llm:
             if "disable_log_stats" in sig.parameters:
+                asked = bound.arguments.get("disable_log_stats") is False
                 bound.arguments["disable_log_stats"] = False
             else:  # vllm.LLM takes it through **kwargs (EngineArgs)
                 kwargs_param = next(p for p in sig.parameters.values() if p.kind is p.VAR_KEYWORD)
-                bound.arguments.setdefault(kwargs_param.name, {})["disable_log_stats"] = False
+                extra = bound.arguments.setdefault(kwargs_param.name, {})
+                asked = extra.get("disable_log_stats") is False
+                extra["disable_log_stats"] = False
         else:
+            asked = bound.arguments.get("log_stats") is True or bool(bound.arguments.get("stat_loggers"))
             bound.arguments["log_stats"] = True
         with _core_plugin_env():
             cls.__init__(*bound.args, **bound.kwargs)
-        attach(_engine_of(self))
+        engine = _engine_of(self)
+        attach(engine)
+        if not asked:
+            _front_end_stats_off(engine)
 
     __init__ = mark_hooked(functools.wraps(cls.__init__)(__init__))
     traced = type(cls.__name__, (cls,), {"__init__": __init__, "__doc__": cls.__doc__, "__module__": cls.__module__})
