@@ -31,40 +31,39 @@ _STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200
 
 
+#: the least value with k + 1 seven-bit groups, k = 1..9 (a varint's length is 1 + how many it reaches)
+_THRESHOLDS = np.array([1 << (7 * k) for k in range(1, 10)], dtype=np.uint64)
+#: _ROWS[n]: the first n of an element's 13 possible bytes (0x0a, length, 0x18, a varint of 1..10)
+_ROWS = np.arange(13, dtype=np.uint8)[None, :] < np.arange(14, dtype=np.uint8)[:, None]
+
+
 def int_arrays_bytes(arrays: Sequence) -> list[bytes]:
     """The wire bytes of an ``ArrayValue`` of ``int_value`` elements for each array (int64, two's
-    complement), all encoded in one vectorised pass."""
+    complement), all encoded in one vectorised pass: every element is written as a row of a
+    fixed-width byte matrix (``0x0a``, its length, ``0x18``, its varint), and the rows' used bytes
+    are taken in order."""
     if not arrays:
         return []
     lens = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
     if not lens.sum():
         return [b""] * len(arrays)
     v = np.concatenate([np.asarray(x, dtype=np.int64) for x in arrays]).view(np.uint64)
-    groups = np.ones(len(v), dtype=np.int64)  # 7-bit groups per varint, 1..10
-    shifted = v >> np.uint64(7)
-    g = 1
-    while shifted.any():
-        groups += shifted != 0
-        shifted >>= np.uint64(7)
-        g += 1
-    size = groups + 3  # 0x0a, element length, 0x18, varint
-    ends = np.cumsum(size)
-    starts = ends - size
-    out = np.empty(int(ends[-1]), dtype=np.uint8)
-    out[starts] = 0x0A
-    out[starts + 1] = (groups + 1).astype(np.uint8)
-    out[starts + 2] = 0x18
+    groups = np.searchsorted(_THRESHOLDS, v, side="right").astype(np.uint8) + np.uint8(1)  # varint bytes, 1..10
+    g = int(groups.max())
+    m = np.empty((len(v), 3 + g), dtype=np.uint8)
+    m[:, 0] = 0x0A
+    m[:, 1] = groups + np.uint8(1)
+    m[:, 2] = 0x18
     rest = v
     for k in range(g):
-        sel = groups > k
-        idx = starts[sel] + 3 + k
-        byte = (rest[sel] & np.uint64(0x7F)).astype(np.uint8)
-        byte[groups[sel] > k + 1] |= 0x80
-        out[idx] = byte
-        rest = rest >> np.uint64(7)
-    buf = out.tobytes()
-    elem_end = np.cumsum(lens)
-    byte_end = np.concatenate(([0], ends))[elem_end]
+        byte = (rest & np.uint64(0x7F)).astype(np.uint8)
+        if k < g - 1:
+            byte |= (groups > k + 1).view(np.uint8) << np.uint8(7)  # more groups follow
+            rest = rest >> np.uint64(7)
+        m[:, 3 + k] = byte
+    size = groups + np.uint8(3)
+    buf = m[np.take(_ROWS[:, : 3 + g], size, axis=0)].tobytes()
+    byte_end = np.concatenate(([0], np.cumsum(size, dtype=np.int64)))[np.cumsum(lens)]
     byte_start = np.concatenate(([0], byte_end[:-1]))
     return [buf[a:b] for a, b in zip(byte_start.tolist(), byte_end.tolist())]
 

@@ -72,7 +72,9 @@ def test_fast_encoding_equals_the_sdk(attr_sets, kind, parent, status):
 def test_int_arrays_wire_format_edges():
     from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
 
+    boundaries = [v for k in range(1, 10) for v in (2 ** (7 * k) - 1, 2 ** (7 * k)) if v < 2**63]  # each varint length
     cases = [[], [0], [1, 127, 128, 16383, 16384], [-1, -(2**63), 2**63 - 1], list(range(0, 10**12, 10**9))]
+    cases += [boundaries, [], [3] * 5, [-(v) for v in boundaries]]
     got = otlp_encode.int_arrays_bytes(cases)
     for vals, blob in zip(cases, got):
         assert blob == ArrayValue(values=[AnyValue(int_value=v) for v in vals]).SerializeToString()
