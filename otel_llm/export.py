@@ -171,7 +171,7 @@ def exporter_from_env() -> SpanExporter | None:
 def grpc_exporter(**kwargs) -> SpanExporter:
     """The SDK's OTLP/gRPC span exporter (configured by the standard variables) with the fast
     encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
-    exporter = sdk_internals.grpc_span_exporter(otlp_encode.encode_spans, **kwargs)
+    exporter = sdk_internals.grpc_span_exporter(otlp_encode.encode_spans_bytes, **kwargs)
     exporter.takes_int_arrays = True
     return exporter
 
@@ -179,6 +179,6 @@ def grpc_exporter(**kwargs) -> SpanExporter:
 def http_exporter(**kwargs) -> SpanExporter:
     """The SDK's OTLP/HTTP (protobuf) span exporter (standard variables, retries, compression)
     with the fast encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
-    exporter = sdk_internals.http_span_exporter(otlp_encode.encode_spans, **kwargs)
+    exporter = sdk_internals.http_span_exporter(otlp_encode.encode_spans_bytes, **kwargs)
     exporter.takes_int_arrays = True
     return exporter

@@ -7,8 +7,12 @@ configuration, retries and compression stay the SDK's) takes three things the SD
 
 * ``opentelemetry.exporter.otlp.proto.common._internal._encode_attributes`` (resource and scope
   attributes, encoded exactly as the SDK does);
-* the gRPC span exporter's ``_translate_data(spans) -> ExportTraceServiceRequest`` hook;
-* the HTTP span exporter's module-level ``encode_spans``, which its ``export`` calls by name.
+* the gRPC span exporter's ``_translate_data(spans) -> ExportTraceServiceRequest`` hook, and its
+  ``_client`` (the stub it calls ``Export`` on), built on its ``_channel`` by
+  ``_initialize_channel_and_stub``: ours sends the request's bytes as they are, where the SDK's
+  stub would serialize a message again;
+* the HTTP span exporter's module-level ``encode_spans``, which its ``export`` calls by name (and
+  serializes what it returns with ``SerializePartialToString``).
 
 ``pyproject.toml`` bounds the OpenTelemetry packages above, just past the newest release these
 were checked on (1.45), and ``tests/test_sdk_internals.py`` checks each assumption by name, so an SDK that changes under
@@ -36,21 +40,56 @@ def sdk_encode_spans(spans: Sequence):
     return encode_spans(spans)
 
 
-def grpc_span_exporter(encode: Callable, **kwargs) -> SpanExporter:
-    """The SDK's OTLP/gRPC span exporter, encoding with ``encode(spans)``."""
+#: OTLP's gRPC method for traces (opentelemetry/proto/collector/trace/v1/trace_service.proto)
+TRACE_EXPORT_METHOD = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+
+
+class _WireTraceStub:
+    """The trace service's stub with no request serializer: ``Export`` takes the serialized
+    ``ExportTraceServiceRequest`` and sends it as it is."""
+
+    def __init__(self, channel):
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+        self.Export = channel.unary_unary(
+            TRACE_EXPORT_METHOD, request_serializer=None, response_deserializer=ExportTraceServiceResponse.FromString
+        )
+
+
+def grpc_span_exporter(encode: Callable[[Sequence], bytes], **kwargs) -> SpanExporter:
+    """The SDK's OTLP/gRPC span exporter (its channel, retries, compression and metrics), sending
+    ``encode(spans)``: the serialized ``ExportTraceServiceRequest``."""
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
     class FastOTLPSpanExporter(OTLPSpanExporter):
+        def _initialize_channel_and_stub(self):  # at the start, and again to reconnect
+            super()._initialize_channel_and_stub()
+            self._client = _WireTraceStub(self._channel)
+
         def _translate_data(self, data):
             return encode(data)
 
     return FastOTLPSpanExporter(**kwargs)
 
 
+class _Serialized:
+    """A request already serialized, where the SDK's HTTP exporter expects a message to serialize."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def SerializePartialToString(self) -> bytes:
+        return self.data
+
+    SerializeToString = SerializePartialToString
+
+
 class _Encoded(list):
     """Spans that carry their request already encoded (see :func:`http_span_exporter`)."""
 
-    request = None
+    request: _Serialized | None = None
 
 
 _SHIM = "__otel_llm_shim__"
@@ -71,8 +110,9 @@ def _install_http_shim(module) -> None:
     module.encode_spans = encode_spans
 
 
-def http_span_exporter(encode: Callable, **kwargs) -> SpanExporter:
-    """The SDK's OTLP/HTTP (protobuf) span exporter, encoding with ``encode(spans)``."""
+def http_span_exporter(encode: Callable[[Sequence], bytes], **kwargs) -> SpanExporter:
+    """The SDK's OTLP/HTTP (protobuf) span exporter (its session, retries, compression), sending
+    ``encode(spans)``: the serialized ``ExportTraceServiceRequest``."""
     import opentelemetry.exporter.otlp.proto.http.trace_exporter as sdk_http
 
     _install_http_shim(sdk_http)
@@ -80,7 +120,7 @@ def http_span_exporter(encode: Callable, **kwargs) -> SpanExporter:
     class FastHTTPSpanExporter(sdk_http.OTLPSpanExporter):
         def export(self, spans):
             batch = _Encoded(spans)
-            batch.request = encode(spans)
+            batch.request = _Serialized(encode(spans))
             return super().export(batch)
 
     return FastHTTPSpanExporter(**kwargs)

@@ -6,7 +6,6 @@ import inspect
 from importlib.metadata import version
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.resources import Resource
 
 from otel_llm import otlp_encode, sdk_internals
@@ -27,12 +26,25 @@ def test_encode_attributes_is_the_sdks_resource_encoding():
 def test_the_grpc_exporter_still_translates_through_translate_data():
     from opentelemetry.exporter.otlp.proto.grpc.exporter import OTLPExporterMixin
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
 
     assert callable(getattr(OTLPSpanExporter, "_translate_data", None)), f"no _translate_data in {SDK}"
-    assert "_translate_data(" in inspect.getsource(OTLPExporterMixin), f"the gRPC export path changed in {SDK}"
+    export_path = inspect.getsource(OTLPExporterMixin._export)
+    assert "self._client.Export(" in export_path and "request=self._translate_data(data)" in export_path, (
+        f"the gRPC export path changed in {SDK}"
+    )
+    assert "self._client = self._stub(self._channel)" in inspect.getsource(
+        OTLPExporterMixin._initialize_channel_and_stub
+    ), f"the gRPC exporter builds its stub elsewhere in {SDK}"
+    # the SDK's stub calls the method our bytes stub calls
+    assert sdk_internals.TRACE_EXPORT_METHOD in inspect.getsource(TraceServiceStub.__init__)
     seen = []
-    exp = sdk_internals.grpc_span_exporter(lambda spans: seen.append(spans) or ExportTraceServiceRequest())
-    assert isinstance(exp._translate_data([]), ExportTraceServiceRequest) and seen == [[]]
+    exp = sdk_internals.grpc_span_exporter(lambda spans: seen.append(spans) or b"wire")
+    assert exp._translate_data([]) == b"wire" and seen == [[]]
+    assert isinstance(exp._client, sdk_internals._WireTraceStub)
+    exp._initialize_channel_and_stub()  # what the SDK does to reconnect after some errors
+    assert isinstance(exp._client, sdk_internals._WireTraceStub)
+    exp.shutdown()
 
 
 def test_the_http_exporter_still_encodes_through_its_module_function():
@@ -52,7 +64,7 @@ def test_the_http_shim_passes_our_encoding_and_leaves_everyone_elses():
 
     def ours(spans):
         calls.append(len(spans))
-        return otlp_encode.encode_spans(spans)
+        return otlp_encode.encode_spans_bytes(spans)
 
     exp = sdk_internals.http_span_exporter(ours, endpoint="http://127.0.0.1:9/v1/traces", timeout=1)
     span = one_span(Resource.create({"service.name": "x"}))
@@ -60,8 +72,10 @@ def test_the_http_shim_passes_our_encoding_and_leaves_everyone_elses():
     plain = sdk_http.encode_spans([span])
     assert plain == sdk_internals.sdk_encode_spans([span]) and calls == []
     batch = sdk_internals._Encoded([span])
-    batch.request = ours([span])
+    batch.request = sdk_internals._Serialized(ours([span]))
     assert sdk_http.encode_spans(batch) is batch.request
+    # what the exporter sends: the serialized request, the SDK's message to the byte
+    assert batch.request.SerializePartialToString() == sdk_internals.sdk_encode_spans([span]).SerializeToString()
     exp.shutdown()
 
 
