@@ -23,7 +23,10 @@ In-flight requests are bounded (``max_in_flight``): the oldest is evicted and co
 A batching engine hands out tokens for every running request at every step, so
 :meth:`RequestTracker.emitted` takes a whole step at once and does one C-level append per request:
 the step's index and the request's token count, packed into one int64 (``step << 20 | tokens``),
-onto that request's array; the step's two times go once onto the tracker's step arrays. The
+onto that request's array; the step's two times go once onto the tracker's step arrays. Steady
+decoding gives the same requests one token each, step after step: such a run of steps costs
+nothing per request while it lasts (the batch is compared with the last one, in C), and when it
+ends each of its requests gets one entry for all of it (``-(first step << 20 | steps)``). The
 request's token events are unpacked with numpy when it finishes (:meth:`RequestTracker._unpack`).
 The step arrays are trimmed to what requests still in flight refer to.
 """
@@ -111,6 +114,12 @@ class StepRecord:
 
 _TOKEN_BITS = 20  # a packed step entry: step index << 20 | tokens; 43 bits of steps
 _TOKEN_MASK = (1 << _TOKEN_BITS) - 1  # as tokens: "more than fit", the count is in _Live.big
+# a run entry (below zero): -(first step << 20 | steps), one token at each; at most _TOKEN_MASK steps
+
+
+def _entry_step(entry: int) -> int:
+    """The (first) step of a packed entry."""
+    return (-entry if entry < 0 else entry) >> _TOKEN_BITS
 
 
 class _Live:
@@ -124,12 +133,27 @@ class _Live:
         self.packed = array("q")  # the steps that gave it tokens (RequestTracker.emitted), packed
         self.big: list[int] = []  # in order, the counts of its entries marked _TOKEN_MASK
 
-    def packed_tokens(self) -> np.ndarray:
-        """The token count of each packed entry."""
-        n = np.frombuffer(self.packed, dtype=np.int64) & _TOKEN_MASK  # a copy: the view ends here
+    def packed_steps(self) -> tuple[np.ndarray, np.ndarray]:
+        """(step number, tokens) of every step its packed entries stand for, in step order."""
+        p = np.frombuffer(self.packed, dtype=np.int64)
+        runs = p < 0
+        if not runs.any():
+            n = p & _TOKEN_MASK  # copies: the view ends here
+            if self.big:
+                n[n == _TOKEN_MASK] = self.big
+            return p >> _TOKEN_BITS, n
+        q = np.where(runs, -p, p)
+        first, low = q >> _TOKEN_BITS, q & _TOKEN_MASK  # low: a run's steps, another entry's tokens
         if self.big:
-            n[n == _TOKEN_MASK] = self.big
-        return n
+            low[~runs & (low == _TOKEN_MASK)] = self.big
+        span = np.where(runs, low, 1)  # steps per entry
+        starts = np.cumsum(span) - span
+        steps = np.arange(int(span.sum()), dtype=np.int64) - np.repeat(starts - first, span)
+        n = np.repeat(np.where(runs, 1, low), span)
+        if len(steps) > 1 and (steps[1:] < steps[:-1]).any():  # one request twice in a batch
+            order = np.argsort(steps, kind="stable")
+            steps, n = steps[order], n[order]
+        return steps, n
 
 
 class RequestTracker:
@@ -163,6 +187,11 @@ class RequestTracker:
         self._step_base = 0
         self._appenders: dict[str, Callable[[int], None]] = {}
         self._unknown: list[int] = []  # packed entries of steps for requests not in flight
+        # the last step's batch if it got one token each, and the run under way of steps that gave
+        # that batch one token each again: its first step and its length (0: none open)
+        self._batch: list[str] | None = None
+        self._run_first = 0
+        self._run_len = 0
 
     # -- request lifecycle, wall-clock ns ---------------------------------------------------------
     def arrival(
@@ -174,6 +203,8 @@ class RequestTracker:
         trace_headers: Mapping[str, str] | None = None,
         attrs: dict | None = None,
     ) -> None:
+        if rid in self.live:  # the same id again: what the run gave so far is the old one's
+            self._flush_run()
         if len(self.live) >= self.max_in_flight:
             old = self._end_live(next(iter(self.live)))
             self.evicted += 1
@@ -234,7 +265,8 @@ class RequestTracker:
             if recompute_tokens is None:
                 # the tokens whose KV it held, which a recompute computes again: its prompt and every
                 # token it generated but the newest (whose KV the next step would have written)
-                generated = st.rec.generated_tokens + int(st.packed_tokens().sum())
+                self._flush_run()
+                generated = st.rec.generated_tokens + int(st.packed_steps()[1].sum())
                 recompute_tokens = (st.rec.input_tokens or 0) + max(generated - 1, 0)
             st.open_preemption = (wall_ns, mode, recompute_tokens, kv_usage)
 
@@ -276,10 +308,25 @@ class RequestTracker:
         """One engine step's tokens for many requests at once: ``tokens[i]`` for ``request_ids[i]``,
         generated at ``gen_ns`` and handed out at ``out_ns`` (wall-clock ns). The same as
         :meth:`generated` then :meth:`token_out` for each request with tokens; this runs for every
-        running request at every step, so it is one packed append per request, in C."""
+        running request at every step, so it is one packed append per request, in C; and nothing
+        at all per request from the second step on that gives the same batch one token each (a
+        run, :meth:`_flush_run`)."""
         k = self._step_base + len(self._step_gen)
         self._step_gen.append(gen_ns)
         self._step_out.append(out_ns)
+        ones = tokens.count(1) == len(tokens)
+        if ones and request_ids and request_ids == self._batch:
+            if self._run_len:
+                if self._run_len < _TOKEN_MASK:
+                    self._run_len += 1  # the run goes on
+                    return
+                self._flush_run()  # as long as a run entry holds: another from here
+            if all(map(self._appenders.__contains__, request_ids)):  # a run starts
+                self._run_first, self._run_len = k, 1
+                return
+        else:
+            self._flush_run()
+            self._batch = list(request_ids) if ones else None  # a copy: the caller's list may change
         if tokens and (max(tokens) >= _TOKEN_MASK or min(tokens) < 0):  # 2^20 tokens or more in a step, or < 0
             self._emit_big(request_ids, tokens, k)
             return
@@ -293,6 +340,18 @@ class RequestTracker:
             for rid, n in zip(request_ids, tokens):
                 if rid not in live:
                     self._after_end(rid, n)
+
+    def _flush_run(self) -> None:
+        """Give each request of the run under way its entry for it, before anything reads their
+        entries (:meth:`_end_live`, :meth:`preempted`); the batch is kept, for a run that starts
+        again with it. A run's requests are all in flight when it starts, and it ends before one
+        of them leaves."""
+        n = self._run_len
+        if not n:
+            return
+        self._run_len = 0
+        entry = -((self._run_first << _TOKEN_BITS) | n)
+        deque(map(call, map(self._appenders.__getitem__, self._batch), repeat(entry)), 0)
 
     def _emit_big(self, request_ids: Sequence[str], tokens: Sequence[int], k: int) -> None:
         """:meth:`emitted`, for a step with more tokens for a request than an entry holds (or a
@@ -335,8 +394,8 @@ class RequestTracker:
         """Move a request's packed step entries into its record's token events (numpy arrays)."""
         if not st.packed:
             return
-        n = st.packed_tokens()
-        idx = (np.frombuffer(st.packed, dtype=np.int64) >> _TOKEN_BITS) - self._step_base
+        steps, n = st.packed_steps()
+        idx = steps - self._step_base
         keep = n > 0
         if not keep.all():
             n, idx = n[keep], idx[keep]
@@ -359,8 +418,8 @@ class RequestTracker:
 
     def _trim_steps(self) -> None:
         """Forget the batch steps no request in flight refers to (amortised: when the arrays have
-        doubled since the last trim)."""
-        firsts = [st.packed[0] >> _TOKEN_BITS for st in self.live.values() if st.packed]
+        doubled since the last trim). Called as a request closes, when no run is under way."""
+        firsts = [_entry_step(st.packed[0]) for st in self.live.values() if st.packed]
         keep_from = min(firsts) if firsts else self._step_base + len(self._step_gen)
         cut = keep_from - self._step_base
         if cut > 0:
@@ -372,7 +431,9 @@ class RequestTracker:
     _trim_at = 4096
 
     def _end_live(self, rid: str) -> _Live | None:
-        """Take a request out of flight (and out of :meth:`emitted`'s lookup)."""
+        """Take a request out of flight (and out of :meth:`emitted`'s lookup), with what the run
+        under way gave it."""
+        self._flush_run()
         self._appenders.pop(rid, None)
         return self.live.pop(rid, None)
 

@@ -2,6 +2,7 @@
 use) give the same requests as the per-request hooks (generated, then token_out), and the spans
 built from them are the same whichever exporter takes them."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -29,6 +30,8 @@ ops = st.lists(
             ),
         ),
         st.tuples(st.just("preempt"), st.integers(0, 5)),
+        # the last step's requests again, one token each, for n steps: steady decoding (a run)
+        st.tuples(st.just("again"), st.integers(1, 6)),
     ),
     max_size=60,
 )
@@ -51,12 +54,25 @@ def _fields(r):
     )
 
 
+def _steady(run):
+    """``run`` with each ``again`` written out as its steps."""
+    last = []
+    for op, arg in run:
+        if op == "again":
+            for _ in range(arg):
+                yield "step", [(i, 1) for i, _ in last]
+        else:
+            if op == "step":
+                last = arg
+            yield op, arg
+
+
 def _play(run, batched: bool, trim_at: int | None = None):
     tr = RequestTracker()
     if trim_at is not None:
         tr._trim_at = trim_at  # trim the step arrays often: what requests refer to must survive it
     t = 1_000_000
-    for op, arg in run:
+    for op, arg in _steady(run):
         t += 1000
         if op == "arrive":
             tr.arrival(f"r{arg}", t, input_tokens=3)
@@ -90,7 +106,7 @@ def test_a_step_at_once_is_the_same_as_each_request_in_turn(run, trim_at):
     # an output for a request not in flight is counted: once per output here, where the
     # per-request hooks count each of their two calls (and are only called with tokens)
     live, stray, stray_with_tokens = set(), 0, 0
-    for op, arg in run:
+    for op, arg in _steady(run):
         if op == "arrive":
             live.add(arg)
         elif op == "finish":
@@ -100,6 +116,27 @@ def test_a_step_at_once_is_the_same_as_each_request_in_turn(run, trim_at):
             stray += len(missing)
             stray_with_tokens += sum(1 for n in missing if n)
     assert at_once.unknown_events - stray == one_by_one.unknown_events - 2 * stray_with_tokens
+
+
+@pytest.mark.parametrize(
+    "run",
+    [
+        # steady decoding, one request finishing in the middle and the others going on
+        [("arrive", 0), ("arrive", 1), ("step", [(0, 1), (1, 1)]), ("again", 5), ("finish", 1), ("again", 3)],
+        # preempted in the middle of a run: what is computed again counts the run's tokens so far
+        [("arrive", 0), ("step", [(0, 1)]), ("again", 4), ("preempt", 0), ("again", 2), ("finish", 0)],
+        # one request twice in a batch: its token events stay in step order
+        [("arrive", 0), ("arrive", 1), ("step", [(0, 1), (1, 1), (0, 1)]), ("again", 4), ("step", [(0, 2)])],
+        # a request not in flight in the batch: no run, its outputs are counted one by one
+        [("arrive", 0), ("step", [(0, 1), (5, 1)]), ("again", 3), ("arrive", 5), ("again", 2)],
+        # the same id arriving again in the middle of a run: the old request's steps stay its own
+        [("arrive", 0), ("arrive", 1), ("step", [(0, 1), (1, 1)]), ("again", 3), ("arrive", 1), ("again", 2)],
+    ],
+)
+def test_runs_of_steps_give_what_steps_one_by_one_give(run):
+    a, _ = _play(run, batched=False).take()
+    b, _ = _play(run, batched=True).take()
+    assert [_fields(r) for r in b] == [_fields(r) for r in a]
 
 
 def test_step_arrays_are_trimmed_to_what_requests_in_flight_refer_to():
