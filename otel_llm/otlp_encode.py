@@ -139,6 +139,8 @@ def _attribute(key: str, value, arrays: list) -> bytes | int | None:
     if kb is None:
         kb = _keys.put(key, _field(b"\x0a", key.encode("utf-8", "surrogatepass")))
     t = type(value)
+    if t is int and -(2**63) <= value < 2**63:  # the most common after str: counts, sizes
+        return kb + _field(b"\x12", b"\x18" + _varint(value))
     if t is str or t is bool:
         kv = _constants.get((key, value, t))
         if kv is None:
