@@ -19,7 +19,10 @@ is printed per process: front end and engine core, per request and per step.
 Each round also reads the CPU time (user + system) of this process and every engine-core process
 under it before and after each engine's batch: CPU per output token, printed as plain /
 instrumented (1 = free), which does not depend on what else the two shared cores were doing
-at the time the way throughput does.
+at the time the way throughput does. And of this process alone, the front end (all of the
+tracing's work but the engine core's step hooks runs there): what each traced engine's front end
+costs over plain's, as a share of plain's whole CPU per token, which the engine core's noise does
+not reach.
 The medians come with a 95% bootstrap interval: on a shared machine, many short rounds
 (``--rounds 40 --requests 64 --tokens 64``) narrow it more than a few long ones.
 Target (docs/architecture.md, "The hot path"): instrumented/plain >= 0.99.
@@ -278,19 +281,23 @@ def main() -> None:
         llm.generate(prompts[:8], SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
     rates: dict[str, list[float]] = {k: [] for k in engines}
     cpu_per_token: dict[str, list[float]] = {k: [] for k in engines}  # CPU us per output token, all processes
+    fe_per_token: dict[str, list[float]] = {k: [] for k in engines}  # the same, of this (the front end's) process
     for r in range(a.rounds):
         order = list(engines.items())
         order = order[r % 3 :] + order[: r % 3]  # rotate who goes first
         for name, llm in order:
             c0 = tree_cpu_s(exclude=sink.pid)
+            f0 = time.process_time()
             t0 = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
             dt = time.perf_counter() - t0
             engine_hooks.flush()  # the instrumented engine's last spans, in its own round's CPU
             cpu = tree_cpu_s(exclude=sink.pid) - c0
+            fe_cpu = time.process_time() - f0
             toks = sum(len(o.outputs[0].token_ids) for o in outs)
             rates[name].append(toks / dt)
             cpu_per_token[name].append(cpu / toks * 1e6)
+            fe_per_token[name].append(fe_cpu / toks * 1e6)
         print(
             f"round {r + 1}/{a.rounds}: "
             + ", ".join(f"{k} {v[-1]:,.0f} tok/s ({cpu_per_token[k][-1]:.1f} us CPU/token)" for k, v in rates.items()),
@@ -344,6 +351,19 @@ def main() -> None:
         + ", ".join(f"{k} {v:.2f}" for k, v in tot_cpu.items())
         + f"; instrumented's extra: {extra:.0f} us per {a.tokens}-token request"
     )
+    # the front end's process alone (this one): where all of the tracing's work but the engine
+    # core's step hooks runs, and where the engine core's noise does not reach
+    fe_med = {k: statistics.median(v) for k, v in fe_per_token.items()}
+    plain_fe = fe_per_token["plain"]
+    fe_extra = {k: statistics.median([x - p for x, p in zip(v, plain_fe)]) for k, v in fe_per_token.items()}
+    print(
+        "front-end process CPU per output token (us, median of rounds): "
+        + ", ".join(f"{k} {v:.2f}" for k, v in fe_med.items())
+        + "; over plain, as a share of plain's whole CPU per token: "
+        + ", ".join(
+            f"{k} {fe_extra[k] / statistics.median(cpu_per_token['plain']) * 100:.2f}%" for k in engines if k != "plain"
+        )
+    )
     print(
         f"hook cost on the engine's thread: {hot_us:.2f} us per engine step "
         f"(schedule + update_from_output wrappers, 128-request batch)"
@@ -369,6 +389,10 @@ def main() -> None:
         "cpu_ratio_median": statistics.median(cpu_ratio),
         "cpu_ratio_rounds": cpu_ratio,
         "vllm_tracing_cpu_ratio_median": statistics.median(vcpu_ratio),
+        "frontend_cpu_us_per_token": fe_med,
+        "frontend_extra_share": {
+            k: fe_extra[k] / statistics.median(cpu_per_token["plain"]) for k in engines if k != "plain"
+        },
         "spans_exported": fe.counters.spans_exported,
         "cpu_us_per_request": fe.counters.cpu_ns / max(fe.counters.requests_traced, 1) / 1000,
         "requests": fe.counters.requests_traced,
@@ -428,6 +452,12 @@ def all_levels(a: argparse.Namespace) -> None:
             )
             + f"; {per:.1f} front-end spans and {r.get('cpu_us_per_request', float('nan')):.0f} us of front-end "
             "span CPU per request (step spans come from the engine core)"
+            + (
+                "; front-end process CPU over plain, of plain's CPU per token: "
+                + ", ".join(f"{k} {v * 100:.2f}%" for k, v in r["frontend_extra_share"].items())
+                if "frontend_extra_share" in r
+                else ""
+            )
         )
 
 
