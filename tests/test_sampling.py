@@ -106,6 +106,7 @@ def test_the_collector_counts_each_request_for_its_weight(make_collector):
         + [Req(f"h{i}", client_attrs={sc.SAMPLING_PROBABILITY: v}) for i, v in enumerate((1e-300, 2.0, "0.5"))],
     )
     wait_for(lambda: c.records_derived >= 12, what="derivation")
+    c.store_writer.drain()  # derived records reach the store through its writer process
     hostile = [r for r in c.store.records() if r.request_id.startswith("h")]
     assert len(hostile) == 6 and {r.sample_weight for r in hostile} == {1.0}  # not taken: weight 1
     c = make_collector(slos={"default": SLO(ttft=1.0)})
@@ -114,6 +115,7 @@ def test_the_collector_counts_each_request_for_its_weight(make_collector):
         [Req(f"s{i}", client_attrs={sc.SAMPLING_PROBABILITY: 0.25}) for i in range(3)],
     )
     wait_for(lambda: c.records_derived >= 6, what="derivation")
+    c.store_writer.drain()
     recs = c.store.records()
     assert {(r.boundary, r.sample_weight) for r in recs} == {
         ("client", 4.0),
