@@ -3,12 +3,12 @@
 The OTLP exporters encode each attribute value as one protobuf message built in Python, which
 costs a request span with two 256-entry token arrays about 0.7 ms; :mod:`otel_llm.otlp_encode`
 does it in one vectorised pass. Plugging that encoder into the SDK's own exporters (so that their
-configuration, retries and compression stay the SDK's) takes three things the SDK does not promise:
+configuration, retries and compression stay the SDK's) takes these, which the SDK does not promise:
 
 * ``opentelemetry.exporter.otlp.proto.common._internal._encode_attributes`` (resource and scope
   attributes, encoded exactly as the SDK does);
-* the gRPC span exporter's ``_translate_data(spans) -> ExportTraceServiceRequest`` hook, and its
-  ``_client`` (the stub it calls ``Export`` on), built on its ``_channel`` by
+* the gRPC span exporter's ``_translate_data(spans)`` hook (the request it sends; ours gives its
+  serialized bytes), and its ``_client`` (the stub it calls ``Export`` on), built on its ``_channel`` by
   ``_initialize_channel_and_stub``: ours sends the request's bytes as they are, where the SDK's
   stub would serialize a message again;
 * the HTTP span exporter's module-level ``encode_spans``, which its ``export`` calls by name (and
