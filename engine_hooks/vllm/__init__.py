@@ -12,7 +12,7 @@ QUEUED / SCHEDULED / PREEMPTED timestamps and its account of the prompt's cached
 ``instrument`` turns them on in the engine core. Where the caller did not ask for statistics, it
 turns them off again in the front end (:func:`_front_end_stats_off`): there they would only feed
 vLLM's stat loggers (its periodic log lines, its Prometheus metrics), which cost the front end's
-thread about as much CPU as all of otel-llm's tracing, and change what the caller sees
+thread more CPU than all of otel-llm's tracing does, and change what the caller sees
 (``RequestOutput.metrics``, ``get_metrics()``).
 """
 
