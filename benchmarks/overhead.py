@@ -354,15 +354,17 @@ def main() -> None:
     # the front end's process alone (this one): where all of the tracing's work but the engine
     # core's step hooks runs, and where the engine core's noise does not reach
     fe_med = {k: statistics.median(v) for k, v in fe_per_token.items()}
-    plain_fe = fe_per_token["plain"]
-    fe_extra = {k: statistics.median([x - p for x, p in zip(v, plain_fe)]) for k, v in fe_per_token.items()}
+    plain_fe, plain_cpu = fe_per_token["plain"], statistics.median(cpu_per_token["plain"])
+    fe_share = {  # each traced engine's front end over plain's, round by round, of plain's whole CPU per token
+        k: statistics.median([x - p for x, p in zip(v, plain_fe)]) / plain_cpu
+        for k, v in fe_per_token.items()
+        if k != "plain"
+    }
     print(
         "front-end process CPU per output token (us, median of rounds): "
         + ", ".join(f"{k} {v:.2f}" for k, v in fe_med.items())
         + "; over plain, as a share of plain's whole CPU per token: "
-        + ", ".join(
-            f"{k} {fe_extra[k] / statistics.median(cpu_per_token['plain']) * 100:.2f}%" for k in engines if k != "plain"
-        )
+        + ", ".join(f"{k} {v * 100:.2f}%" for k, v in fe_share.items())
     )
     print(
         f"hook cost on the engine's thread: {hot_us:.2f} us per engine step "
@@ -390,9 +392,7 @@ def main() -> None:
         "cpu_ratio_rounds": cpu_ratio,
         "vllm_tracing_cpu_ratio_median": statistics.median(vcpu_ratio),
         "frontend_cpu_us_per_token": fe_med,
-        "frontend_extra_share": {
-            k: fe_extra[k] / statistics.median(cpu_per_token["plain"]) for k in engines if k != "plain"
-        },
+        "frontend_extra_share": fe_share,
         "spans_exported": fe.counters.spans_exported,
         "cpu_us_per_request": fe.counters.cpu_ns / max(fe.counters.requests_traced, 1) / 1000,
         "requests": fe.counters.requests_traced,

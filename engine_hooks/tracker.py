@@ -332,7 +332,7 @@ class RequestTracker:
             return
         base = k << _TOKEN_BITS
         unknown = self._unknown
-        entries = repeat(base + 1) if tokens.count(1) == len(tokens) else map(base.__add__, tokens)  # mostly 1 each
+        entries = repeat(base + 1) if ones else map(base.__add__, tokens)  # mostly 1 each
         deque(map(call, map(self._appenders.get, request_ids, repeat(unknown.append)), entries), 0)
         if unknown:
             unknown.clear()

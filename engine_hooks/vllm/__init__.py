@@ -133,21 +133,20 @@ def instrument(target: Any) -> Any:
     return target
 
 
-def _front_end_stats_off(engine: Any) -> bool:
+def _front_end_stats_off(engine: Any) -> None:
     """Turn vLLM's statistics off in the front end of an engine built with them on (its engine
     core keeps them: the events the hooks read come from there). Not where something in the front
     end reads them: vLLM's own tracing, custom stat loggers, or an AsyncLLM whose output loop has
-    started (it read ``log_stats`` when it did). Returns whether it did."""
+    started (it read ``log_stats`` when it did)."""
     op = getattr(engine, "output_processor", None)
     if op is None or getattr(op, "tracing_enabled", False) or getattr(engine, "output_handler", None) is not None:
-        return False
+        return
     engine.log_stats = op.log_stats = False
     lora = getattr(op, "lora_states", None)
     if lora is not None:
         lora.log_stats = False
     if hasattr(engine, "logger_manager"):
         engine.logger_manager = None
-    return True
 
 
 def _instrument_class(cls: type, is_llm: bool) -> type:
