@@ -164,6 +164,41 @@ def start_sink() -> tuple[object, int, list]:
     return server, port, received
 
 
+def export_env(port: int, exporter: str, tmp: str) -> None:
+    """Point this process's traced engines (and those it starts) at the sink on ``port``:
+    OTLP/gRPC, or for ``exporter`` ``file`` our spans to ``OTEL_LLM_TRACES_FILE`` in ``tmp`` (the
+    tracer's own cost reports and vLLM's tracing still go to the sink)."""
+    os.environ.pop("OTEL_LLM_TRACES_FILE", None)
+    os.environ.update(
+        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
+        OTEL_EXPORTER_OTLP_INSECURE="true",
+        OTEL_TRACES_EXPORTER="otlp",
+        OTEL_METRIC_EXPORT_INTERVAL="1000",  # the tracer's own cost, per process, every second
+    )
+    if exporter == "file":
+        os.environ["OTEL_LLM_TRACES_FILE"] = os.path.join(tmp, "spans.jsonl")
+        os.environ["OTEL_METRICS_EXPORTER"] = "otlp"
+
+
+def make_engine(kind: str, model: str, kv_mib: int):
+    """One ``vllm.LLM`` on the tiny model: ``plain``, ``instrumented`` (``engine_hooks.instrument``)
+    or ``vllm-tracing`` (vLLM's own, to ``OTEL_EXPORTER_OTLP_ENDPOINT``, see :func:`export_env`)."""
+    from vllm import LLM
+
+    import engine_hooks
+
+    common = dict(
+        model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=kv_mib * MiB
+    )
+    if kind == "instrumented":
+        return engine_hooks.instrument(LLM)(**common)
+    if kind == "vllm-tracing":
+        endpoint = os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        return LLM(**common, otlp_traces_endpoint=endpoint, disable_log_stats=False)
+    return LLM(**common)
+
+
 def median_interval(values: list[float], level: float = 0.95, resamples: int = 4000) -> tuple[float, float]:
     """A bootstrap interval for the median of ``values`` (percentile method, fixed seed): how far
     the median of this many noisy rounds can be trusted."""
@@ -259,7 +294,7 @@ def main() -> None:
         transformers_main(a)
         return
 
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     import engine_hooks
     from engine_hooks.tiny_model import build_tiny_model, prompt
@@ -269,26 +304,9 @@ def main() -> None:
     sink = Sink()
     port = sink.port
     # both traced engines export over OTLP/gRPC to the same local sink, as in a deployment
-    os.environ.pop("OTEL_LLM_TRACES_FILE", None)
-    os.environ.update(
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{port}",
-        OTEL_EXPORTER_OTLP_INSECURE="true",
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRIC_EXPORT_INTERVAL="1000",  # the tracer's own cost, per process, every second
-    )
-    if a.exporter == "file":  # the instrumented engine writes OTLP JSON lines; its cost report goes to the sink
-        os.environ["OTEL_LLM_TRACES_FILE"] = os.path.join(tmp, "spans.jsonl")
-        os.environ["OTEL_METRICS_EXPORTER"] = "otlp"
-    common = dict(
-        model=model, dtype="bfloat16", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=a.kv_mib * MiB
-    )
+    export_env(port, a.exporter, tmp)
     print(f"starting 3 engines (tiny model, {a.kv_mib} MiB KV cache)...", flush=True)
-    engines = {
-        "plain": LLM(**common),
-        "instrumented": engine_hooks.instrument(LLM)(**common),
-        "vllm-tracing": LLM(**common, otlp_traces_endpoint=f"http://127.0.0.1:{port}", disable_log_stats=False),
-    }
+    engines = {kind: make_engine(kind, model, a.kv_mib) for kind in ("plain", "instrumented", "vllm-tracing")}
     prompts = [prompt(32, seed=i) for i in range(a.requests)]
     sp = SamplingParams(max_tokens=a.tokens, ignore_eos=True)
     for llm in engines.values():  # warm-up

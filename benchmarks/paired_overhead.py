@@ -47,9 +47,8 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("KMP_BLOCKTIME", "0")
 
-from overhead import Sink, median_interval, tree_cpu_s  # noqa: E402
+from overhead import Sink, export_env, make_engine, median_interval, tree_cpu_s  # noqa: E402
 
-MiB = 2**20
 KINDS = ("plain", "instrumented", "vllm-tracing")
 
 
@@ -64,20 +63,12 @@ def worker(a: argparse.Namespace) -> None:
             os.environ.pop(k, None)
     elif os.environ.get("OTEL_LLM_TRACES_FILE"):  # a file of its own
         os.environ["OTEL_LLM_TRACES_FILE"] += f".core{a.core}"
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     import engine_hooks
     from engine_hooks.tiny_model import prompt
 
-    common = dict(
-        model=a.model, dtype="bfloat16", enforce_eager=True, max_model_len=512, kv_cache_memory_bytes=a.kv_mib * MiB
-    )
-    if a.worker == "instrumented":
-        llm = engine_hooks.instrument(LLM)(**common)
-    elif a.worker == "vllm-tracing":
-        llm = LLM(**common, otlp_traces_endpoint=os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"], disable_log_stats=False)
-    else:
-        llm = LLM(**common)
+    llm = make_engine(a.worker, a.model, a.kv_mib)
     prompts = [prompt(32, seed=i) for i in range(a.requests)]
     sp = SamplingParams(max_tokens=a.tokens, ignore_eos=True)
     llm.generate(prompts[:8], SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)  # warm-up
@@ -179,18 +170,8 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="otel-llm-paired-")
     model = a.model or build_tiny_model(os.path.join(tmp, "tiny"))
     sink = Sink()
-    os.environ.pop("OTEL_LLM_TRACES_FILE", None)
-    os.environ.update(
-        OTEL_LLM_DETAIL=a.detail,
-        OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{sink.port}",
-        OTEL_EXPORTER_OTLP_INSECURE="true",
-        OTEL_TRACES_EXPORTER="otlp",
-        OTEL_METRIC_EXPORT_INTERVAL="1000",
-    )
-    if a.exporter == "file":  # each instrumented engine writes its own OTLP JSON lines file
-        os.environ["OTEL_LLM_TRACES_FILE"] = os.path.join(tmp, "spans.jsonl")
-        os.environ["OTEL_METRICS_EXPORTER"] = "otlp"
+    os.environ["OTEL_LLM_DETAIL"] = a.detail
+    export_env(sink.port, a.exporter, tmp)  # with file, each instrumented worker gets a file of its own
     print(f"starting 6 engines (tiny model, {a.kv_mib} MiB KV cache), 3 pinned to core {c0} and 3 to core {c1}...")
     engines = {(k, c): Engine(k, c, a, model, tmp) for k in KINDS for c in (c0, c1)}
     try:
