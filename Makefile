@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-quick lint bench venv prometheus clang chromium fuzz model clean gpu-check gpu-wheels
+.PHONY: demo test test-quick lint bench soak venv prometheus clang chromium fuzz model clean gpu-check gpu-wheels
 
 venv: $(STAMP) $(EXT)
 
@@ -58,6 +58,12 @@ test: venv prometheus clang chromium lint
 
 test-quick: venv lint
 	$(PY) -m pytest -m 'not slow'
+
+# the collector's durability soak: SOAK_SCHEDULES seeded crash loops (SIGKILL at random moments
+# with senders connected), each compared acknowledged-against-stored; CI runs two of them
+SOAK_SCHEDULES ?= 20
+soak: venv
+	OTEL_LLM_SOAK_SCHEDULES=$(SOAK_SCHEDULES) $(PY) -m pytest -q tests/test_collector_durability.py -k soak
 
 bench: venv
 	$(PY) benchmarks/derive_throughput.py

@@ -2,8 +2,12 @@
 
 :class:`Collector` owns the stages and one worker thread that releases assembled traces
 (``expire`` every ``tick_s``), derives their records in one vectorised batch, appends them to the
-store and the metrics registry. Receivers call :meth:`Collector.accept`. :meth:`stop` (SIGTERM)
-stops the receivers, releases every trace still in flight and flushes it all to the store.
+store and the metrics registry. Receivers call :meth:`Collector.accept`, which passes an
+:class:`IntakeGate`: while the durable mode replays its spool, and from the moment :meth:`stop`
+(SIGTERM) begins, every request is refused with UNAVAILABLE / 503 (the sender retries), so each
+request is either kept or refused, never answered OK and then lost. :meth:`stop` waits for the
+requests already admitted, stops the receivers, releases every trace still in flight and flushes
+it all to the store.
 """
 
 from __future__ import annotations
@@ -28,6 +32,38 @@ log = logging.getLogger("collector")
 
 #: engine steps waiting for the store, per trace of --max-backlog (their bound, with it)
 STEPS_PER_BACKLOG_TRACE = 10
+
+
+class IntakeGate:
+    """Admits export requests while open; :meth:`close` refuses new ones (:class:`Overloaded`) and
+    waits for those already admitted to finish. Starts open."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._closed_because: str | None = None
+        self._inside = 0
+
+    def enter(self) -> None:
+        with self._cv:
+            if self._closed_because is not None:
+                raise Overloaded(self._closed_because)
+            self._inside += 1
+
+    def leave(self) -> None:
+        with self._cv:
+            self._inside -= 1
+            if not self._inside:
+                self._cv.notify_all()
+
+    def close(self, because: str, timeout_s: float) -> bool:
+        """Refuse from now on; True once no admitted request is left (False: timed out)."""
+        with self._cv:
+            self._closed_because = because
+            return self._cv.wait_for(lambda: not self._inside, timeout_s)
+
+    def open(self) -> None:
+        with self._cv:
+            self._closed_because = None
 
 
 def _resource_instance_id() -> str | None:
@@ -73,6 +109,8 @@ class Collector:
         self._worker = threading.Thread(target=self._run, name="collector-derive", daemon=True)
         self._process_lock = threading.Lock()
         self._json_slots = threading.BoundedSemaphore(cfg.max_json_decodes)
+        self.gate = IntakeGate()
+        self._replayer: threading.Thread | None = None
         self.receivers: list = []
         # labelled on /metrics only when given (Prometheus labels each scrape target `instance`
         # itself); always the pushed metrics' and records' service.instance.id
@@ -88,7 +126,18 @@ class Collector:
     # -- intake (receiver threads) ---------------------------------------------------------------
     def accept(self, body: bytes, *, json_body: bool = False, gzipped: bool = False) -> AcceptResult:
         """Decode, walk and assemble one export request. Raises DecodeError (malformed),
-        PayloadTooLarge, or Overloaded."""
+        PayloadTooLarge, or Overloaded (also while the spool is replayed, and once stopping began)."""
+        try:
+            self.gate.enter()
+        except Overloaded:
+            self.receiver_counters.payloads_refused_overload += 1
+            raise
+        try:
+            return self._accept(body, json_body, gzipped)
+        finally:
+            self.gate.leave()
+
+    def _accept(self, body: bytes, json_body: bool, gzipped: bool) -> AcceptResult:
         if len(self._backlog) > self.config.max_backlog:
             self.receiver_counters.payloads_refused_overload += 1
             raise Overloaded(f"derivation is {len(self._backlog)} traces behind")
@@ -122,8 +171,12 @@ class Collector:
                 evicted = self.assembler.add(spans, time.monotonic())
             else:  # written ahead, then assembled, under one lock (see collector.spool)
                 with self.spool.lock:
-                    self.spool.append(w.body)
-                    evicted = self.assembler.add(spans, time.monotonic())
+                    appended = self.spool.append(w.body)
+                    try:
+                        evicted = self.assembler.add(spans, time.monotonic())
+                    except AssemblyFull:  # refused: it must not come back at the next start
+                        self.spool.undo(appended)
+                        raise
         except AssemblyFull as exc:
             self.receiver_counters.payloads_refused_overload += 1
             raise Overloaded(f"trace assembly is full ({exc})") from None
@@ -200,7 +253,8 @@ class Collector:
 
     def replay_spool(self) -> int:
         """Assemble every request the spool holds from before this start (a crash, or a shutdown
-        that could not store everything). Returns how many."""
+        that could not store everything), at the pace trace assembly's bounds allow: a request that
+        does not fit (``--when-full refuse``) waits for derivation to release room. Returns how many."""
         n = 0
         for body in self.spool.replay():
             try:
@@ -208,7 +262,16 @@ class Collector:
             except ValueError:
                 continue
             spans, steps = split_steps(w.spans)
-            evicted = self.assembler.add(spans, time.monotonic())
+            while True:
+                try:
+                    evicted = self.assembler.add(spans, time.monotonic())
+                    break
+                except AssemblyFull:
+                    if self._stop.is_set():  # stopping: the rest stays in the spool for the next start
+                        return n
+                    if not self._worker.is_alive():  # replayed before the worker runs: derive here
+                        self.tick()
+                    time.sleep(self.config.tick_s)
             if evicted:
                 with self._backlog_lock:
                     self._backlog.extend(evicted)
@@ -218,6 +281,15 @@ class Collector:
         if n:
             log.info("collector: replayed %d accepted requests from the spool %s", n, self.config.spool)
         return n
+
+    def _replay_then_open(self) -> None:
+        try:
+            self.replay_spool()
+        except Exception:  # what was not replayed stays in the spool for the next start
+            log.exception("collector: replaying the spool %s failed; new data stays refused", self.config.spool)
+            return
+        if not self._stop.is_set():
+            self.gate.open()
 
     def _run(self) -> None:
         while not self._stop.wait(self.config.tick_s):
@@ -299,8 +371,11 @@ class Collector:
         from .receivers.otlp_grpc import GrpcReceiver
         from .receivers.otlp_http import HttpReceiver
 
-        if self.spool is not None:
-            self.replay_spool()
+        if self.spool is not None and self.spool.to_replay:
+            # receivers answer 503 until the spool's requests are assembled (in the background, at
+            # the pace the bounds allow: a spool larger than them still starts)
+            self.gate.close("replaying the spool of the last run", 0.0)
+            self._replayer = threading.Thread(target=self._replay_then_open, name="collector-replay", daemon=True)
         if cfg.forward_traces:
             from .exporters.otlp_forward import OTLPForwarder
 
@@ -349,6 +424,8 @@ class Collector:
                 Resource.create({"service.name": "otel-llm-collector", "service.instance.id": self.instance_id}),
             ).start()
         self._worker.start()
+        if self._replayer is not None:
+            self._replayer.start()
         return self
 
     def stop(self) -> None:
@@ -356,9 +433,15 @@ class Collector:
         ``shutdown_timeout_s`` (what did not make it is logged and counted as lost)."""
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         left = lambda: max(0.0, deadline - time.monotonic())
+        # from here every request is refused (503 / UNAVAILABLE, also on kept-alive connections)
+        # and those already admitted finish first: all that was answered OK is in assembly
+        if not self.gate.close("the collector is stopping", left()):
+            log.error("collector: requests still being taken in at the shutdown timeout")
         for r in self.receivers:
             r.stop()
         self._stop.set()
+        if self._replayer is not None:
+            self._replayer.join(left())
         if self._worker.is_alive():
             self._worker.join(left())
         final = threading.Thread(target=lambda: self.process(self.assembler.flush()), name="collector-flush")

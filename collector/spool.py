@@ -6,10 +6,16 @@ The spool is a directory of segment files ``NNNNNNNNNNNN.spool``, each a sequenc
 ``length (4 bytes LE) | CRC-32 of the body (4 bytes LE) | body`` (the request as protobuf bytes).
 Appends go to the newest segment with one ``write`` each (to the kernel: a process crash cannot
 lose them; ``fsync=True`` also survives a power loss, at a cost); it is closed and a new one
-begun after ``segment_bytes``. A closed segment is deleted once every trace with a span from it
-has been derived and stored: the caller tells :meth:`collect` the arrival time of the oldest
-trace still in flight and whether the store has written everything handed to it. A torn record
-at the end of a segment (the crash came mid-write) is skipped at replay, and counted.
+begun (before the next append) once it holds ``segment_bytes``. A closed segment is deleted once
+every trace with a span from it has been derived and stored: the caller tells :meth:`collect` the
+arrival time of the oldest trace still in flight and whether the store has written everything
+handed to it. A segment found at start counts as closed only once :meth:`replay` has handed out
+its last record: its traces are in assembly by then, so a crash loop (crash, restart, crash
+again before they are stored) never deletes what was not stored. A torn record at the end of a
+segment (the crash came mid-write) is skipped at replay, and counted.
+
+An append that the collector then cannot take (trace assembly full, ``--when-full refuse``) is
+undone (:meth:`undo`): what is refused is never replayed.
 
 Replaying may derive a trace whose records were stored before the crash: the store ignores
 records it has (keyed by trace, span and boundary), so replay is idempotent.
@@ -18,6 +24,7 @@ records it has (keyed by trace, span and boundary), so replay is idempotent.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import struct
@@ -42,8 +49,11 @@ class _Segment:
     seq: int
     path: str
     size: int = 0
-    closed_at: float | None = None  # monotonic seconds; None: the segment being appended to
+    closed_at: float | None = None  # monotonic seconds; None: the segment being appended to; inf: not replayed yet
     opened_at: float = 0.0
+
+
+_NOT_REPLAYED = math.inf
 
 
 class Spool:
@@ -67,7 +77,7 @@ class Spool:
             m = _NAME.match(name)
             if m:
                 path = os.path.join(directory, name)
-                self._segments.append(_Segment(int(m.group(1)), path, os.path.getsize(path), time.monotonic()))
+                self._segments.append(_Segment(int(m.group(1)), path, os.path.getsize(path), _NOT_REPLAYED))
         self._bytes = sum(s.size for s in self._segments)
         self._fd: int | None = None
         self._open_new()
@@ -79,12 +89,15 @@ class Spool:
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         self._segments.append(_Segment(seq, path, opened_at=time.monotonic()))
 
-    def append(self, body: bytes) -> None:
-        """Append one request (caller holds :attr:`lock`). Raises SpoolFull or OSError (disk
-        full): the caller refuses the request with UNAVAILABLE."""
+    def append(self, body: bytes) -> tuple[_Segment, int]:
+        """Append one request (caller holds :attr:`lock`). Returns what :meth:`undo` takes. Raises
+        SpoolFull or OSError (disk full): the caller refuses the request with UNAVAILABLE."""
         if self._bytes + len(body) + 8 > self.max_bytes:
             raise SpoolFull(f"the spool holds {self._bytes} of {self.max_bytes} bytes")
         cur = self._segments[-1]
+        if cur.size >= self.segment_bytes:
+            self._close_current()
+            cur = self._segments[-1]
         rec = _HEAD.pack(len(body), zlib.crc32(body)) + body
         n = os.write(self._fd, rec)
         if n != len(rec):  # a short write (disk full): undo it, refuse the request
@@ -92,17 +105,34 @@ class Spool:
             raise OSError(f"short write to the spool ({n} of {len(rec)} bytes)")
         if self.fsync:
             os.fsync(self._fd)
+        before = cur.size
         cur.size += n
         self._bytes += n
-        if cur.size >= self.segment_bytes:
-            os.close(self._fd)
-            cur.closed_at = time.monotonic()
-            self._open_new()
+        return cur, before
+
+    def undo(self, appended: tuple[_Segment, int]) -> None:
+        """Take back the last :meth:`append` (caller holds :attr:`lock`, across both): the request
+        was refused after all, so it must not be replayed."""
+        seg, before = appended
+        if seg is not self._segments[-1] or self._fd is None:
+            raise RuntimeError("only the last append can be undone")
+        os.ftruncate(self._fd, before)
+        if self.fsync:
+            os.fsync(self._fd)
+        self._bytes -= seg.size - before
+        seg.size = before
+
+    def _close_current(self) -> None:
+        os.close(self._fd)
+        self._segments[-1].closed_at = time.monotonic()
+        self._open_new()
 
     # -- replay and clean-up ---------------------------------------------------------------------
     def replay(self) -> Iterator[bytes]:
-        """The bodies of every closed segment (those found at start), oldest first."""
-        for seg in [s for s in self._segments if s.closed_at is not None]:
+        """The bodies of every segment found at start, oldest first. Each such segment counts as
+        closed (collectable) from the moment its last body has been taken: the caller assembles
+        each body before asking for the next."""
+        for seg in [s for s in self._segments if s.closed_at == _NOT_REPLAYED]:
             with open(seg.path, "rb") as fh:
                 data = fh.read()
             i = 0
@@ -121,6 +151,7 @@ class Spool:
             else:
                 if i != len(data):
                     self.torn_records += 1
+            seg.closed_at = time.monotonic()
 
     def collect(self, oldest_in_flight: float | None, store_idle: bool) -> int:
         """Delete the closed segments whose traces are all derived and stored: closed before the
@@ -135,7 +166,9 @@ class Spool:
         with self.lock:
             while len(self._segments) > 1:
                 seg = self._segments[0]
-                if seg.closed_at is None or (oldest_in_flight is not None and oldest_in_flight <= seg.closed_at):
+                if seg.closed_at in (None, _NOT_REPLAYED) or (
+                    oldest_in_flight is not None and oldest_in_flight <= seg.closed_at
+                ):
                     break
                 os.remove(seg.path)
                 self._bytes -= seg.size
@@ -149,9 +182,12 @@ class Spool:
         with self.lock:
             cur = self._segments[-1]
             if cur.size:
-                os.close(self._fd)
-                cur.closed_at = time.monotonic()
-                self._open_new()
+                self._close_current()
+
+    @property
+    def to_replay(self) -> int:
+        """Segments found at start whose records have not all been handed out by :meth:`replay`."""
+        return sum(1 for s in self._segments if s.closed_at == _NOT_REPLAYED)
 
     @property
     def bytes(self) -> int:
