@@ -410,6 +410,7 @@ class Collector:
                 self.self_counters,
                 token=cfg.auth_token if cfg.metrics_auth else None,
                 instance=self.instance_label,
+                tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None,
             ).start()
         if cfg.forward_metrics:
             from opentelemetry.sdk.resources import Resource

@@ -177,3 +177,74 @@ def test_a_silent_tls_client_blocks_nobody(make_collector, tmp_path):
     finally:
         silent.close()
         garbage.close()
+
+
+def test_metrics_are_served_over_tls_when_the_receivers_use_it(make_collector, tmp_path):
+    """--metrics-auth sends the receivers' token to /metrics: with TLS on, /metrics is HTTPS too,
+    and the Bearer scheme is case-insensitive (RFC 9110) there as on the receivers."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    cert, key = _self_signed(tmp_path)
+    c = make_collector(tls_cert=cert, tls_key=key, auth_token="s3cret", metrics_auth=True, otlp_grpc=None)
+    url = f"https://127.0.0.1:{c.prometheus.address[1]}/metrics"
+    ctx = ssl.create_default_context(cafile=cert)
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        req = urllib.request.Request(url, headers={"Authorization": f"{scheme} s3cret"})
+        with urllib.request.urlopen(req, context=ctx, timeout=5) as r:
+            assert r.status == 200 and b"otel_llm_collector_" in r.read()
+    for wrong in ("Bearer s3cre", "Basic s3cret", "Bearers3cret", ""):
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(
+                urllib.request.Request(url, headers={"Authorization": wrong}), context=ctx, timeout=5
+            )
+        assert err.value.code == 401
+    with pytest.raises(OSError):  # no cleartext
+        urllib.request.urlopen(url.replace("https", "http"), timeout=5)
+
+
+def test_the_bearer_scheme_is_case_insensitive_on_both_receivers(make_collector):
+    import grpc
+
+    c = make_collector(auth_token="tok")
+    http_port, grpc_port = c.receivers[1].address[1], c.receivers[0].port
+    body = sample_request().SerializeToString()
+    ctype = "application/x-protobuf"
+    for auth, want in (("bearer tok", b"200"), ("BeArEr  tok", b"200"), ("bearer tok2", b"401"), ("tok", b"401")):
+        out = raw(http_port, post_head(len(body), ctype, f"Authorization: {auth}\r\n"), body)
+        assert out.split(b" ")[1] == want, (auth, out[:80])
+    call = grpc.insecure_channel(f"127.0.0.1:{grpc_port}").unary_unary(
+        "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
+    )
+    assert call(body, metadata=(("authorization", "bearer tok"),), timeout=5) == b""
+    with pytest.raises(grpc.RpcError) as err:
+        call(body, metadata=(("authorization", "bearer nope"),), timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_a_burst_of_new_connections_is_answered_not_reset(make_collector):
+    """64 connections at once, more than socketserver's default listen backlog of 5: each one gets
+    an HTTP answer (200, or 503 over --max-connections), none a reset."""
+    import threading
+
+    c = make_collector(otlp_grpc=None, max_connections=16)
+    port = c.receivers[0].address[1]
+    body = sample_request().SerializeToString()
+    answers: list = []
+    go = threading.Event()
+
+    def one():
+        go.wait()
+        try:
+            answers.append(raw(port, post_head(len(body), "application/x-protobuf"), body).split(b" ")[1])
+        except OSError as exc:
+            answers.append(type(exc).__name__)
+
+    threads = [threading.Thread(target=one) for _ in range(64)]
+    for t in threads:
+        t.start()
+    go.set()
+    for t in threads:
+        t.join(30)
+    assert len(answers) == 64 and set(answers) <= {b"200", b"503"}, sorted(map(str, answers))[:5]

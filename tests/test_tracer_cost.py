@@ -131,3 +131,28 @@ def test_the_receiver_refuses_what_it_cannot_take(make_collector):
         post(c, export([("otel_llm.tracer.cpu_time", "sum", 1.0)], pid=pid))
     assert c.tracer_costs.series_refused == 2  # bounded: a sender cannot grow the scrape without end
     assert sum(1 for line in metrics_text(c).splitlines() if line.startswith("otel_llm_tracer_cpu_time_total{")) == 2
+
+
+@pytest.mark.skipif(not __import__("shutil").which("promtool"), reason="Debian's prometheus (make prometheus)")
+def test_no_sender_can_break_the_exposition(make_collector, tmp_path):
+    """Names with a newline, a space, '/', quotes; 2,000 distinct names; label values with quotes
+    and newlines: /metrics stays one parseable exposition (promtool check metrics), with a bounded
+    number of families."""
+    c = make_collector()
+    hostile = [
+        "otel_llm.tracer.x 1\n# TYPE evil gauge\nevil",
+        "otel_llm.tracer.a/b",
+        'otel_llm.tracer."q"',
+        "otel_llm.tracer.",
+        "otel_llm.tracer." + "z" * 300,
+    ]
+    assert post(c, export([(n, "sum", 1.0) for n in hostile], service='s"\n\\'))[0] == 200
+    assert post(c, export([(f"otel_llm.tracer.n{i}", "sum", float(i)) for i in range(2000)]))[0] == 200
+    text = metrics_text(c)
+    assert "evil" not in text and "a/b" not in text
+    families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE otel_llm_tracer_")}
+    assert len(families) == c.tracer_costs.max_names
+    path = tmp_path / "metrics.txt"
+    path.write_text(text)
+    check = subprocess.run(["promtool", "check", "metrics"], stdin=path.open(), capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr  # lint-clean too: every family has HELP

@@ -8,6 +8,7 @@ collector's own counters are exposed too, as ``otel_llm_collector_*``.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -15,12 +16,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ..config import listen
 from ..metrics_registry import Counter, Histogram
 from ..receivers.intake import token_matches
+from ..tls import HandshakeInThread, is_handshake_failure, wrap_listener
 
 UNIT_SUFFIX = {"s": "seconds", "ms": "milliseconds", "By": "bytes"}
+_NOT_IN_GRAMMAR = re.compile(r"[^a-zA-Z0-9_:]")
 
 
 def prom_name(name: str, unit: str, counter: bool = False) -> str:
-    base = name.replace(".", "_").replace("-", "_")
+    """The Prometheus name of an OpenTelemetry metric: every character outside the Prometheus
+    grammar ``[a-zA-Z_:][a-zA-Z0-9_:]*`` becomes ``_`` (whatever a sender named its metric, the
+    exposition stays parseable), then the unit's suffix and, for counters, ``_total``."""
+    base = _NOT_IN_GRAMMAR.sub("_", name)
+    if not base or base[0].isdigit():
+        base = "_" + base
     suffix = UNIT_SUFFIX.get(unit)
     if suffix and not base.endswith("_" + suffix):
         base += "_" + suffix
@@ -31,6 +39,10 @@ def prom_name(name: str, unit: str, counter: bool = False) -> str:
 
 def _esc(v: str) -> str:
     return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _help(text: str) -> str:
+    return str(text).replace("\\", "\\\\").replace("\n", "\\n")
 
 
 def _labels(names, values, extra: str = "") -> str:
@@ -75,7 +87,7 @@ def render(families: list, self_counters: dict[str, float] | None = None, instan
     for f in families:
         if isinstance(f, Histogram):
             n = prom_name(f.name, f.unit)
-            out.append(f"# HELP {n} {f.description}")
+            out.append(f"# HELP {n} {_help(f.description)}")
             out.append(f"# TYPE {n} histogram")
             for labels, s in sorted(f.series.items()):
                 cum = 0
@@ -87,20 +99,32 @@ def render(families: list, self_counters: dict[str, float] | None = None, instan
                 out.append(f"{n}_count{_labels(f.label_names, labels, inst)} {s.count}")
         elif isinstance(f, Counter):
             n = prom_name(f.name, "", counter=True)
-            out.append(f"# HELP {n} {f.description}")
+            out.append(f"# HELP {n} {_help(f.description)}")
             out.append(f"# TYPE {n} counter")
             for labels, v in sorted(f.series.items()):
                 out.append(f"{n}{_labels(f.label_names, labels, inst)} {_num(v)}")
     for key, v in sorted((self_counters or {}).items()):  # the collector's own health
         gauge = key in SELF_GAUGES
         n = "otel_llm_collector_" + key + ("" if gauge else "_total")
+        out.append(f"# HELP {n} the collector's own {key.replace('_', ' ')} ({'a level' if gauge else 'a count'})")
         out.append(f"# TYPE {n} {'gauge' if gauge else 'counter'}")
         out.append(f"{n}{_labels((), (), inst)} {_num(v)}")
     return "\n".join(out) + "\n"
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        import sys
+
+        if not is_handshake_failure(sys.exc_info()[1]):  # a failed TLS handshake is the client's
+            super().handle_error(request, client_address)
+
+
 class PrometheusEndpoint:
-    """Serves ``/metrics`` from a snapshot callable."""
+    """Serves ``/metrics`` from a snapshot callable; over TLS when given a certificate and key
+    (the receivers' own: a token required on ``/metrics`` never travels in cleartext)."""
 
     def __init__(
         self,
@@ -110,10 +134,11 @@ class PrometheusEndpoint:
         self_counters: Callable[[], dict],
         token: str | None = None,
         instance: str | None = None,
+        tls: tuple[str, str] | None = None,
     ):
         snap, selfc = snapshot, self_counters
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(HandshakeInThread, BaseHTTPRequestHandler):
             def do_GET(self):
                 if self.path.split("?")[0] not in ("/metrics", "/"):
                     self.send_error(404, "see /metrics")
@@ -134,8 +159,9 @@ class PrometheusEndpoint:
             def log_message(self, *a):
                 pass
 
-        self.server = listen(ThreadingHTTPServer, host, port, Handler, "Prometheus endpoint")
-        self.server.daemon_threads = True
+        self.server = listen(_Server, host, port, Handler, "Prometheus endpoint")
+        if tls is not None:
+            wrap_listener(self.server, *tls)
         self.address = self.server.server_address
         self._thread = threading.Thread(target=self.server.serve_forever, name="prometheus", daemon=True)
 

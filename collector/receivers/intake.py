@@ -13,9 +13,12 @@ from .decode import DecodeError, PayloadTooLarge
 
 
 def token_matches(authorization: str | None, token: str) -> bool:
-    """``Authorization: Bearer TOKEN``, compared in constant time (no timing oracle on the token)."""
-    want = f"Bearer {token}".encode()
-    return hmac.compare_digest((authorization or "").encode("utf-8", "surrogateescape"), want)
+    """``Authorization: Bearer TOKEN``: the scheme case-insensitive (RFC 9110, 11.1), the token
+    compared in constant time (no timing oracle on it)."""
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    given = given.lstrip(" ")
+    ok = hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode("utf-8", "surrogateescape"))
+    return ok and scheme.lower() == "bearer"
 
 
 class Overloaded(Exception):

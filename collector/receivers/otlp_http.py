@@ -8,7 +8,6 @@ other content types, 401 without the bearer token, 503 with ``Retry-After`` unde
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -17,6 +16,7 @@ from google.rpc import status_pb2
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
 
 from ..config import ReceiverSettings, listen
+from ..tls import HandshakeInThread, is_handshake_failure, wrap_listener
 from .intake import DecodeError, Intake, Overloaded, PayloadTooLarge, ReceiverCounters, token_matches
 
 PATH = "/v1/traces"
@@ -31,6 +31,7 @@ class _BoundedServer(ThreadingHTTPServer):
     ``Retry-After`` and closed (held connections cannot take the process's memory or threads)."""
 
     daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: a burst of new connections is answered, not reset
 
     def set_bound(self, max_connections: int, counters: ReceiverCounters) -> None:
         self._slots = threading.BoundedSemaphore(max_connections)
@@ -41,8 +42,7 @@ class _BoundedServer(ThreadingHTTPServer):
         not printed; anything else is reported as socketserver does."""
         import sys
 
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ssl.SSLError, TimeoutError, ConnectionError)):
+        if is_handshake_failure(sys.exc_info()[1]):
             self.counters.tls_handshakes_failed += 1
             return
         super().handle_error(request, client_address)
@@ -77,30 +77,20 @@ class HttpReceiver:
         self.server.set_bound(settings.max_connections, counters)
         self.server.daemon_threads = True
         cfg = settings
-        if cfg.tls_cert and cfg.tls_key:
-            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-            ctx.load_cert_chain(cfg.tls_cert, cfg.tls_key)
-            # the handshake runs in the connection's thread (Handler.setup), with the read timeout:
-            # a client that never sends its ClientHello holds one connection slot, not the accept loop
-            self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True, do_handshake_on_connect=False)
+        if cfg.tls_cert and cfg.tls_key:  # the handshake in each connection's thread, with the read timeout
+            wrap_listener(self.server, cfg.tls_cert, cfg.tls_key)
         self.address = self.server.server_address
         self._thread = threading.Thread(target=self.server.serve_forever, name="otlp-http", daemon=True)
 
     def _handler_class(self):
         intake, settings, counters = self.intake, self.settings, self.counters
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(HandshakeInThread, BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
             timeout = settings.read_timeout_s  # every read of the socket: a held body cannot pin a thread
 
             def log_message(self, *a):
                 pass
-
-            def setup(self):
-                if isinstance(self.request, ssl.SSLSocket):
-                    self.request.settimeout(settings.read_timeout_s)
-                    self.request.do_handshake()  # raises on failure or timeout: counted by handle_error
-                super().setup()
 
             def _reply(self, code: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
                 self.send_response(code)

@@ -6,11 +6,14 @@ counters so that ``/metrics`` (and Grafana) show it beside what it measures.
 sums named ``otel_llm.tracer.*`` are kept (their latest value per series), everything else is
 acknowledged and counted as ignored (this collector is not a metrics backend). Series are keyed by
 the sender's ``service.name``, ``service.instance.id`` (else ``process.pid``) and the point's
-``otel_llm.pipeline`` attribute, at most ``max_series`` of them.
+``otel_llm.pipeline`` attribute, at most ``max_series`` of them over at most ``max_names``
+metric names; a name outside ``otel_llm.tracer.`` + ``[a-z0-9_.]`` (at most 100 characters) is
+ignored, so no sender can put its text into the ``/metrics`` exposition.
 """
 
 from __future__ import annotations
 
+import re
 import threading
 
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
@@ -21,6 +24,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
 from .decode import DecodeError, PayloadTooLarge, gunzip
 
 PREFIX = "otel_llm.tracer."
+_NAME = re.compile(r"otel_llm\.tracer\.[a-z0-9_.]{1,100}")
 LABELS = ("service", "instance", "pipeline")
 
 
@@ -35,8 +39,8 @@ def _attr(kvs, key: str) -> str:
 class TracerCosts:
     """The latest cumulative value of each ``otel_llm.tracer.*`` series received."""
 
-    def __init__(self, max_series: int = 10_000):
-        self.max_series = max_series
+    def __init__(self, max_series: int = 10_000, max_names: int = 64):
+        self.max_series, self.max_names = max_series, max_names
         self.values: dict[str, dict[tuple, float]] = {}  # metric name -> labels -> value
         self.units: dict[str, str] = {}
         self.points_kept = self.points_ignored = self.series_refused = 0
@@ -76,16 +80,20 @@ class TracerCosts:
         return resp.SerializeToString()
 
     def _metric(self, m, service: str, instance: str) -> None:
-        if not m.name.startswith(PREFIX) or m.WhichOneof("data") != "sum":
+        if not _NAME.fullmatch(m.name) or m.WhichOneof("data") != "sum":
             self.points_ignored += self._points(m)
             return
-        series = self.values.setdefault(m.name, {})
-        self.units[m.name] = m.unit
+        series = self.values.get(m.name)
         for p in m.sum.data_points:
             key = (service, instance, _attr(p.attributes, "otel_llm.pipeline"))
-            if key not in series and sum(map(len, self.values.values())) >= self.max_series:
-                self.series_refused += 1
-                continue
+            if series is None or key not in series:
+                full = sum(map(len, self.values.values())) >= self.max_series
+                if full or (series is None and len(self.values) >= self.max_names):
+                    self.series_refused += 1
+                    continue
+                if series is None:  # a family exists only once it has a series
+                    series = self.values[m.name] = {}
+                    self.units[m.name] = m.unit
             series[key] = p.as_double if p.WhichOneof("value") == "as_double" else float(p.as_int)
             self.points_kept += 1
 
