@@ -67,6 +67,7 @@ soak: venv
 
 bench: venv
 	$(PY) benchmarks/derive_throughput.py
+	$(PY) benchmarks/derive_shapes.py
 
 # transformers continuous batching plain vs instrumented, CUDA step times (CPU path without CUDA)
 gpu-check: venv

@@ -265,8 +265,13 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
         redo_set = set(redo.tolist())
         rt = rec_tix.tolist()
         pairs = [(c, e) for c, e in pairs if rt[c] not in redo_set]
-        for t in redo.tolist():
-            mine = [r for r in range(n) if rt[r] == t]
+        # each redone trace's records, found once for the batch (a scan per trace was O(n^2): a
+        # batch of 8,000 traces behind a traced proxy took 6.7 s)
+        order = np.argsort(rec_tix, kind="stable")
+        starts = np.searchsorted(rec_tix[order], redo)
+        ends = np.searchsorted(rec_tix[order], redo, side="right")
+        for t, a, b in zip(redo.tolist(), starts.tolist(), ends.tolist()):
+            mine = order[a:b].tolist()
             pairs += _pair(
                 [r for r in mine if code[r] == sp.CLIENT],
                 [r for r in mine if code[r] == sp.ENGINE],
