@@ -141,12 +141,19 @@ class AssemblyConfig:
         int,
         1,
     )
-    remember_released: int = 100_000  # released trace ids remembered, to count late spans
+    remember_released: int = option(
+        1_000_000,
+        "--remember-traces",
+        "N",
+        "trace ids remembered after derivation (about 110 bytes each), so that a sender's late retry of a "
+        "trace is dropped, not counted twice in the metrics: recognised while fewer than N/2 traces were "
+        "released since (at the default and 1,000 requests/s: 500 s, beyond the OTLP exporters' retry window)",
+        int,
+        0,
+    )
 
     def __post_init__(self) -> None:
         _check_minimums(self)
-        if self.remember_released < 0:
-            raise ValueError("remember_released must be >= 0")
 
 
 @dataclass

@@ -152,3 +152,53 @@ def test_an_undone_append_is_not_replayed(tmp_path):
     again = Spool(d)
     assert list(again.replay()) == bodies[:2]
     again.close()
+
+
+def test_a_late_retry_is_not_counted_twice_within_the_documented_window(make_collector):
+    """A sender retries a request the collector already derived (its answer was lost): while
+    fewer than --remember-traces / 2 traces were released since, the retry is dropped as late and
+    neither the metrics nor the store count it again. The default covers the OpenTelemetry
+    Collector's default retry window (300 s) at 1,000 requests/s."""
+    from collector.assembly import AssemblyConfig
+
+    assert AssemblyConfig().remember_released // 2 >= 300 * 1000
+    c = make_collector(assembly=AssemblyConfig(grace_s=0.05, timeout_s=5, remember_released=40))
+    bodies = Bodies(salt=9)
+
+    def derived(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while c.records_derived < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    c.accept(bodies.body(0))
+    derived(2)
+    for i in range(1, 20):  # 19 more released: still within 40 / 2
+        c.accept(bodies.body(i))
+    derived(40)
+    c.accept(bodies.body(0))  # the late retry
+    time.sleep(0.5)  # 10 grace periods
+    counters = c.self_counters()
+    assert c.records_derived == 40 and sum(c.registry.requests.series.values()) == 40
+    assert counters["assembly_spans_late"] >= 2
+    c.store_writer.drain()
+    assert (c.store_writer.stored, c.store_writer.duplicates) == (40, 0)
+
+
+def test_a_retry_later_than_the_window_reaches_the_metrics_again_but_not_the_store(make_collector):
+    """The documented limit of --remember-traces, shown: past it the metrics count the retry again,
+    and the store's unique key still drops it."""
+    from collector.assembly import AssemblyConfig
+
+    c = make_collector(assembly=AssemblyConfig(grace_s=0.05, timeout_s=5, remember_released=4))
+    bodies = Bodies(salt=10)
+    for i in range(20):
+        c.accept(bodies.body(i))
+    deadline = time.monotonic() + 10
+    while c.records_derived < 40 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    c.accept(bodies.body(0))
+    while c.records_derived < 42 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert c.records_derived == 42 and sum(c.registry.requests.series.values()) == 42
+    c.store_writer.drain()
+    assert (c.store_writer.stored, c.store_writer.duplicates) == (40, 2)
