@@ -163,6 +163,7 @@ class ReceiverSettings:
     max_message_bytes: int
     max_connections: int = 64  # OTLP/HTTP connections at once; the next is refused with 503
     read_timeout_s: float = 10.0  # longest wait for the next bytes of a request (headers, body)
+    request_timeout_s: float = 30.0  # longest a whole request may take to arrive (OTLP/HTTP)
     auth_token: str | None = None  # bearer token required, when set
     tls_cert: str | None = None
     tls_key: str | None = None
@@ -257,6 +258,15 @@ class CollectorConfig:
     read_timeout_s: float = option(
         10.0, "--read-timeout", "S", "longest wait for the next bytes of an OTLP/HTTP request", float, 0.01
     )
+    request_timeout_s: float = option(
+        30.0,
+        "--request-timeout",
+        "S",
+        "longest an OTLP/HTTP request may take to arrive, from the connection waiting for it to its last body "
+        "byte (a sender trickling bytes cannot hold a connection slot longer)",
+        float,
+        0.01,
+    )
     max_models: int = option(
         100, "--max-label-values", "N", "distinct model labels on the metrics; later ones fold into '_other'", int, 1
     )
@@ -348,6 +358,7 @@ class CollectorConfig:
             self.max_message_bytes,
             self.max_connections,
             self.read_timeout_s,
+            self.request_timeout_s,
             self.auth_token,
             self.tls_cert,
             self.tls_key,

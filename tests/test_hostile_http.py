@@ -248,3 +248,47 @@ def test_a_burst_of_new_connections_is_answered_not_reset(make_collector):
     for t in threads:
         t.join(30)
     assert len(answers) == 64 and set(answers) <= {b"200", b"503"}, sorted(map(str, answers))[:5]
+
+
+def test_slow_senders_cannot_hold_every_connection_slot(make_collector):
+    """Every --max-connections slot taken by a sender trickling its headers a byte at a time,
+    each byte inside --read-timeout: --request-timeout closes them, and a sender that retries on
+    503 as the OTLP exporters do gets all its requests in."""
+    import threading
+
+    c = make_collector(otlp_grpc=None, max_connections=8, read_timeout_s=5.0, request_timeout_s=1.5)
+    port = c.receivers[0].address[1]
+    stop = threading.Event()
+
+    def trickle():
+        head = post_head(10**6, "application/x-protobuf")
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+            for b in head:
+                if stop.is_set():
+                    return
+                try:
+                    s.sendall(bytes([b]))
+                except OSError:  # closed by the receiver
+                    return
+                time.sleep(0.3)
+
+    slow = [threading.Thread(target=trickle, daemon=True) for _ in range(8)]
+    for t in slow:
+        t.start()
+    time.sleep(0.5)
+    body = sample_request().SerializeToString()
+    ok, deadline = 0, time.monotonic() + 20
+    try:
+        while ok < 5 and time.monotonic() < deadline:
+            try:
+                answer = raw(port, post_head(len(body), "application/x-protobuf"), body, timeout=5)
+            except OSError:
+                answer = b""
+            if answer.startswith(b"HTTP/1.1 200"):
+                ok += 1
+            else:
+                time.sleep(0.2)  # 503: retry, as an exporter does
+        assert ok == 5
+        assert c.receiver_counters.requests_timed_out >= 8
+    finally:
+        stop.set()

@@ -43,6 +43,7 @@ class ReceiverCounters:
     payloads_refused_overload: int = 0
     unauthenticated: int = 0
     connections_refused: int = 0  # OTLP/HTTP connections over --max-connections (answered 503)
+    requests_timed_out: int = 0  # OTLP/HTTP requests not arrived whole within --request-timeout (closed)
     tls_handshakes_failed: int = 0  # failed or timed out (OTLP/HTTP)
 
 

@@ -7,8 +7,13 @@ other content types, 401 without the bearer token, 503 with ``Retry-After`` unde
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
+import socket
+import ssl
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from google.protobuf import json_format
@@ -24,6 +29,58 @@ METRICS_PATH = "/v1/metrics"  # the traced processes' own cost (collector.receiv
 
 
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+class Deadlines:
+    """One watchdog thread for every connection's request deadline: a connection whose request
+    has not arrived whole by its deadline has its socket shut down (the handler's blocked read
+    ends, the slot is freed) and is counted. Deadlines cover reading only, never the processing
+    of a request or the writing of its answer."""
+
+    def __init__(self, counters: ReceiverCounters):
+        self.counters = counters
+        self._heap: list[tuple[float, int, socket.socket]] = []
+        self._live: set[int] = set()
+        self._ids = itertools.count()
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="otlp-http-deadlines", daemon=True)
+        self._thread.start()
+
+    def arm(self, sock: socket.socket, seconds: float) -> int:
+        with self._cv:
+            key = next(self._ids)
+            heapq.heappush(self._heap, (time.monotonic() + seconds, key, sock))
+            self._live.add(key)
+            self._cv.notify()
+            return key
+
+    def disarm(self, key: int) -> bool:
+        """False when the deadline had already passed (the socket is shut down)."""
+        with self._cv:
+            if key in self._live:
+                self._live.discard(key)
+                return True
+            return False
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap:
+                    self._cv.wait()
+                at, key, sock = self._heap[0]
+                wait = at - time.monotonic()
+                if wait > 0:
+                    self._cv.wait(wait)
+                    continue
+                heapq.heappop(self._heap)
+                if key not in self._live:
+                    continue
+                self._live.discard(key)
+            self.counters.requests_timed_out += 1
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
 
 class _BoundedServer(ThreadingHTTPServer):
@@ -42,8 +99,9 @@ class _BoundedServer(ThreadingHTTPServer):
         not printed; anything else is reported as socketserver does."""
         import sys
 
-        if is_handshake_failure(sys.exc_info()[1]):
-            self.counters.tls_handshakes_failed += 1
+        if is_handshake_failure(sys.exc_info()[1]):  # or a peer gone mid-answer: nothing to report
+            if isinstance(request, ssl.SSLSocket):
+                self.counters.tls_handshakes_failed += 1
             return
         super().handle_error(request, client_address)
 
@@ -72,6 +130,7 @@ class _BoundedServer(ThreadingHTTPServer):
 class HttpReceiver:
     def __init__(self, intake: Intake, settings: ReceiverSettings, counters: ReceiverCounters, host: str, port: int):
         self.intake, self.settings, self.counters = intake, settings, counters
+        self.deadlines = Deadlines(counters)
         handler = self._handler_class()
         self.server = listen(_BoundedServer, host, port, handler, "OTLP/HTTP receiver")
         self.server.set_bound(settings.max_connections, counters)
@@ -83,7 +142,7 @@ class HttpReceiver:
         self._thread = threading.Thread(target=self.server.serve_forever, name="otlp-http", daemon=True)
 
     def _handler_class(self):
-        intake, settings, counters = self.intake, self.settings, self.counters
+        intake, settings, counters, deadlines = self.intake, self.settings, self.counters, self.deadlines
 
         class Handler(HandshakeInThread, BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -91,6 +150,14 @@ class HttpReceiver:
 
             def log_message(self, *a):
                 pass
+
+            def handle_one_request(self):
+                # the whole request (request line, headers, body) within --request-timeout
+                self._deadline = deadlines.arm(self.connection, settings.request_timeout_s)
+                try:
+                    super().handle_one_request()
+                finally:
+                    deadlines.disarm(self._deadline)
 
             def _reply(self, code: int, body: bytes, ctype: str, extra: dict | None = None) -> None:
                 self.send_response(code)
@@ -140,7 +207,10 @@ class HttpReceiver:
                 except TimeoutError:  # a client that holds its body back: the connection goes
                     self.close_connection = True
                     return
-                if len(body) < n:
+                if not deadlines.disarm(self._deadline):  # too late: the connection is shut down
+                    self.close_connection = True
+                    return
+                if len(body) < n:  # arrived: processing and answering are not bounded by the deadline
                     self.close_connection = True
                     self._status(3, 400, f"body ended after {len(body)} of {n} bytes", as_json)
                     return
