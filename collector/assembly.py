@@ -104,6 +104,7 @@ class _Entry:
     has_client: bool = False
     late: bool = False  # opened again after a release, for a boundary not derived then
     spans: int = 0
+    bytes: int = 0  # memory its spans hold, as the caller estimated it (see add)
 
 
 @dataclass
@@ -111,6 +112,7 @@ class ReleasedTrace:
     trace_id: bytes
     spans: list[tuple]
     reason: str  # grace | timeout | evicted | flush
+    bytes: int = 0  # memory its spans hold, as estimated when they were added
 
 
 class RecentTraces:
@@ -149,12 +151,14 @@ class TraceAssembler:
         self._peer: deque[tuple[float, bytes]] = deque()  # the same for traces waiting for their client span
         self._released = RecentTraces(self.config.remember_released)  # trace id -> boundary bits derived
         self._lock = threading.Lock()
+        self.bytes = 0  # memory held by the spans in flight, as estimated by the callers of add
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def add(self, spans: list[tuple], now: float) -> list[ReleasedTrace]:
-        """Add walked spans; returns traces evicted to make room (to derive now). Raises
+    def add(self, spans: list[tuple], now: float, bytes_per_span: int = 0) -> list[ReleasedTrace]:
+        """Add walked spans, each holding about ``bytes_per_span`` bytes (counted in :attr:`bytes`
+        while its trace is in flight); returns traces evicted to make room (to derive now). Raises
         :class:`AssemblyFull` (adding nothing) when ``on_full="refuse"`` and they do not fit."""
         cfg = self.config
         evicted: list[ReleasedTrace] = []
@@ -194,6 +198,8 @@ class TraceAssembler:
                     c.spans_duplicate += 1
                     continue
                 e.spans += 1
+                e.bytes += bytes_per_span
+                self.bytes += bytes_per_span
                 code = s[sp.CODE]
                 if code <= sp.ENGINE:  # a request span: its trace is ready after the grace period
                     if code == sp.CLIENT:
@@ -225,7 +231,8 @@ class TraceAssembler:
             c.traces_released_grace += 1
         elif reason == "timeout":
             c.traces_released_timeout += 1
-        return ReleasedTrace(tid, spans, reason)
+        self.bytes -= e.bytes
+        return ReleasedTrace(tid, spans, reason, e.bytes)
 
     def _release_oldest(self, reason: str) -> ReleasedTrace | None:
         while self._ring:

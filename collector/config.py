@@ -299,6 +299,15 @@ class CollectorConfig:
         int,
         1,
     )
+    max_inflight_bytes: int = option(
+        512 << 20,
+        "--max-inflight-bytes",
+        "N",
+        "memory the spans in trace assembly and in the derivation backlog may hold, at most (estimated as twice "
+        "each request's bytes plus 600 bytes a span: an upper bound); beyond, new data gets UNAVAILABLE / 503",
+        int,
+        1 << 20,
+    )
     max_json_decodes: int = option(
         2,
         "--max-json-decodes",

@@ -32,6 +32,15 @@ log = logging.getLogger("collector")
 
 #: engine steps waiting for the store, per trace of --max-backlog (their bound, with it)
 STEPS_PER_BACKLOG_TRACE = 10
+#: what a walked span holds beyond its share of the request's bytes (the tuple, its ids, its ints)
+SPAN_OVERHEAD_BYTES = 600
+
+
+def span_bytes(body_bytes: int, spans: int) -> int:
+    """Memory one walked span of a request is counted for: an upper bound. Strings decode to their
+    wire size; an int array element takes at least 4 wire bytes (an AnyValue in an ArrayValue)
+    and 8 decoded; so twice the request's bytes, shared by its spans, plus the span's own overhead."""
+    return 2 * body_bytes // max(spans, 1) + SPAN_OVERHEAD_BYTES
 
 
 class IntakeGate:
@@ -100,6 +109,7 @@ class Collector:
         self.records_derived = 0
         self.events_rejected = 0  # token events dropped as invalid (see derive._events)
         self._backlog: list[ReleasedTrace] = []
+        self._backlog_bytes = 0  # memory the backlog's spans hold (see span_bytes)
         self._steps: list[tuple] = []  # walked step spans waiting for the store
         self.steps_received = 0
         self.steps_dropped = 0  # the store fell behind by more than the steps' bound
@@ -164,16 +174,25 @@ class Collector:
             body, json_body=json_body, gzipped=gzipped, max_bytes=self.config.max_message_bytes
         )
 
+    def inflight_bytes(self) -> int:
+        """Memory the spans in assembly and in the derivation backlog hold (see :func:`span_bytes`)."""
+        return self.assembler.bytes + self._backlog_bytes
+
     def _accept_walked(self, w: WalkResult) -> AcceptResult:
         spans, steps = split_steps(w.spans)  # engine steps bypass assembly (collector.steps)
+        per_span = span_bytes(len(w.body or b""), w.total)
+        held, limit = self.inflight_bytes(), self.config.max_inflight_bytes
+        if held + per_span * len(spans) > limit:
+            self.receiver_counters.payloads_refused_overload += 1
+            raise Overloaded(f"spans in flight hold {held >> 20} MiB of --max-inflight-bytes {limit >> 20} MiB")
         try:
             if self.spool is None:
-                evicted = self.assembler.add(spans, time.monotonic())
+                evicted = self.assembler.add(spans, time.monotonic(), per_span)
             else:  # written ahead, then assembled, under one lock (see collector.spool)
                 with self.spool.lock:
                     appended = self.spool.append(w.body)
                     try:
-                        evicted = self.assembler.add(spans, time.monotonic())
+                        evicted = self.assembler.add(spans, time.monotonic(), per_span)
                     except AssemblyFull:  # refused: it must not come back at the next start
                         self.spool.undo(appended)
                         raise
@@ -188,8 +207,7 @@ class Collector:
         c.spans += w.total
         c.spans_rejected += w.rejected
         if evicted:
-            with self._backlog_lock:
-                self._backlog.extend(evicted)
+            self._to_backlog(evicted)
         if steps:
             self._take_steps(steps)
         if self.policy_forwarder is not None:
@@ -197,6 +215,11 @@ class Collector:
         elif self.forwarder is not None:
             self.forwarder.submit(w.body)
         return AcceptResult(w.rejected, w.first_error)
+
+    def _to_backlog(self, released: list[ReleasedTrace]) -> None:
+        with self._backlog_lock:
+            self._backlog.extend(released)
+            self._backlog_bytes += sum(r.bytes for r in released)
 
     def _take_steps(self, steps: list[tuple]) -> None:
         """Engine step spans go to the store (in batches, with the next derivation tick); at most
@@ -215,7 +238,7 @@ class Collector:
     def process(self, released: list[ReleasedTrace]) -> int:
         with self._backlog_lock:
             released = self._backlog + released
-            self._backlog = []
+            self._backlog, self._backlog_bytes = [], 0
             steps, self._steps = self._steps, []
         if steps and self.store_writer is not None:
             self.store_writer.put(StepBatch.from_walked(steps))
@@ -262,9 +285,12 @@ class Collector:
             except ValueError:
                 continue
             spans, steps = split_steps(w.spans)
+            per_span = span_bytes(len(body), w.total)
             while True:
                 try:
-                    evicted = self.assembler.add(spans, time.monotonic())
+                    if self.inflight_bytes() + per_span * len(spans) > self.config.max_inflight_bytes:
+                        raise AssemblyFull("--max-inflight-bytes")
+                    evicted = self.assembler.add(spans, time.monotonic(), per_span)
                     break
                 except AssemblyFull:
                     if self._stop.is_set():  # stopping: the rest stays in the spool for the next start
@@ -273,8 +299,7 @@ class Collector:
                         self.tick()
                     time.sleep(self.config.tick_s)
             if evicted:
-                with self._backlog_lock:
-                    self._backlog.extend(evicted)
+                self._to_backlog(evicted)
             if steps:
                 self._take_steps(steps)
             n += 1
@@ -315,6 +340,8 @@ class Collector:
         out["derivation_backlog_traces"] = len(self._backlog)
         cfg = self.config  # each buffer's bound beside its level
         out["assembly_traces_limit"] = cfg.assembly.max_traces
+        out["inflight_bytes"] = self.inflight_bytes()
+        out["inflight_limit_bytes"] = cfg.max_inflight_bytes
         out["derivation_backlog_limit"] = cfg.max_backlog
         out["receiver_http_connections_limit"] = cfg.max_connections
         out["records_derived"] = self.records_derived

@@ -202,3 +202,55 @@ def test_a_retry_later_than_the_window_reaches_the_metrics_again_but_not_the_sto
     assert c.records_derived == 42 and sum(c.registry.requests.series.values()) == 42
     c.store_writer.drain()
     assert (c.store_writer.stored, c.store_writer.duplicates) == (40, 2)
+
+
+def _big_request(i: int, elements: int) -> bytes:
+    """One engine request span whose token-event arrays hold ``elements`` small ints each (4 wire
+    bytes an element, 8 in memory): the largest expansion of wire bytes a sender can get."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    from otel_llm import semconv as sc
+
+    req = ExportTraceServiceRequest()
+    s = req.resource_spans.add().scope_spans.add().spans.add(name=sc.SPAN_REQUEST)
+    s.trace_id, s.span_id = (i + 1).to_bytes(16, "big"), (i + 1).to_bytes(8, "big")
+    s.start_time_unix_nano, s.end_time_unix_nano = 10**18, 10**18 + 10**9
+    for key, value in ((sc.BOUNDARY, "engine"), (sc.REQUEST_ID, f"big{i}")):
+        s.attributes.add(key=key).value.string_value = value
+    for key in (sc.TOKEN_EVENT_OFFSETS, sc.TOKEN_EVENT_TOKENS):
+        arr = s.attributes.add(key=key).value.array_value.values
+        arr.extend([type(s.attributes[0].value)(int_value=1)] * elements)
+    return req.SerializeToString()
+
+
+@pytest.mark.slow
+def test_memory_in_flight_is_bounded_in_bytes(tmp_path):
+    """Requests of 3.5 MiB whose arrays double in memory, held in assembly (a long grace): past
+    --max-inflight-bytes they get 503, and the collector's peak RSS grows by less than twice the
+    bound (it grew by gigabytes with only --max-traces)."""
+    import socket
+
+    from collector_harness import http_post
+
+    limit = 128 << 20
+    c = Collector(
+        tmp_path / "m.db",
+        ("--max-inflight-bytes", str(limit), "--trace-grace", "120", "--trace-timeout", "300", "--max-traces", "10000"),
+    ).start()
+    try:
+        with open(f"/proc/{c.proc.pid}/status") as fh:
+            before = next(int(line.split()[1]) << 10 for line in fh if line.startswith("VmHWM:"))
+        codes = []
+        with socket.create_connection(("127.0.0.1", c.http_port), timeout=30) as conn:
+            for i in range(60):
+                codes.append(http_post(conn, _big_request(i, 450_000), c.http_port))
+        with open(f"/proc/{c.proc.pid}/status") as fh:
+            grown = next(int(line.split()[1]) << 10 for line in fh if line.startswith("VmHWM:")) - before
+        accepted = codes.count(200)
+        print(
+            f"{accepted} of 60 requests of 3.5 MiB accepted; peak RSS grew {grown >> 20} MiB (bound {limit >> 20} MiB)"
+        )
+        assert set(codes) == {200, 503} and 10 <= accepted < 40, codes
+        assert grown < 2 * limit, f"peak RSS grew {grown >> 20} MiB for a {limit >> 20} MiB bound"
+    finally:
+        c.terminate()

@@ -71,6 +71,8 @@ SELF_GAUGES = frozenset(
         "forward_traces_queue_limit_bytes",
         "store_unwritten_records",
         "store_unwritten_limit",
+        "inflight_bytes",
+        "inflight_limit_bytes",
         "spool_bytes",
         "spool_limit_bytes",
         "spool_segments",
