@@ -483,12 +483,15 @@ class Collector:
             )
         if self.pusher is not None:
             self.pusher.stop()
+        # the forwarders share one deadline (a target that never answers cannot stretch the stop)
+        forwarding_ends = time.monotonic() + min(5.0, left())
+        until = lambda: max(0.0, forwarding_ends - time.monotonic())
         if self.policy_forwarder is not None:  # what it holds is decided (by the ratio) and handed on
-            self.policy_forwarder.stop(min(5.0, left()))
+            self.policy_forwarder.stop(until())
         if self.forwarder is not None:
-            self.forwarder.stop(min(5.0, left()))
+            self.forwarder.stop(until())
         if self.records_forwarder is not None:
-            self.records_forwarder.stop(min(5.0, left()))
+            self.records_forwarder.stop(until())
         if self.prometheus is not None:
             self.prometheus.stop()
         if self.store is not None:

@@ -254,3 +254,43 @@ def test_memory_in_flight_is_bounded_in_bytes(tmp_path):
         assert grown < 2 * limit, f"peak RSS grew {grown >> 20} MiB for a {limit >> 20} MiB bound"
     finally:
         c.terminate()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scheme", ["http", "grpc"])
+def test_forwarding_to_a_target_that_never_answers(tmp_path, scheme):
+    """--forward-traces (behind its policy) and --forward-records to a port that accepts and never answers: nothing
+    acknowledged is lost from the store, the forwarders' memory stays within their queues' bound,
+    and SIGTERM gives forwarding at most 5 s (the stop took up to 32.5 s)."""
+    import socket
+    import threading
+
+    blackhole = socket.create_server(("127.0.0.1", 0), backlog=1000)
+    held: list = []
+    threading.Thread(target=lambda: [held.append(blackhole.accept()) for _ in iter(int, 1)], daemon=True).start()
+    target = f"{scheme}://127.0.0.1:{blackhole.getsockname()[1]}"
+    queue_bytes = 16 << 20
+    store = tmp_path / "f.db"
+    c = Collector(
+        store,
+        ("--forward-traces", target, "--forward-records", target, "--forward-queue-bytes", str(queue_bytes))
+        + ("--forward-traces-policy", "all", "--trace-grace", "0.2"),
+    ).start()
+    try:
+        with open(f"/proc/{c.proc.pid}/status") as fh:
+            before = next(int(line.split()[1]) << 10 for line in fh if line.startswith("VmHWM:"))
+        out = _send(c, Bodies(salt=4), 0, 4.0)
+        with open(f"/proc/{c.proc.pid}/status") as fh:
+            grown = next(int(line.split()[1]) << 10 for line in fh if line.startswith("VmHWM:")) - before
+        t0 = time.monotonic()
+        assert c.terminate() == 0, c.stderr()
+        stop_s = time.monotonic() - t0
+        print(f"{scheme}: stop took {stop_s:.1f} s, peak RSS +{grown >> 20} MiB, {len(out.acked)} acknowledged")
+    finally:
+        blackhole.close()
+    # the forwarders share 5 s of the stop, whatever the target does (each had 2 x 5 s: three of
+    # them took the stop past the default --shutdown-timeout of 30 s)
+    assert stop_s < 5 + 2.5, f"stop took {stop_s:.1f} s"
+    assert grown < 2 * queue_bytes + (96 << 20), f"peak RSS grew {grown >> 20} MiB"
+    missing, twice = missing_or_twice(store, out.acked)
+    assert (missing[:5], len(missing), twice) == ([], 0, [])

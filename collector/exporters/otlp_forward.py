@@ -2,7 +2,9 @@
 accepted trace export request, unchanged, to Jaeger or another collector) and ``--forward-records
 URL`` (each derived record as an OTLP log record, :mod:`collector.exporters.records_logs`). Queued
 and bounded in bytes (``max_queue_bytes``) as well as in requests: a full queue drops and counts (a
-target that never answers cannot take the collector's memory); a failed send is counted.
+target that never answers cannot take the collector's memory); a failed send is counted. A stop
+takes at most its timeout, whatever the target does: what is still queued then is dropped and
+counted.
 
 ``URL``: ``http://host:4318`` (OTLP/HTTP protobuf, ``/v1/traces`` or ``/v1/logs`` appended) or
 ``grpc://host:4317``.
@@ -13,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 import urllib.request
 
 log = logging.getLogger("collector")
@@ -49,6 +52,7 @@ class OTLPForwarder:
         self._q: queue.Queue = queue.Queue(max_queue)
         self.sent = self.failed = self.dropped = 0
         self.queued_bytes = 0  # bodies waiting to be sent
+        self._give_up_at = float("inf")  # monotonic: set by stop; past it the queue is dropped
         self._bytes_lock = threading.Lock()
         self._warned = False
         if url.startswith("grpc://"):
@@ -98,6 +102,9 @@ class OTLPForwarder:
                 return
             with self._bytes_lock:
                 self.queued_bytes -= len(body)
+            if time.monotonic() > self._give_up_at:  # stopping, out of time: dropped, counted
+                self.dropped += 1
+                continue
             try:
                 self._send(body)
                 self.sent += 1
@@ -114,14 +121,19 @@ class OTLPForwarder:
         return self
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        stop_worker(self._q, self._thread, timeout_s)
+        """Send what is queued for at most ``timeout_s`` seconds; the rest is dropped and counted."""
+        self._give_up_at = time.monotonic() + timeout_s
+        if not stop_worker(self._q, self._thread, timeout_s):
+            self.dropped += self._q.qsize()  # still sending (a target that never answers): given up
 
 
-def stop_worker(q: queue.Queue, thread: threading.Thread, timeout_s: float) -> None:
-    """End a queue's worker thread: a ``None`` after what is queued, then wait for it (at most
-    ``timeout_s`` for each)."""
+def stop_worker(q: queue.Queue, thread: threading.Thread, timeout_s: float) -> bool:
+    """End a queue's worker thread: a ``None`` after what is queued (or, the queue being full, as
+    soon as there is room), then wait for it; ``timeout_s`` in all. False: still running then."""
+    deadline = time.monotonic() + timeout_s
     try:
         q.put(None, timeout=timeout_s)
     except queue.Full:
-        pass
-    thread.join(timeout_s)
+        return False
+    thread.join(max(0.0, deadline - time.monotonic()))
+    return not thread.is_alive()
