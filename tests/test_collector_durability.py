@@ -79,6 +79,10 @@ def _crash_loop(tmp_path, seed: int, fsync: bool, kills: int) -> None:
     _wait_stored(store, acked, 60)
     assert c.terminate() == 0, c.stderr()
     missing, twice = missing_or_twice(store, acked)
+    print(
+        f"seed {seed} fsync={fsync}: {kills} SIGKILLs, {len(acked)} acknowledged, "
+        f"{len(acked) - len(missing)} stored at both boundaries, {len(twice)} rows twice"
+    )
     assert len(acked) > 50
     assert (missing[:5], len(missing), twice) == ([], 0, []), f"seed {seed}: {len(missing)} of {len(acked)} lost"
     assert [f for f in os.listdir(spool) if f.endswith(".spool")] == []  # emptied at the clean stop
