@@ -10,7 +10,7 @@ import random
 import time
 
 import pytest
-from collector_harness import Bodies, Collector, Outcome, Senders, missing_or_twice, stored
+from collector_harness import ROOT, Bodies, Collector, Outcome, Senders, missing_or_twice, stored
 
 from collector.spool import Spool
 
@@ -298,3 +298,38 @@ def test_forwarding_to_a_target_that_never_answers(tmp_path, scheme):
     assert grown < 2 * queue_bytes + (96 << 20), f"peak RSS grew {grown >> 20} MiB"
     missing, twice = missing_or_twice(store, out.acked)
     assert (missing[:5], len(missing), twice) == ([], 0, [])
+
+
+@pytest.mark.slow
+def test_a_burst_behind_a_proxy_then_sigterm_stores_everything(tmp_path):
+    """20,000 traces whose engine span's parent is a gateway span the collector never sees, sent
+    as fast as four keep-alive connections go, then SIGTERM at once: every acknowledged one is
+    stored at both boundaries within the shutdown timeout (the quadratic matching stored 0)."""
+    import socket
+    import sys
+    import threading
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from collector_harness import http_post
+    from derive_shapes import request
+
+    store = tmp_path / "p.db"
+    c = Collector(store, ("--trace-grace", "30", "--shutdown-timeout", "10")).start()  # all derived at the stop
+    t0 = time.time_ns()
+    acked: list = []
+
+    def send(part: int) -> None:
+        with socket.create_connection(("127.0.0.1", c.http_port), timeout=30) as conn:
+            for i in range(part, 20_000, 4):
+                if http_post(conn, request(i, "proxy", t0 + i * 1000), c.http_port) == 200:
+                    acked.append(i)
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert c.terminate() == 0, c.stderr()
+    rows = stored(store)
+    missing = [i for i in acked if rows.get((f"req-{i}", "client")) != 1 or rows.get((f"req-{i}", "engine")) != 1]
+    assert len(acked) == 20_000 and missing == []
