@@ -52,6 +52,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -219,19 +220,27 @@ class EngineHooks:
     ):
         """A request arrived at the engine front end. ``trace_headers``: a W3C carrier
         (``traceparent``) whose trace the request's spans join. ``start_time_ns``: wall-clock ns
-        of the arrival, if the engine knows it better than the hook's own time. If the method
-        raises, the request is recorded as arrived and ``rejected``."""
+        of the arrival, if the engine knows it better than the hook's own time (vLLM stamps it
+        with ``time.time()`` before tokenizing). It is taken as an age, read against the wall clock
+        now, and placed on the monotonic clock like every other event: a wall-clock time compared
+        with the process's anchor would move by every step or slew of the system clock since the
+        anchor was taken (40 ms put a request's tokens before its arrival). If the method raises,
+        the request is recorded as arrived and ``rejected``."""
 
         def arrived(res, a, k):
             rid = request_id(res, *a, **k)
             if rid is None:  # the engine refused it without an id (nothing to trace)
                 return
+            now = monotonic_ns()
+            start = start_time_ns(res, *a, **k) if start_time_ns else None
+            if start is not None:  # arrived no later than this hook ran
+                start = now - max(0, time.time_ns() - start)
             self._rec(
                 (
                     ARRIVAL,
-                    monotonic_ns(),
+                    now,
                     rid,
-                    start_time_ns(res, *a, **k) if start_time_ns else None,
+                    start,
                     input_tokens(res, *a, **k) if input_tokens else None,
                     trace_headers(res, *a, **k) if trace_headers else None,
                     attributes(res, *a, **k) if attributes else None,

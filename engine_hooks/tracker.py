@@ -3,7 +3,7 @@
 Event tuples (``mono`` = monotonic ns when the hook ran):
 
 =========== =============================================================================
-ARRIVAL     ``(ARRIVAL, mono, request_id, start_wall_ns|None, input_tokens|None, trace_headers|None, attrs|None)``
+ARRIVAL     ``(ARRIVAL, mono, request_id, start_mono_ns|None, input_tokens|None, trace_headers|None, attrs|None)``
 SCHEDULED   ``(SCHEDULED, mono, request_id)``: first scheduled, or scheduled again after a preemption
 PREEMPTED   ``(PREEMPTED, mono, request_id, mode[, kv_usage, recompute_tokens])``: ``mode`` is
             ``recompute`` or ``swap``; the KV cache's used fraction and the request's tokens whose
@@ -521,7 +521,7 @@ class RequestTracker:
             elif kind == STEP:
                 self.step(wall(ev[1]), wall(ev[2]), *ev[3:])
             elif kind == ARRIVAL:
-                self.arrival(ev[2], wall(ev[1]), *ev[3:])
+                self.arrival(ev[2], wall(ev[1]), None if ev[3] is None else wall(ev[3]), *ev[4:])
             elif kind == SCHEDULED:
                 self.scheduled(ev[2], wall(ev[1]))
             elif kind == PREEMPTED:

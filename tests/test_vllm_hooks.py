@@ -196,3 +196,24 @@ def test_prefix_cache_tokens_agree_with_vllm(tmp_path, tiny_model):
         assert a[sc.PREFILL_LOCAL_CACHED_TOKENS] == r["cached"] and a[sc.PREFILL_EXTERNAL_CACHED_TOKENS] == 0
         cached.append(r["cached"])
     assert cached == [0, 256, 256, 0]  # two whole blocks of the repeated prompt; the new one: nothing
+
+
+def test_a_wall_clock_step_moves_no_token_before_its_arrival(tmp_path, tiny_model):
+    """The front end's wall clock steps 40 ms ahead after the anchor was taken (chrony on a VM):
+    vLLM's arrival_time (time.time()) must not move against the monotonic times of everything
+    else. Before, arrival came 40 ms late: tokens at offset 0 (TTFT 0), QUEUED before arrival
+    (the front-end part lost), as loaded vLLM servers showed with vLLM's benchmark client."""
+    truth, spans = run_vllm_scenario(tmp_path, "clock-step", tiny_model)
+    trees = request_trees(spans)
+    ids = {r["id"] for r in truth["requests"]}
+    assert ids <= set(trees) and len(ids) == 16
+    for rid in ids:
+        tree = trees[rid]
+        check_nesting_and_order(tree)
+        root = tree["root"]
+        offsets = root.attributes[sc.TOKEN_EVENT_OFFSETS]
+        front_end = tree["children"][sc.SPAN_FRONTEND][0]
+        queue = tree["children"][sc.SPAN_QUEUE][0]
+        assert offsets[0] > 0, rid  # the first token after the arrival
+        assert front_end.start_ns == root.start_ns and front_end.duration_ns > 0
+        assert root.start_ns < queue.start_ns <= tree["children"][sc.SPAN_PREFILL][0].start_ns

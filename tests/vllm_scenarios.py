@@ -195,6 +195,28 @@ def scenario_own_tracing(model: str) -> dict:
     return {"requests": truth_of(outs), "time_in_queue": theirs()}
 
 
+def scenario_clock_step(model: str) -> dict:
+    """The front end's wall clock steps 40 ms ahead after the engine started (an NTP correction on
+    a VM): vLLM stamps arrival with ``time.time()``, the hooks place everything else through the
+    anchor taken at start. The engine core's own process keeps the true clock."""
+    import time
+
+    from vllm import LLM, SamplingParams
+
+    import engine_hooks
+
+    llm = engine_hooks.instrument(LLM)(model=model, kv_cache_memory_bytes=64 * MiB, **ENGINE_ARGS)
+    llm.generate(prompts(1), SamplingParams(max_tokens=4), use_tqdm=False)  # the pipeline and its anchor run
+    real_time, real_time_ns = time.time, time.time_ns
+    time.time = lambda: real_time() + 0.040
+    time.time_ns = lambda: real_time_ns() + 40_000_000
+    try:
+        outs = llm.generate(prompts(16), SamplingParams(max_tokens=16, ignore_eos=True), use_tqdm=False)
+    finally:
+        time.time, time.time_ns = real_time, real_time_ns
+    return {"requests": truth_of(outs)}
+
+
 def main() -> None:
     scenario, model, out = sys.argv[1], sys.argv[2], sys.argv[3]
     if scenario == "class":
@@ -205,6 +227,8 @@ def main() -> None:
         result = scenario_prefix(model)
     elif scenario == "instance":
         result = scenario_instance(model)
+    elif scenario == "clock-step":
+        result = scenario_clock_step(model)
     elif scenario == "own-tracing":
         result = scenario_own_tracing(model)
     elif scenario == "async-abort":
