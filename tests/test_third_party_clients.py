@@ -1,0 +1,80 @@
+"""A real traced vLLM server loaded by the third-party clients people load servers with, each
+request of theirs joined to our server and engine records by the request id the client sent:
+tokens equal, every boundary inside the one around it (client TTFT >= server TTFT >= engine
+TTFT; server received <= engine arrival <= queued <= scheduled <= first token <= finish), at a
+rate that does not queue and at one that does."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import pytest
+from conftest import start_vllm_server
+from third_party_clients import vllm_bench_serve
+
+from collector.assembly import AssemblyConfig
+
+pytestmark = pytest.mark.slow
+
+N = 200
+
+
+def _check_request(i: int, client_ttft: float, client_tokens: int, server, engine) -> None:
+    """Every invariant the three records of one request can decide (raises AssertionError)."""
+    assert server is not None and engine is not None, "a boundary is missing"
+    assert client_tokens == server.output_tokens == engine.output_tokens
+    assert client_ttft >= server.ttft >= engine.ttft > 0
+    for part in ("front_end", "queue", "prefill"):
+        assert getattr(engine, part) is not None and getattr(engine, part) >= 0, part
+    first_token_ns = engine.submit_ns + round(engine.ttft * 1e9)
+    assert server.submit_ns <= engine.submit_ns  # received before the engine's arrival
+    assert engine.submit_ns <= engine.first_scheduled_ns <= engine.first_generated_ns <= first_token_ns
+    assert first_token_ns <= engine.end_ns <= server.end_ns
+    for r in (engine, server):  # every token event inside [submit, end]
+        offs = np.asarray(r.event_offsets_ns)
+        assert offs.min() >= 0 and offs.max() <= r.end_ns - r.submit_ns
+
+
+@pytest.mark.parametrize("rate", ["8", "inf"], ids=["no-queue", "queues"])
+def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_path, rate):
+    c = make_collector(assembly=AssemblyConfig(grace_s=0.5, timeout_s=30))
+    otlp = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_LLM_SCHEDULE_DELAY": "100",
+    }
+    server, base_url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp})
+    try:
+        result = vllm_bench_serve(
+            base_url,
+            tiny_model,
+            tmp_path,
+            *("--dataset-name", "random", "--random-input-len", "48", "--random-output-len", "32"),
+            *("--ignore-eos", "--num-prompts", str(N), "--request-rate", rate, "--seed", "1"),
+            *("--request-id-prefix", "X"),
+        )
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    deadline = time.monotonic() + 60
+    while c.store.count() < 2 * N and time.monotonic() < deadline:
+        time.sleep(0.2)
+    records = {(r.boundary, r.request_id): r for r in c.store.records()}
+    failures, diffs = [], []
+    for i, (ttft, tokens) in enumerate(zip(result["ttfts"], result["output_lens"])):
+        rid = f"cmpl-X{i}-0"  # vLLM's id for x-request-id X<i>, prompt 0
+        server_rec, engine_rec = records.get(("server", rid)), records.get(("engine", rid))
+        try:
+            _check_request(i, ttft, tokens, server_rec, engine_rec)
+            diffs.append(ttft - server_rec.ttft)
+        except AssertionError as exc:
+            failures.append(f"{rid}: {exc}")
+    d = np.array(diffs) * 1e3
+    print(
+        f"rate {rate}: client - server TTFT over {len(d)} requests: median {np.median(d):.2f} ms, max {d.max():.2f} ms"
+    )
+    assert failures == [], f"{len(failures)} of {N}: {failures[:5]}"
+    if rate == "inf":  # 200 requests at once: they wait (in front of the HTTP app more than in the scheduler)
+        assert np.median(result["ttfts"]) > 0.05
