@@ -81,6 +81,14 @@ class _Choice:
     text_parts: list[str] = field(default_factory=list)
 
 
+def _empty_token(choice: dict, delta: dict) -> bool:
+    """A chunk whose output text is empty but present, neither the chat stream's opening role
+    chunk nor a closing chunk with only a finish reason: a token that decodes to no text (vLLM
+    sends one chunk per engine output, each with at least one token)."""
+    has_text = choice.get("text") is not None or delta.get("content") is not None
+    return has_text and delta.get("role") is None and choice.get("finish_reason") is None
+
+
 class _StreamRecorder:
     """Turns SSE chunks (already parsed JSON) into token events, per choice: one event per chunk
     in which a choice has output. Token counts come from the usage the server sends with the
@@ -112,7 +120,7 @@ class _StreamRecorder:
             if text:
                 c.text_parts.append(text)
             k = n if n is not None and len(choices) == 1 else None
-            if k is None and text:
+            if k is None and (text or _empty_token(ch, delta)):
                 k = 1
                 c.estimated_events += 1
             if k and k > 0:

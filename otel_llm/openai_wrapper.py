@@ -40,6 +40,11 @@ from .client import (
 from .clock import WallAnchor
 
 _INSTRUMENTED = "_otel_llm_instrumented"
+_WHY = {
+    "cancelled": "the stream was closed before its end",
+    "dropped": "the stream was dropped unread",
+    "unparsed": "the response was dropped unparsed",
+}
 
 
 def _chunk_dict(chunk) -> dict:
@@ -93,19 +98,22 @@ class _Call:
         self.end()
 
     def fail(self, exc: BaseException) -> None:
+        if isinstance(exc, asyncio.CancelledError):  # the caller gave up (wait_for, task.cancel())
+            self.end("cancelled")
+            return
         code = getattr(exc, "status_code", None)
         self.res.http_status = code
         self.res.status = "rejected" if code in REJECTED_HTTP else "error"
         self.res.error = f"{type(exc).__name__}: {exc}"[:500]
         self.end()
 
-    def end(self, status: str | None = None) -> None:
+    def end(self, status: str | None = None, why: str | None = None) -> None:
         if self.done:
             return
         self.done = True
         if status is not None and self.res.status == "ok":
             self.res.status = status
-            self.res.error = "the stream was closed before its end" if status == "cancelled" else None
+            self.res.error = _WHY.get(why or status)
         finish_span(self.span, self.res, self.rec, self.kwargs, self.now(), self.capture, self.sibling)
 
 
@@ -185,11 +193,12 @@ def _trace_result(obj, call: _Call):
         if not getattr(type(obj), _INSTRUMENTED, False):
             obj._iterator = (_async_chunks if is_async else _sync_chunks)(obj._iterator, call)
             obj.__class__ = _traced_class(type(obj), is_async)
+            weakref.finalize(obj, call.end, "cancelled", "dropped")  # never read: ends when it goes
         return obj
     parse = getattr(obj, "parse", None)
     if parse is not None and hasattr(obj, "http_response"):  # with_raw_response / with_streaming_response
         _trace_parse(obj, parse, call)
-        weakref.finalize(obj, call.end, "cancelled")  # never parsed: ends when the response goes
+        weakref.finalize(obj, call.end, "cancelled", "unparsed")  # never parsed: ends when the response goes
         return obj
     call.response(obj)
     return obj

@@ -90,10 +90,11 @@ class FakeOpenAI:
                         time.sleep(gap)
                         k = min(multi, n - done)
                         done += k
+                        # fake_empty_every=K: every K-th chunk's token decodes to no text (as vLLM sends it)
+                        empty = body.get("fake_empty_every") and done % body["fake_empty_every"] == 0
+                        text = "" if empty else "x" * k
                         for i in range(choices):
-                            choice = (
-                                {"index": i, "delta": {"content": "x" * k}} if chat else {"index": i, "text": "x" * k}
-                            )
+                            choice = {"index": i, "delta": {"content": text}} if chat else {"index": i, "text": text}
                             obj = {"id": "cmpl-fake", "choices": [choice]}
                             sent += k
                             if usage == "continuous":

@@ -417,3 +417,53 @@ def test_real_vllm_a_refused_request_keeps_its_spans(vllm_server, tiny_model, tp
     assert len(server) == 1 and server[0].attributes[sc.HTTP_STATUS] == 400
     assert server[0].parent_span_id == format(s.context.span_id, "016x")  # the client's own span is its parent
     assert not [x for x in read_trace_file(traces) if x.trace_id == want and x.name == sc.SPAN_REQUEST]
+
+
+@pytest.mark.parametrize("path", ["completions", "chat"])
+def test_a_token_with_empty_text_is_counted(server, tp, mem, path):
+    """A chunk whose token decodes to no text is a token event: the count equals the usage."""
+    c = sync_client(server, tp)
+    body = {**SLOW, "fake_gap_ms": 2, "fake_empty_every": 3}
+    if path == "chat":
+        stream = c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=12, stream=True, extra_body=body
+        )
+    else:
+        stream = c.completions.create(model="m", prompt="hi", max_tokens=12, stream=True, extra_body=body)
+    list(stream)
+    (s,) = client_spans(tp, mem)
+    a = s.attributes
+    assert a[sc.OUTPUT_TOKENS] == 12 and sum(a[sc.TOKEN_EVENT_TOKENS]) == 12
+    assert len(a[sc.TOKEN_EVENT_OFFSETS]) == 12 and not a.get(sc.TOKEN_EVENT_ESTIMATED)
+
+
+def test_an_async_call_cancelled_before_its_answer_is_cancelled(server, tp, mem):
+    async def go():
+        c = async_client(server, tp)
+        with pytest.raises(asyncio.TimeoutError):  # wait_for gives up on the whole response
+            await asyncio.wait_for(
+                c.completions.create(model="m", prompt="hi", max_tokens=40, extra_body={"fake_gap_ms": 50}), 0.2
+            )
+        task = asyncio.ensure_future(
+            c.completions.create(model="m", prompt="hi", max_tokens=40, stream=True, extra_body={"fake_gap_ms": 50})
+        )
+        await asyncio.sleep(0)
+        task.cancel()  # before the response arrives
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await c.close()
+
+    asyncio.run(go())
+    spans = client_spans(tp, mem, 2)
+    assert [s.attributes[sc.STATUS] for s in spans] == ["cancelled", "cancelled"]
+
+
+def test_a_stream_dropped_unread_still_records_its_span(server, tp, mem):
+    import gc
+
+    c = sync_client(server, tp)
+    stream = c.completions.create(model="m", prompt="hi", max_tokens=4, stream=True, extra_body=SLOW)
+    del stream
+    gc.collect()
+    (s,) = client_spans(tp, mem)
+    assert s.attributes[sc.STATUS] == "cancelled" and "dropped unread" in s.status.description
