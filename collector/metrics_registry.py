@@ -281,8 +281,14 @@ class MetricsRegistry:
         ]
 
     def record(self, batch: RecordBatch, rm: RequestMetrics) -> None:
-        """Add a batch of derived records; ``rm`` is their per-request metrics, same order."""
+        """Add a batch of derived records; ``rm`` is their per-request metrics, same order.
+        Warm-up requests (``otel-llm bench --warmup``) are left out, as ``analyze`` leaves them."""
         self.last_stalled = set()
+        if batch.warmup.any():
+            from otel_llm.request_math import request_metrics
+
+            batch = batch.take(np.flatnonzero(~batch.warmup))
+            rm = request_metrics(batch.timelines())
         if not len(batch):
             return
         groups: dict[tuple, list[int]] = {}

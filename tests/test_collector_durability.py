@@ -333,3 +333,20 @@ def test_a_burst_behind_a_proxy_then_sigterm_stores_everything(tmp_path):
     rows = stored(store)
     missing = [i for i in acked if rows.get((f"req-{i}", "client")) != 1 or rows.get((f"req-{i}", "engine")) != 1]
     assert len(acked) == 20_000 and missing == []
+
+
+def test_warmup_requests_are_left_out_of_the_metrics_as_analyze_leaves_them(make_collector):
+    """otel-llm bench's warm-up requests are stored (marked) but not counted on /metrics."""
+    from otlp_helpers import Req, sample_request
+
+    from otel_llm import semconv as sc
+
+    c = make_collector()
+    reqs = [Req(f"w{i}", client_attrs={sc.BENCH_WARMUP: True}) for i in range(3)] + [Req(f"m{i}") for i in range(5)]
+    c.accept(sample_request(reqs).SerializeToString())
+    deadline = time.monotonic() + 10
+    while c.records_derived < 16 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert c.records_derived == 16  # every boundary of every request derived and stored
+    assert sum(c.registry.requests.series.values()) == 10  # the 5 measured ones, at both boundaries
+    assert sum(c.registry.ttft.series[k].count for k in c.registry.ttft.series) == 10
