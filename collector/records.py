@@ -118,10 +118,16 @@ COLUMNS: tuple[Column, ...] = (
         "network_in",
         SECONDS,
         "s",
-        "client send -> the HTTP app got the request: client library, network, HTTP parsing (two clocks; "
-        "needs the server span)",
+        "client send -> the HTTP server read the request's first bytes: the client library after its send "
+        "time, the network (two clocks; needs the server span)",
     ),
-    Column("api_in", SECONDS, "s", "HTTP server received -> engine arrival (the API server; needs the server span)"),
+    Column(
+        "api_in",
+        SECONDS,
+        "s",
+        "the HTTP server read the first bytes -> engine arrival: HTTP parsing, the wait for the API server's "
+        "event loop, its handler (needs the server span)",
+    ),
     Column(
         "delivery",
         SECONDS,

@@ -26,9 +26,10 @@ from .steps import StepBatch
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
 PART_MEANING = {
-    "network_in": "client send -> the HTTP app got the request: the client library after its send time, the "
-    "network, the HTTP server's parsing (two clocks)",
-    "api_in": "HTTP server received -> engine arrival: HTTP parsing, validation, the API server's event loop",
+    "network_in": "client send -> the HTTP server read the request's first bytes: the client library after its "
+    "send time, the network (two clocks)",
+    "api_in": "first bytes read -> engine arrival: HTTP parsing, the wait for the API server's event loop (busy "
+    "with other streams), validation",
     "to_engine": "client send -> engine arrival, without the server span: the network and the HTTP server in",
     "front_end": "llm.frontend: arrival -> queued: rendering, tokenization, the hand-off to the engine core",
     "queue": "llm.queue: queued -> first scheduled: waiting for the scheduler (holds the front end where unknown)",

@@ -2,11 +2,16 @@
 
 One span per request, kind SERVER, after the OpenTelemetry HTTP server conventions (name
 ``{method} {path}``, ``http.request.method``, ``url.path``, ``http.response.status_code``), with
-``llm.boundary = server``: it starts when the request reached the app and ends when the last body
-chunk was written, and carries the time the response started and the time of every body chunk
-written (``llm.http.chunk_offsets_ns``, ns after the span's start, like the token events; no SSE
-payload is read). The caller's ``traceparent`` parents it, and the middleware hands the request on
-with its own ``traceparent``, so the engine's ``llm.request`` becomes its child.
+``llm.boundary = server``: it starts when the server read the request's first bytes and ends when
+the last body chunk was written, and carries the time the app was called (``llm.http.app_start_
+offset_ns``: HTTP parsing and the wait for the event loop before it), the time the response
+started and the time of every body chunk written (``llm.http.chunk_offsets_ns``, ns after the
+span's start, like the token events; no SSE payload is read). The first byte's time comes from
+uvicorn's protocol (:func:`stamp_first_byte`: the parser's message-begin callback for httptools,
+the ``data_received`` that brought a new request for h11, O(1) a request); under another server,
+or for the first request before the stamp is installed, the span starts when the app is called.
+The caller's ``traceparent`` parents it, and the middleware hands the request on with its own
+``traceparent``, so the engine's ``llm.request`` becomes its child.
 
 Cheap on the event loop: a monotonic clock read and a list append per chunk; the span is built
 later on the tracing pipeline's thread (a RAW event, as the engine hooks record). vLLM's API server
@@ -27,13 +32,61 @@ from .recorder import RAW
 
 _TRACEPARENT = b"traceparent"
 _SEEN = "otel_llm.http_traced"  # scope key: an inner copy of the middleware passes through
+FIRST_BYTE = "otel_llm.first_byte_mono_ns"  # scope key: when the server began reading the request
+_STAMPED = "_otel_llm_stamped"
+
+
+def stamp_first_byte() -> bool:
+    """Make uvicorn put, into each HTTP request's ASGI scope, the monotonic ns at which its
+    protocol began reading the request (``FIRST_BYTE``). Idempotent; False where uvicorn is not
+    installed."""
+    done = False
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    except ImportError:
+        HttpToolsProtocol = None
+    if HttpToolsProtocol is not None and not getattr(HttpToolsProtocol.on_message_begin, _STAMPED, False):
+        begin = HttpToolsProtocol.on_message_begin
+
+        def on_message_begin(self) -> None:
+            t = monotonic_ns()
+            begin(self)
+            self.scope[FIRST_BYTE] = t
+
+        setattr(on_message_begin, _STAMPED, True)
+        HttpToolsProtocol.on_message_begin = on_message_begin
+        done = True
+    try:
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+    except ImportError:
+        return done
+    if not getattr(H11Protocol.data_received, _STAMPED, False):
+        received, handle = H11Protocol.data_received, H11Protocol.handle_events
+
+        def data_received(self, data: bytes) -> None:
+            idle = self.cycle is None or self.cycle.response_complete
+            if idle and getattr(self, "_otel_llm_first", None) is None:  # these bytes begin a request
+                self._otel_llm_first = monotonic_ns()
+            received(self, data)
+
+        def handle_events(self) -> None:
+            handle(self)
+            scope = getattr(self, "scope", None)  # the new request's, read by its task once this returns
+            first = getattr(self, "_otel_llm_first", None)
+            if scope is not None and first is not None and FIRST_BYTE not in scope:
+                scope[FIRST_BYTE] = first
+                self._otel_llm_first = None  # taken: the next bytes after this request begin another
+
+        setattr(data_received, _STAMPED, True)
+        H11Protocol.data_received, H11Protocol.handle_events = data_received, handle_events
+    return True
 
 
 @dataclass
 class HttpRecord:
     """One HTTP request at the server. Times are monotonic ns of this process."""
 
-    start_mono: int
+    start_mono: int  # the server began reading the request (else: the app was called)
     end_mono: int
     method: str
     path: str
@@ -46,6 +99,7 @@ class HttpRecord:
     parent_flags: int = 1
     sampled: bool = True  # the sampler's decision (OTEL_TRACES_SAMPLER), handed on in the traceparent
     probability: float | None = None  # what it kept the request with, where it decided itself
+    app_start_mono: int = 0  # the app (this middleware) was called
 
 
 def parse_traceparent(value: bytes | str | None) -> tuple[bytes, bytes, int] | None:
@@ -75,6 +129,7 @@ class TracingMiddleware:
 
         self.app = app
         self._recorder = recorder
+        stamp_first_byte()  # for the requests after this one (Starlette builds middleware on the first)
         self._excluded = environment.excluded_urls()  # health probes, metric scrapes: no span
         from otel_llm.sdk_internals import configured_sampler
 
@@ -114,7 +169,8 @@ class TracingMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        t0 = monotonic_ns()
+        t_app = monotonic_ns()
+        t0 = min(scope.get(FIRST_BYTE) or t_app, t_app)
         headers = list(scope.get("headers") or [])
         parent = None
         for i, (k, v) in enumerate(headers):
@@ -141,6 +197,7 @@ class TracingMiddleware:
             parent[2] if parent else 1,
             sampled,
             p,
+            t_app,
         )
         chunks = rec.chunk_mono
 

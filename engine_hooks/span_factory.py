@@ -225,6 +225,7 @@ class SpanFactory:
             attrs[sc.HTTP_STATUS] = int(h.status)
         if h.response_start_mono is not None:
             attrs[sc.HTTP_RESPONSE_START] = wall_ns(h.response_start_mono) - t0
+        attrs[sc.HTTP_APP_START] = h.app_start_mono - h.start_mono
         if h.probability is not None and h.probability < 1.0:
             attrs[sc.SAMPLING_PROBABILITY] = h.probability
         status = Status(StatusCode.ERROR) if h.status is not None and h.status >= 500 else None

@@ -24,6 +24,9 @@ HTTP_METHOD = "http.request.method"
 HTTP_STATUS = "http.response.status_code"
 URL_PATH = "url.path"
 HTTP_RESPONSE_START = "llm.http.response_start_offset_ns"  # int: ns after the span start
+# int: ns after the span start (its first byte read) at which the HTTP app was called: HTTP
+# parsing and the wait for the server's event loop
+HTTP_APP_START = "llm.http.app_start_offset_ns"
 HTTP_CHUNK_OFFSETS = "llm.http.chunk_offsets_ns"  # int[]: each body chunk written, ns after the span start
 #: the routes whose server spans the collector derives (span name "{method} {path}")
 SERVER_SPAN_NAMES = (

@@ -101,9 +101,10 @@ def build() -> dict:
         ],
         "s",
         stack=True,
-        description="network_in: client send -> engine arrival; front_end: arrival -> queued; queue; prefill; "
-        "delivery: first token generated -> "
-        "client has it. network_in and delivery span two clocks (uncorrected)",
+        description="network_in: client send -> the HTTP server read the first bytes; api_in: -> engine arrival "
+        "(HTTP parsing, the API server's event loop); front_end: arrival -> queued; queue; prefill; api_out: first "
+        "token generated -> the server wrote it; network_out: -> client has it. network_in and network_out span "
+        "two clocks (uncorrected)",
     )
     panel(
         "Stall seconds by cause (per second)",

@@ -219,6 +219,9 @@ def install_http_middleware() -> bool:
     init = getattr(launcher, "init_entrypoints_middleware", None)
     if init is None or hooked(init):
         return init is not None
+    from ..asgi import stamp_first_byte
+
+    stamp_first_byte()  # before uvicorn reads the first request
 
     @functools.wraps(init)
     def init_entrypoints_middleware(args, app, *rest, **kwargs):
