@@ -359,12 +359,16 @@ class ComparisonSummary:
     stalls: dict[str, int]  # STALL_CLASSES -> requests
     ttft_share: dict[str, float] | None  # TTFT_PARTS -> share of the summed client TTFT
     max_abs_parts_sum_error_s: float | None
+    records_with_violations: int = 0  # records compared that break a timeline ordering (collector.invariants)
+    violations: dict[str, int] = field(default_factory=dict)  # kind -> records
 
     def to_json(self) -> dict:
         o = self.offset
         out = {
             "requests_paired": self.requests_paired,
             "records_unpaired": self.records_unpaired,
+            "records_with_violations": self.records_with_violations,
+            "violations": self.violations,
             "clock_offset": {
                 "theta_s": o.theta,
                 "low_s": o.low,
@@ -415,7 +419,15 @@ def summarize_comparison(
         if all(r.front_end is None for r in known):  # not reported: the queue holds it, it is not 0
             share["front_end"] = None
         err = max(abs(r.parts_sum_minus_ttft) for r in known)
+    records = [r for pair in cmp.pairs for r in pair] + list(cmp.alone)
+    broken = [r.violations for r in records if getattr(r, "violations", None)]
+    kinds: dict[str, int] = {}
+    for v in broken:
+        for k in v.split(","):
+            kinds[k] = kinds.get(k, 0) + 1
     return ComparisonSummary(
+        records_with_violations=len(broken),
+        violations=dict(sorted(kinds.items())),
         requests_paired=len(rows),
         records_unpaired=len(cmp.alone),
         offset=cmp.offset,

@@ -63,6 +63,14 @@ def format_comparison(
         "",
         f"paired requests: {summary.requests_paired}, unpaired records: {summary.records_unpaired}; "
         "stalls: " + ", ".join(f"{k} {v}" for k, v in st.items() if v or k in STALL_CLASSES),
+        "timeline violations: "
+        + (
+            f"{summary.records_with_violations} records ("
+            + ", ".join(f"{k} {n}" for k, n in summary.violations.items())
+            + "): their broken parts are unknown, not 0"
+            if summary.records_with_violations
+            else "none"
+        ),
         "",
         h(f"Slowest {min(top, len(rows))} by client TTFT (ms)"),
     ]

@@ -30,6 +30,7 @@ import numpy as np
 from otel_llm.request_math import RequestMetrics, request_metrics
 from otel_llm.timeline import STATUS_CODE, clean_events
 
+from . import invariants
 from . import walked_span as sp
 from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch, timeline_batch
@@ -489,6 +490,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         warmup=warmup,
         choice=choice,
         events_rejected=rejected,
+        violations=[None] * n,  # below, once the batch's metrics are known
         submit_ns=submit,
         end_ns=end,
         event_start=start,
@@ -527,6 +529,20 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         sample_weight=weight,
         paired=paired,
         peer_request_id=peer,
+    )
+    batch.violations = invariants.check(
+        rq.code,
+        submit,
+        rq.first_scheduled_ns,
+        rq.first_generated_ns,
+        first_event,
+        rm.ttft,
+        rm.output_tokens,
+        rejected,
+        rq.server_received_ns,
+        rq.pairs,
+        rq.server_of,
+        cols[sp.VIOLATIONS] if n else [],
     )
     if rq.pairs:
         pci, pei = np.array(rq.pairs, np.int64).T

@@ -212,6 +212,13 @@ class MetricsRegistry:
             "llm.usage.tokens_after_abort of aborted engine requests)",
             BM,
         )
+        self.violations = Counter(
+            "llm.timeline.violations",
+            "{request}",
+            "Derived records whose timeline breaks an ordering that must hold (an event before its arrival, a "
+            "boundary not inside the one around it), by kind (collector.invariants.KINDS); never clamped away",
+            BM + ("kind",),
+        )
         self.ttft_part = Histogram(
             "llm.ttft.part",
             "s",
@@ -274,6 +281,7 @@ class MetricsRegistry:
             self.preemptions,
             self.unread,
             self.after_abort,
+            self.violations,
             self.ttft_part,
             self.stalls,
             self.stall_seconds,
@@ -311,7 +319,12 @@ class MetricsRegistry:
             has = np.flatnonzero(ok & (rm.events > 0))
             rates = miss_rates(batch.event_start, batch.event_offsets_ns, batch.event_tokens, has, self.fluidity)
             index[has] = 1.0 - rates
+        broken = [(i, v) for i, v in enumerate(batch.violations) if v]  # rare
         with self._lock:
+            for i, v in broken:
+                labels = (batch.boundary[i], self._model_label(batch.model[i]))
+                for kind in v.split(","):
+                    self.violations.add(labels + (kind,), 1)
             for labels, idx_list in groups.items():
                 idx = np.asarray(idx_list)
                 sel = idx[ok[idx]]

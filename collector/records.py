@@ -92,6 +92,12 @@ COLUMNS: tuple[Column, ...] = (
     Column(
         "events_rejected", INT, "", "token events dropped as invalid (outside the span, or a token count out of range)"
     ),
+    Column(
+        "violations",
+        TEXT,
+        "",
+        "the timeline orderings this record breaks, comma-separated (collector.invariants.KINDS); unknown: none",
+    ),
     # per-request metrics (docs/metrics/spec.md)
     Column("ttft", SECONDS, "s", "first token event - submit; unknown without a token"),
     Column("tpot", SECONDS, "s", "(last - first token event) / (N - 1); unknown for N <= 1, never 0"),

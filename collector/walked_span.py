@@ -66,6 +66,7 @@ _ATTRIBUTES = (
     ("waiting", sc.STEP_WAITING),
     ("wait_reason", sc.STEP_WAIT_REASON),
     ("after_abort", sc.TOKENS_AFTER_ABORT),
+    ("violations", sc.TIMELINE_VIOLATIONS),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -98,6 +99,7 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     STEP_WAITING,
     STEP_WAIT_REASON,
     AFTER_ABORT,
+    VIOLATIONS,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

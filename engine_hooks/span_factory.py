@@ -3,8 +3,10 @@
 Runs off the engine's thread. Span layout (docs/architecture.md): ``llm.request`` (SERVER) with children
 ``llm.queue``, ``llm.prefill``, ``llm.decode``, one ``llm.preemption`` per preemption and
 ``llm.stream``; the token-event arrays ride on ``llm.request``. Children are clamped inside
-their parent. Engine steps go into one trace per export batch: an ``llm.engine.steps`` span with
-one ``llm.engine.step`` child per iteration.
+their parent for trace viewers, token events never: an ordering the recorded times break is said
+on ``llm.request`` (``llm.timeline.violations``) and counted by the collector. Engine steps go
+into one trace per export batch: an ``llm.engine.steps`` span with one ``llm.engine.step`` child
+per iteration.
 """
 
 from __future__ import annotations
@@ -38,6 +40,27 @@ def parent_from_headers(headers: Mapping[str, str] | None) -> SpanContext | None
     ctx = _PROPAGATOR.extract(carrier=dict(headers))
     sc_ = trace_api.get_current_span(ctx).get_span_context()
     return sc_ if sc_.is_valid else None
+
+
+def _broken_orderings(r: FinishedRequest) -> list[str]:
+    """The orderings of one request's timeline that its recorded times break (kinds of
+    :data:`collector.invariants.KINDS`): each must hold, and one that does not is said."""
+    s0, s1 = r.start_ns, r.end_ns
+    out = []
+    for times, early, late in ((r.out_times_ns, "token_before_arrival", "token_after_finish"),):
+        if len(times):
+            t = np.asarray(times, dtype=np.int64)
+            if t.min() < s0:
+                out.append(early)
+            if t.max() > s1:
+                out.append(late)
+    if r.queued_ns is not None and r.queued_ns < s0:
+        out.append("queued_before_arrival")
+    phases = [r.first_scheduled_ns, r.first_generated_ns, r.last_generated_ns]
+    phases += [t for t0, t1, _ in r.preemptions for t in (t0, t1)]
+    if any(t is not None and not s0 <= t <= s1 for t in phases):
+        out.append("phase_outside_request")
+    return out
 
 
 class SpanFactory:
@@ -109,20 +132,23 @@ class SpanFactory:
             return []
         root = self._ctx(trace_id)
         s0, s1 = r.start_ns, r.end_ns
-        clamp = lambda t: min(max(t, s0), s1)
+        clamp = lambda t: min(max(t, s0), s1)  # phase spans stay inside the request for trace viewers
         b = {sc.BOUNDARY: self.boundary}
         out_tokens = np.asarray(r.out_tokens, dtype=np.int64)
+        broken = _broken_orderings(r)
         attrs = {
             **b,
             sc.REQUEST_ID: r.request_id,
             sc.STATUS: r.status,
             sc.OUTPUT_TOKENS: r.output_tokens,
             sc.PREEMPTIONS: len(r.preemptions),
-            sc.TOKEN_EVENT_OFFSETS: self._offsets(r.out_times_ns, s0, s1),
+            sc.TOKEN_EVENT_OFFSETS: self._offsets(r.out_times_ns, s0),
             sc.TOKEN_EVENT_TOKENS: self._array(out_tokens),
         }
+        if broken:  # said, never clamped away: the collector counts them (collector.invariants)
+            attrs[sc.TIMELINE_VIOLATIONS] = ",".join(broken)
         if len(r.gen_times_ns):
-            attrs[sc.TOKEN_GENERATED_OFFSETS] = self._offsets(r.gen_times_ns, s0, s1)
+            attrs[sc.TOKEN_GENERATED_OFFSETS] = self._offsets(r.gen_times_ns, s0)
             gen_tokens = np.asarray(r.gen_tokens, dtype=np.int64)
             if not np.array_equal(gen_tokens, out_tokens):
                 attrs[sc.TOKEN_GENERATED_TOKENS] = self._array(gen_tokens)
@@ -187,12 +213,10 @@ class SpanFactory:
         """An int64 array as the attribute value the exporter takes."""
         return values if self.int_arrays else values.tolist()
 
-    def _offsets(self, times, s0: int, s1: int):
-        """Token-event times (wall ns) as offsets from the span's start, kept inside the span."""
-        offsets = np.asarray(times, dtype=np.int64) - s0
-        if len(offsets) and (offsets.min() < 0 or offsets.max() > s1 - s0):  # rare
-            offsets = np.clip(offsets, 0, s1 - s0)
-        return self._array(offsets)
+    def _offsets(self, times, s0: int):
+        """Token-event times (wall ns) as offsets from the span's start, as they are: one outside
+        the span is a broken ordering (:func:`_broken_orderings`), not clamped into it."""
+        return self._array(np.asarray(times, dtype=np.int64) - s0)
 
     def http_span(self, h, wall_ns) -> ReadableSpan | None:
         """The server span of one HTTP request (:class:`engine_hooks.asgi.HttpRecord`; ``wall_ns``

@@ -27,6 +27,8 @@ HTTP_RESPONSE_START = "llm.http.response_start_offset_ns"  # int: ns after the s
 # int: ns after the span start (its first byte read) at which the HTTP app was called: HTTP
 # parsing and the wait for the server's event loop
 HTTP_APP_START = "llm.http.app_start_offset_ns"
+# str on llm.request: the orderings the hooks saw broken, comma-separated (collector.invariants.KINDS)
+TIMELINE_VIOLATIONS = "llm.timeline.violations"
 HTTP_CHUNK_OFFSETS = "llm.http.chunk_offsets_ns"  # int[]: each body chunk written, ns after the span start
 #: the routes whose server spans the collector derives (span name "{method} {path}")
 SERVER_SPAN_NAMES = (
