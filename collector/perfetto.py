@@ -2,15 +2,16 @@
 chrome://tracing open.
 
 Process 1, "requests": one track (thread) per request, named by its request id, holding its
-client span (send -> stream closed), its engine phases (front end, queue, prefill, decode) and its
-token events at each boundary as instants; a request preempted is marked with an instant at its
+client span (send -> stream closed), its HTTP server span (first bytes read -> last chunk written),
+its engine phases (front end, queue, prefill, decode) and its token events at each boundary as
+instants; a request preempted is marked with an instant at its
 end carrying the count and the time. Process 2, "engine steps": one track per engine process
 (``service.name``) with a slice per step (its batch size, tokens, KV usage and preemptions as
 arguments) and counters for the batch size and the KV cache in use.
 
-Times are microseconds after the run's origin (the earliest client send), engine times moved onto
-the client's clock by the clock offset ``compare`` estimates, as in the report
-(:mod:`collector.report_data`).
+Times are microseconds after the run's origin (the earliest client send), server and engine times
+(one host) moved onto the client's clock by the clock offset ``compare`` estimates, as in the
+report (:mod:`collector.report_data`).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 
 from .compare import compare
 from .records import RecordBatch
-from .report_data import waterfall_rows
+from .report_data import request_units, waterfall_rows
 from .steps import StepBatch
 
 REQUESTS_PID, STEPS_PID = 1, 2
@@ -38,10 +39,7 @@ def trace_events(batch: RecordBatch, steps: StepBatch | None) -> dict:
     origin = min(r.submit_ns for r in (client or records))
     cmp = compare(records, None)
     theta_ns = round(cmp.offset.theta * 1e9)
-    paired = {id(c) for c, _ in cmp.pairs} | {id(e) for _, e in cmp.pairs}
-    units = list(cmp.pairs) + [
-        (r, None) if r.boundary == "client" else (None, r) for r in records if id(r) not in paired
-    ]
+    units = request_units(records, cmp)
     rows = waterfall_rows(units, origin, theta_ns, slowest=len(units), sample=0)
     rows.sort(key=lambda r: r.client_submit if r.client_submit is not None else (r.engine_arrival or 0.0))
     ev: list[dict] = [
@@ -70,11 +68,13 @@ def trace_events(batch: RecordBatch, steps: StepBatch | None) -> dict:
                 )
 
         slice_("client request", r.client_submit, r.client_end, "client", {"status": r.status})
+        slice_("HTTP server", r.server_received, r.server_end, "server")
         slice_("front end", r.engine_arrival, r.queue_start, "engine")
         slice_("queue", r.queue_start, r.first_scheduled, "engine")
         slice_("prefill", r.first_scheduled, r.first_generated, "engine")
         slice_("decode", r.first_generated, r.engine_end, "engine")
-        for name, times in (("token (client)", r.client_tokens), ("token (engine)", r.engine_tokens)):
+        tokens = (("token (client)", r.client_tokens), ("token (server)", r.server_tokens))
+        for name, times in (*tokens, ("token (engine)", r.engine_tokens)):
             for t in times:
                 ev.append({**base, "ph": "i", "s": "t", "name": name, "cat": "token", "ts": _us(t)})
         if r.preemptions:

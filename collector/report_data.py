@@ -59,6 +59,27 @@ class WaterfallRow:
     engine_tokens: list[float]
     preemptions: int
     preemption_time: float
+    server_received: float | None = None  # the HTTP server read the request (same host as the engine)
+    server_end: float | None = None  # its last body chunk written
+    server_tokens: list[float] = field(default_factory=list)  # the chunks that carried tokens
+
+
+Unit = tuple  # (client, engine, server) records of one request, None where that boundary is missing
+
+
+def request_units(records: list[RequestRecord], cmp: Comparison) -> list[Unit]:
+    """One unit per request: its client and engine records as ``compare`` paired them (or alone),
+    with the server boundary's record of the same trace and request beside its engine's, never a
+    request of its own."""
+    servers = {(r.trace_id, r.request_id): r for r in records if r.boundary == "server"}
+    take = lambda e: servers.pop((e.trace_id, e.request_id), None) if e is not None else None
+    paired = {id(c) for c, _ in cmp.pairs} | {id(e) for _, e in cmp.pairs}
+    units = [(c, e, take(e)) for c, e in cmp.pairs]
+    for r in records:
+        if id(r) in paired or r.boundary == "server":
+            continue
+        units.append((r, None, None) if r.boundary == "client" else (None, r, take(r)))
+    return units + [(None, None, s) for s in servers.values()]
 
 
 @dataclass
@@ -137,7 +158,7 @@ def _events(r: RequestRecord, origin: int, shift_ns: int = 0) -> list[float]:
 
 
 def waterfall_rows(
-    pairs: list[tuple[RequestRecord | None, RequestRecord | None]],
+    pairs: list[Unit],
     origin: int,
     theta_ns: int,
     slowest: int,
@@ -147,8 +168,7 @@ def waterfall_rows(
     """The ``slowest`` requests by E2E (client's, else engine's), then a seeded sample of the rest."""
 
     def e2e(p):
-        c, e = p
-        r = c if c is not None else e
+        r = next(x for x in p if x is not None)  # the client's, else the engine's, else the server's
         return r.e2e if r.e2e is not None else -1.0
 
     order = sorted(range(len(pairs)), key=lambda i: -e2e(pairs[i]))
@@ -158,11 +178,11 @@ def waterfall_rows(
     rows = []
     for group, idxs in (("slowest", top), ("sample", sorted(picked, key=lambda i: -e2e(pairs[i])))):
         for i in idxs:
-            c, e = pairs[i]
+            c, e, s = pairs[i]
             row = WaterfallRow(
-                id=(c or e).request_id,
+                id=(c or e or s).request_id,
                 group=group,
-                status=(c or e).status,
+                status=(c or e or s).status,
                 client_submit=_s(c.submit_ns, origin) if c else None,
                 client_end=_s(c.end_ns, origin) if c else None,
                 client_tokens=_events(c, origin) if c else [],
@@ -184,6 +204,10 @@ def waterfall_rows(
                 if row.first_scheduled is not None and e.queue is not None:
                     row.queue_start = row.first_scheduled - e.queue
                 row.engine_tokens = _events(e, origin, theta_ns)
+            if s is not None:  # the server runs on the engine's host: the engine's clock shift
+                row.server_received = _s(s.submit_ns, origin + theta_ns)
+                row.server_end = _s(s.end_ns, origin + theta_ns)
+                row.server_tokens = _events(s, origin, theta_ns)
             rows.append(row)
     return rows
 
@@ -296,9 +320,7 @@ def build_report(
         if len(part):
             summaries[b] = summarize(part.timelines(epoch_ns=0), slo=slo)
     paired_ids = {id(c) for c, _ in cmp.pairs} | {id(e) for _, e in cmp.pairs}
-    units = list(cmp.pairs) + [
-        (r, None) if r.boundary == "client" else (None, r) for r in records if id(r) not in paired_ids
-    ]
+    units = request_units(records, cmp)
     c_itl = [x for x in cmp.client_itl if len(x)]
     e_itl = [x for x in cmp.engine_itl if len(x)]
     engine_alone = [r for r in records if r.boundary == "engine" and id(r) not in paired_ids]

@@ -229,3 +229,34 @@ def test_perfetto_export_has_a_track_per_request_and_the_steps(rich_store, tmp_p
     assert max(e["dur"] for e in step_slices) == pytest.approx(40_000, abs=1e-3)
     assert any(e["args"]["preempted"] for e in step_slices)
     assert {e["name"] for e in ev if e["pid"] == 2 and e["ph"] == "C"} == {"engine"}
+
+
+def test_each_request_is_one_row_with_its_server_part(make_collector):
+    """Records at three boundaries (client, HTTP server, engine): the report's waterfall has one row
+    per request, never the server record as a request of its own, and Perfetto draws the server."""
+    import time as _time
+
+    from otlp_helpers import Req, sample_request
+
+    from collector.perfetto import trace_events
+    from collector.report_data import build_report
+
+    c = make_collector()
+    reqs = [Req(f"r{i}", server_received=5, server_chunks=[90, 120, 160]) for i in range(6)] + [Req("plain")]
+    c.accept(sample_request(reqs).SerializeToString())
+    deadline = _time.monotonic() + 10
+    while c.records_derived < 6 * 3 + 2 and _time.monotonic() < deadline:
+        _time.sleep(0.05)
+    c.store_writer.drain()
+    batch = c.store.batch()
+    data = build_report(batch, None, source="test", slowest=3, sample=10)
+    ids = [row.id for row in data.waterfall]
+    assert sorted(ids) == sorted(r.id for r in reqs)  # one row each, none twice
+    rows = {row.id: row for row in data.waterfall}
+    assert rows["r0"].server_received is not None and len(rows["r0"].server_tokens) == 3
+    assert rows["r0"].server_received <= rows["r0"].engine_arrival
+    assert rows["plain"].server_received is None
+    events = trace_events(batch, None)["traceEvents"]
+    servers = [e for e in events if e.get("name") == "HTTP server"]
+    threads = [e for e in events if e.get("name") == "thread_name"]
+    assert len(servers) == 6 and len(threads) == 7
