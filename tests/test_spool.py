@@ -85,7 +85,7 @@ def test_sigkill_loses_nothing_acknowledged_with_a_spool(tmp_path):
 
 def test_the_spool_is_emptied_as_traces_are_stored(make_collector, tmp_path):
     c = make_collector(spool=str(tmp_path / "sp"), spool_segment_bytes=8192)
-    for i in range(300):
+    for i in range(400):  # a segment is closed before the append that finds it full
         c.accept(sample_request([Req(f"q{i}")]).SerializeToString())
     assert c.spool.segments > 10
     deadline = time.monotonic() + 20
