@@ -441,7 +441,14 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     ]
     choice = np.fromiter((c if type(c) is int else -1 for c in cols[sp.CHOICE]), np.int64, n)
     input_tokens = np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64)
-    rm = request_metrics(timeline_batch(request_id, submit, end, status, start, offs, toks, input_tokens))
+    # a response not streamed has no token events: its tokens are its usage, observed at its end
+    usage = np.fromiter(
+        (v if type(v) is int and 0 < v < MAX_EVENT_TOKENS else 0 for v in cols[sp.OUTPUT_TOKENS]), np.int64, n
+    )
+    untimed = np.where(counts == 0, usage, 0)
+    rm = request_metrics(
+        timeline_batch(request_id, submit, end, status, start, offs, toks, input_tokens, untimed_tokens=untimed)
+    )
     # sampling: each record counts for 1 / the probability it was kept with; an engine or server
     # record whose own span does not say takes its client's (the sampler decided there), else each other's.
     # Below MIN_SAMPLING_P a probability is not taken (a sender could make one span count for 1e300)

@@ -233,6 +233,7 @@ def timeline_batch(
     input_tokens: np.ndarray,
     epoch_ns: int | None = None,
     weight: np.ndarray | None = None,
+    untimed_tokens: np.ndarray | None = None,
 ) -> TimelineBatch:
     """Records' columns as a :class:`TimelineBatch` for the metric core: seconds after
     ``epoch_ns`` (default: the earliest submit, which keeps every difference exact to well under a
@@ -254,6 +255,7 @@ def timeline_batch(
         end_ns,
         event_offsets_ns,
         None if weight is None or not (np.asarray(weight) != 1.0).any() else np.asarray(weight, np.float64),
+        None if untimed_tokens is None or not np.asarray(untimed_tokens).any() else untimed_tokens,
     )
 
 
@@ -281,6 +283,7 @@ class _BatchMethods:
             self.input_tokens,
             epoch_ns,
             self.sample_weight,
+            np.where(np.diff(self.event_start) == 0, self.output_tokens, 0),  # a response not streamed
         )
 
     def scalar_columns(self, nan_as_none: bool = True) -> dict[str, list]:

@@ -67,6 +67,7 @@ _ATTRIBUTES = (
     ("wait_reason", sc.STEP_WAIT_REASON),
     ("after_abort", sc.TOKENS_AFTER_ABORT),
     ("violations", sc.TIMELINE_VIOLATIONS),
+    ("output_tokens", sc.OUTPUT_TOKENS),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -100,6 +101,7 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     STEP_WAIT_REASON,
     AFTER_ABORT,
     VIOLATIONS,
+    OUTPUT_TOKENS,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

@@ -7,7 +7,7 @@ Undefined values are ``NaN`` (never 0): TTFT when a request has no token event, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -68,6 +68,13 @@ def request_metrics(batch: TimelineBatch) -> RequestMetrics:
     carries integer ns (``event_offsets_ns``: timelines from the collector's records), every
     value is computed from one request's own integers and converted to seconds once, so it does
     not depend on what else is in the batch (:func:`request_metrics_ns`)."""
+    rm = _request_metrics(batch)
+    if batch.untimed_tokens is not None:  # counted in N after the timed metrics (TPOT is of token events)
+        rm = replace(rm, output_tokens=rm.output_tokens + np.asarray(batch.untimed_tokens, np.int64))
+    return rm
+
+
+def _request_metrics(batch: TimelineBatch) -> RequestMetrics:
     if batch.event_offsets_ns is not None and batch.submit_ns is not None and batch.end_ns is not None:
         return request_metrics_ns(
             batch.submit_ns, batch.end_ns, batch.offsets, batch.event_offsets_ns, batch.event_tokens

@@ -260,6 +260,9 @@ def summarize(
         tok_in = int(batch.event_tokens[in_tok].sum())
     else:
         tok_in = float((batch.event_tokens * np.repeat(wt, np.diff(batch.offsets)))[in_tok].sum())
+    if batch.untimed_tokens is not None:  # a response not streamed: its tokens observed at its end
+        ends_in = w.contains(batch.end)
+        tok_in += weighted_sum(np.asarray(batch.untimed_tokens, np.int64), wt, ends_in)
     counts = Counts(
         requests=len(batch),
         completed=n_completed,

@@ -71,6 +71,9 @@ class TimelineBatch:
     # requests kept by a sampler: each one stands for 1 / (its sampling probability) requests
     # (docs/metrics/spec.md, "Sampling"); None: every request is here, each counts once
     weight: np.ndarray | None = None  # float64[n], >= 1
+    # output tokens known without their times (a response that was not streamed: its usage), as
+    # observed at the request's end: in N and in token throughput, never a token event (no TTFT)
+    untimed_tokens: np.ndarray | None = None  # int64[n]; None: none
 
     def __len__(self) -> int:
         return len(self.submit)

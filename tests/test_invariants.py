@@ -67,3 +67,21 @@ def test_the_hooks_keep_a_token_before_arrival_and_say_so():
     assert _broken_orderings(r) == ["token_before_arrival", "queued_before_arrival"]
     r.out_times_ns, r.queued_ns = np.array([1_100, 1_500]), 1_050
     assert _broken_orderings(r) == []
+
+
+def test_a_response_not_streamed_keeps_its_tokens_without_a_ttft(make_collector, tmp_path):
+    """instrument_openai with stream=False records usage and no token events: the client record has
+    its output tokens (it had 0), no TTFT (never E2E or 0), and analyze's token throughput counts
+    them at the response's end."""
+    import json
+
+    from conftest import run_cli
+
+    c = make_collector()
+    reqs = [Req(f"whole{i}", client_events=[], engine=False, client_attrs={sc.OUTPUT_TOKENS: 8}) for i in range(4)]
+    c.accept(sample_request(reqs).SerializeToString())
+    records = _stored(c, 4)
+    assert [(r.output_tokens, r.ttft, r.tpot) for r in records] == [(8, None, None)] * 4
+    c.stop()
+    out = json.loads(run_cli("analyze", "--store", c.config.store, "--format", "json").stdout)
+    assert out["throughput"]["output_tokens"] == 32 and out["throughput"]["output_tokens_per_s"] > 0
