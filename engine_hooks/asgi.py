@@ -117,6 +117,18 @@ def parse_traceparent(value: bytes | str | None) -> tuple[bytes, bytes, int] | N
         return None
 
 
+_server_recorder = None  # () -> Recorder: the pipeline of the engine this process serves
+
+
+def serve_engine(recorder_of) -> None:
+    """Say where a middleware built without a recorder records (vLLM's ``--middleware``, Starlette's
+    ``add_middleware``): ``recorder_of()`` gives the recorder of the engine this process serves,
+    whose spans the server spans must join. The engine's adapter calls it (``engine_hooks.vllm``);
+    without one, the process's default pipeline."""
+    global _server_recorder
+    _server_recorder = recorder_of
+
+
 def _expand(tracker, mono: int, rec: HttpRecord) -> None:
     tracker.http_done.append(rec)
 
@@ -138,9 +150,12 @@ class TracingMiddleware:
     @property
     def recorder(self):
         if self._recorder is None:
-            from .vllm import frontend_hooks
+            if _server_recorder is not None:
+                self._recorder = _server_recorder()
+            else:
+                from .pipeline import default_pipeline
 
-            self._recorder = frontend_hooks().pipeline.recorder
+                self._recorder = default_pipeline().recorder
         return self._recorder
 
     def _decide(self, parent, trace_id: bytes, scope) -> tuple[bool, float | None]:

@@ -211,7 +211,7 @@ def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDis
         raise CLIError("--max-concurrency caps an open loop (--rate); a closed loop is --concurrency alone")
     rp = None
     if args.replay:
-        from .cli import load_source
+        from .cli_options import load_source
 
         try:
             rp = replay.load(

@@ -19,18 +19,12 @@ from .cli_options import (
     add_analysis_options,
     add_selection_options,
     analysis_text,
+    load_source,
     selection_given,
     selection_of,
 )
 from .timeline import BOUNDARIES
 from .timeline_file import TimelineFormatError, read_timelines
-
-
-def load_source(name: str):
-    for ep in entry_points(group="otel_llm.timeline_sources"):
-        if ep.name == name:
-            return ep.load()
-    raise CLIError(f"no timeline source {name!r} is installed (is the collector package installed?)")
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:

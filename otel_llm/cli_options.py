@@ -178,3 +178,14 @@ def selection_of(args: argparse.Namespace) -> Selection:
 
 def selection_given(args: argparse.Namespace) -> bool:
     return bool(args.run or args.service or args.since is not None or args.until is not None or args.include_warmup)
+
+
+def load_source(name: str):
+    """The ``otel_llm.timeline_sources`` entry point ``name`` (``load(path, boundary, selection)
+    -> TimelineBatch``): the store and trace-file readers the collector package installs."""
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group="otel_llm.timeline_sources"):
+        if ep.name == name:
+            return ep.load()
+    raise CLIError(f"no timeline source {name!r} is installed (is the collector package installed?)")

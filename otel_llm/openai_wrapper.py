@@ -29,10 +29,11 @@ from typing import Any
 from opentelemetry import trace as trace_api
 
 from . import semconv as sc
-from .client import (
+from .client_span import (
+    PROPAGATOR,
     REJECTED_HTTP,
     ClientResult,
-    _StreamRecorder,
+    StreamRecorder,
     capture_content_default,
     finish_span,
     start_client_span,
@@ -55,8 +56,6 @@ class _Call:
     """One traced call: its span, what the client saw, and whether it has ended."""
 
     def __init__(self, tracer, now, capture: bool, kwargs: dict, op: str):
-        from .client import _PROPAGATOR
-
         self.now, self.capture, self.kwargs = now, capture, kwargs
         self.streaming = bool(kwargs.get("stream"))
         submit = now()
@@ -71,7 +70,7 @@ class _Call:
             },
         )
         headers = dict(kwargs.get("extra_headers") or {})
-        _PROPAGATOR.inject(headers, context=trace_api.set_span_in_context(self.span))
+        PROPAGATOR.inject(headers, context=trace_api.set_span_in_context(self.span))
         kwargs["extra_headers"] = headers
         self.hide_usage = False
         if self.streaming:
@@ -80,7 +79,7 @@ class _Call:
             so["include_usage"] = True
             kwargs["stream_options"] = so
         self.res = ClientResult(request_id="", status="ok", submit_ns=submit, end_ns=submit)
-        self.rec = _StreamRecorder()
+        self.rec = StreamRecorder()
         self.done = False
 
     def chunk(self, chunk) -> bool:

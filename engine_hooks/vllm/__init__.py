@@ -25,6 +25,7 @@ import logging
 import os
 from typing import Any
 
+from .. import asgi
 from ..api import EngineHooks, hooked, mark_hooked
 from .frontend import capture_trace_headers, instrument_output_processor
 from .plugin import ENV_ENABLE, ENV_FRONTEND, announce
@@ -45,6 +46,10 @@ def frontend_hooks() -> EngineHooks:
     if _hooks is None:
         _hooks = EngineHooks(engine="vllm", service_name="vllm")
     return _hooks
+
+
+# the HTTP server spans of vLLM's API server join its front end's pipeline
+asgi.serve_engine(lambda: frontend_hooks().pipeline.recorder)
 
 
 def _model_name(engine: Any) -> str | None:
@@ -219,17 +224,13 @@ def install_http_middleware() -> bool:
     init = getattr(launcher, "init_entrypoints_middleware", None)
     if init is None or hooked(init):
         return init is not None
-    from ..asgi import stamp_first_byte
-
-    stamp_first_byte()  # before uvicorn reads the first request
+    asgi.stamp_first_byte()  # before uvicorn reads the first request
 
     @functools.wraps(init)
     def init_entrypoints_middleware(args, app, *rest, **kwargs):
         out = init(args, app, *rest, **kwargs)
         try:
-            from ..asgi import TracingMiddleware
-
-            app.add_middleware(TracingMiddleware)  # added last: outermost, closest to the wire
+            app.add_middleware(asgi.TracingMiddleware)  # added last: outermost, closest to the wire
         except Exception as exc:
             _warn_once("http", "otel-llm: could not add the HTTP server span (%s); the server boundary is off", exc)
         return out

@@ -1,0 +1,103 @@
+"""The layout's contracts (docs/architecture.md): no import cycle among the project's modules, and
+imports between the three packages point one way (engine_hooks -> otel_llm, collector ->
+otel_llm; the core imports neither). Every import counts, also one inside a function: a lazy
+import is still a dependency."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("otel_llm", "engine_hooks", "collector")
+ALLOWED = {"otel_llm": set(), "engine_hooks": {"otel_llm"}, "collector": {"otel_llm"}}
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict) -> set[str]:
+    """The project modules ``name`` imports (its own ancestor packages left out: Python imports
+    them first whatever the module says)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for a in node.names:  # a submodule if there is one of that name, else the module itself
+                found.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    return {m for m in found if m in known and m != name and m not in ancestors}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_cycles():
+    known = modules()
+    graph = {m: imports(m, p, known) for m, p in known.items()}
+    assert cycles(graph) == []
+
+
+def test_the_checker_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_imports_between_packages_point_one_way():
+    known = modules()
+    wrong = sorted(
+        f"{m} imports {t}"
+        for m, p in known.items()
+        for t in imports(m, p, known)
+        if t.split(".")[0] != m.split(".")[0] and t.split(".")[0] not in ALLOWED[m.split(".")[0]]
+    )
+    assert wrong == []
