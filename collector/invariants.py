@@ -58,47 +58,47 @@ def check(
     ``reported`` is each record's ``llm.timeline.violations`` attribute (kinds, comma-separated;
     anything else is ignored)."""
     n = len(code)
-    kinds: list[list[str]] = [[] for _ in range(n)]
+    masks: dict[str, np.ndarray] = {}  # kind -> the records that break it
 
-    def mark(mask: np.ndarray, kind: str) -> None:
-        for i in np.flatnonzero(mask).tolist():
-            kinds[i].append(kind)
+    def mark(rows: np.ndarray, kind: str) -> None:
+        m = masks.get(kind)
+        if m is None:
+            m = masks[kind] = np.zeros(n, bool)
+        m[rows] = True
 
-    for i, r in enumerate(reported):
-        if type(r) is str:
-            kinds[i].extend(k for k in r.split(",") if k in KINDS)
     known = lambda a: a != NO_NS
+    below = lambda a, b: np.isfinite(a) & np.isfinite(b) & (a < b)
     eng = code == sp.ENGINE
     mark(events_rejected > 0, "events_outside_record")
     mark(eng & known(first_scheduled) & (first_scheduled < submit), "scheduled_before_arrival")
     both = known(first_scheduled) & known(first_generated)
     mark(eng & both & (first_generated < first_scheduled), "generated_before_scheduled")
-    mark(
-        eng & known(first_generated) & known(first_event) & (first_event < first_generated),
-        "handed_out_before_generated",
-    )
-    below = lambda a, b: np.isfinite(a) & np.isfinite(b) & (a < b)
-    server_for = {e: s for s, e in server_of}
+    out_first = eng & known(first_generated) & known(first_event)
+    mark(out_first & (first_event < first_generated), "handed_out_before_generated")
+    server_of_engine = np.full(n, -1, np.int64)
     if server_of:
         sv, ev = np.array(server_of, np.int64).T
-        mark_at = np.zeros(n, bool)
-        late = known(server_received[ev]) & (submit[ev] < server_received[ev])
-        mark_at[ev[late]] = True
-        mark(mark_at, "arrival_before_server_received")
-        mark_at[:] = False
-        mark_at[sv[output_tokens[sv] < output_tokens[ev]]] = True
-        mark(mark_at, "output_after_last_chunk")
-        mark_at[:] = False
-        mark_at[sv[below(ttft[sv], ttft[ev])]] = True
-        mark(mark_at, "server_ttft_below_engine")
-    for c, e in pairs:
-        s = server_for.get(e)
-        if s is not None:
-            if below(ttft[c], ttft[s]):
-                kinds[c].append("client_ttft_below_server")
-        elif below(ttft[c], ttft[e]):
-            kinds[c].append("client_ttft_below_engine")
-    return [",".join(sorted(set(k))) if k else None for k in kinds]
+        server_of_engine[ev] = sv
+        mark(ev[known(server_received[ev]) & (submit[ev] < server_received[ev])], "arrival_before_server_received")
+        mark(sv[output_tokens[sv] < output_tokens[ev]], "output_after_last_chunk")
+        mark(sv[below(ttft[sv], ttft[ev])], "server_ttft_below_engine")
+    if pairs:
+        ci, ei = np.array(pairs, np.int64).T
+        si = server_of_engine[ei]
+        served = si >= 0
+        mark(ci[served & below(ttft[ci], ttft[np.where(served, si, ei)])], "client_ttft_below_server")
+        mark(ci[~served & below(ttft[ci], ttft[ei])], "client_ttft_below_engine")
+    said = {i for i, r in enumerate(reported) if type(r) is str and r}  # rare: the hooks' own word
+    out: list[str | None] = [None] * n
+    flagged = np.zeros(n, bool)
+    for m in masks.values():
+        flagged |= m
+    for i in sorted(set(np.flatnonzero(flagged).tolist()) | said):
+        kinds = {k for k, m in masks.items() if m[i]}
+        if i in said:
+            kinds |= {k for k in reported[i].split(",") if k in KINDS}
+        out[i] = ",".join(sorted(kinds)) or None
+    return out
 
 
 def counts(boundary: list[str], violations: list) -> dict[tuple[str, str], int]:
