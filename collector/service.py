@@ -182,7 +182,7 @@ class Collector:
         spans, steps = split_steps(w.spans)  # engine steps bypass assembly (collector.steps)
         per_span = span_bytes(len(w.body or b""), w.total)
         held, limit = self.inflight_bytes(), self.config.max_inflight_bytes
-        if held + per_span * len(spans) > limit:
+        if held and held + per_span * len(spans) > limit:  # an empty collector takes any one request
             self.receiver_counters.payloads_refused_overload += 1
             raise Overloaded(f"spans in flight hold {held >> 20} MiB of --max-inflight-bytes {limit >> 20} MiB")
         try:
@@ -288,7 +288,8 @@ class Collector:
             per_span = span_bytes(len(body), w.total)
             while True:
                 try:
-                    if self.inflight_bytes() + per_span * len(spans) > self.config.max_inflight_bytes:
+                    held = self.inflight_bytes()
+                    if held and held + per_span * len(spans) > self.config.max_inflight_bytes:
                         raise AssemblyFull("--max-inflight-bytes")
                     evicted = self.assembler.add(spans, time.monotonic(), per_span)
                     break
@@ -311,8 +312,9 @@ class Collector:
         try:
             self.replay_spool()
         except Exception:  # what was not replayed stays in the spool for the next start
-            log.exception("collector: replaying the spool %s failed; new data stays refused", self.config.spool)
-            return
+            log.exception(
+                "collector: replaying the spool %s failed; the rest is kept for the next start", self.config.spool
+            )
         if not self._stop.is_set():
             self.gate.open()
 

@@ -350,3 +350,19 @@ def test_warmup_requests_are_left_out_of_the_metrics_as_analyze_leaves_them(make
     assert c.records_derived == 16  # every boundary of every request derived and stored
     assert sum(c.registry.requests.series.values()) == 10  # the 5 measured ones, at both boundaries
     assert sum(c.registry.ttft.series[k].count for k in c.registry.ttft.series) == 10
+
+
+def test_a_request_larger_than_the_byte_bound_is_taken_when_nothing_is_held(make_collector):
+    """--max-inflight-bytes below one request's size refuses nothing forever: an empty collector
+    takes any one request (then 503 until it is derived), so a retried request gets in."""
+    from collector.assembly import AssemblyConfig
+    from collector.receivers.intake import Overloaded
+
+    c = make_collector(assembly=AssemblyConfig(grace_s=0.1, timeout_s=5), max_inflight_bytes=1 << 20)
+    c.accept(_big_request(1, 300_000))  # ~2.3 MiB counted, over the 1 MiB bound: taken
+    with pytest.raises(Overloaded):
+        c.accept(_big_request(2, 300_000))
+    deadline = time.monotonic() + 10
+    while c.inflight_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.accept(_big_request(2, 300_000))  # the retry, once the first was derived
