@@ -358,7 +358,7 @@ def test_a_request_larger_than_the_byte_bound_is_taken_when_nothing_is_held(make
     from collector.assembly import AssemblyConfig
     from collector.receivers.intake import Overloaded
 
-    c = make_collector(assembly=AssemblyConfig(grace_s=0.1, timeout_s=5), max_inflight_bytes=1 << 20)
+    c = make_collector(assembly=AssemblyConfig(grace_s=1.0, timeout_s=5), max_inflight_bytes=1 << 20)
     c.accept(_big_request(1, 300_000))  # ~2.3 MiB counted, over the 1 MiB bound: taken
     with pytest.raises(Overloaded):
         c.accept(_big_request(2, 300_000))
