@@ -7,7 +7,6 @@ other content types, 401 without the bearer token, 503 with ``Retry-After`` unde
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import json
 import socket
@@ -35,52 +34,41 @@ class Deadlines:
     """One watchdog thread for every connection's request deadline: a connection whose request
     has not arrived whole by its deadline has its socket shut down (the handler's blocked read
     ends, the slot is freed) and is counted. Deadlines cover reading only, never the processing
-    of a request or the writing of its answer."""
+    of a request or the writing of its answer. At most one per connection is live (bounded by
+    ``--max-connections``); they are checked every ``period_s``."""
 
-    def __init__(self, counters: ReceiverCounters):
-        self.counters = counters
-        self._heap: list[tuple[float, int, socket.socket]] = []
-        self._live: set[int] = set()
+    def __init__(self, counters: ReceiverCounters, period_s: float = 0.25):
+        self.counters, self.period_s = counters, period_s
+        self._live: dict[int, tuple[float, socket.socket]] = {}
         self._ids = itertools.count()
-        self._cv = threading.Condition()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="otlp-http-deadlines", daemon=True)
         self._thread.start()
 
     def arm(self, sock: socket.socket, seconds: float) -> int:
-        with self._cv:
+        with self._lock:
             key = next(self._ids)
-            heapq.heappush(self._heap, (time.monotonic() + seconds, key, sock))
-            self._live.add(key)
-            self._cv.notify()
+            self._live[key] = (time.monotonic() + seconds, sock)
             return key
 
     def disarm(self, key: int) -> bool:
         """False when the deadline had already passed (the socket is shut down)."""
-        with self._cv:
-            if key in self._live:
-                self._live.discard(key)
-                return True
-            return False
+        with self._lock:
+            return self._live.pop(key, None) is not None
 
     def _run(self) -> None:
         while True:
-            with self._cv:
-                while not self._heap:
-                    self._cv.wait()
-                at, key, sock = self._heap[0]
-                wait = at - time.monotonic()
-                if wait > 0:
-                    self._cv.wait(wait)
-                    continue
-                heapq.heappop(self._heap)
-                if key not in self._live:
-                    continue
-                self._live.discard(key)
-            self.counters.requests_timed_out += 1
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            time.sleep(self.period_s)
+            now = time.monotonic()
+            with self._lock:
+                due = [k for k, (at, _) in self._live.items() if at <= now]
+                socks = [self._live.pop(k)[1] for k in due]
+            for sock in socks:
+                self.counters.requests_timed_out += 1
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
 
 class _BoundedServer(ThreadingHTTPServer):
