@@ -183,6 +183,11 @@ class Senders:
                 else:
                     ch.close()
 
+    def counts(self) -> tuple[int, int]:
+        """(acknowledged, refused) so far."""
+        with self._lock:
+            return len(self.outcome.acked), len(self.outcome.refused)
+
     def start(self) -> Senders:
         for t in self._threads:
             t.start()

@@ -23,13 +23,21 @@ def _wait_stored(store, acked: set, timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def _send(c: Collector, bodies: Bodies, start_at: int, seconds: float, after=None) -> Outcome:
-    """HTTP keep-alive and gRPC senders for ``seconds``; ``after()`` then runs with them still sending."""
+def _send(c: Collector, bodies: Bodies, start_at: int, seconds: float, after=None, until=None) -> Outcome:
+    """HTTP keep-alive and gRPC senders for ``seconds``, then (on a slow machine) until
+    ``until(acknowledged, refused)`` holds, at most 60 s more; ``after()`` then runs with them
+    still sending."""
     senders = [
         Senders(bodies, c.http_port, n=3, proto="http", start_at=start_at).start(),
         Senders(bodies, c.grpc_port, n=2, proto="grpc", start_at=start_at + 500_000).start(),
     ]
     time.sleep(seconds)
+    deadline = time.monotonic() + 60
+    while until is not None and time.monotonic() < deadline:
+        acked, refused = (sum(x) for x in zip(*(s.counts() for s in senders)))
+        if until(acked, refused):
+            break
+        time.sleep(0.05)
     if after is not None:
         after()
     out = Outcome()
@@ -56,7 +64,7 @@ def test_sigterm_with_keepalive_senders_keeps_or_refuses_every_request(tmp_path,
         time.sleep(1.5)  # senders go on: kept-alive connections stay open after the listener closes
         rc.append(c.proc.wait(60))
 
-    out = _send(c, Bodies(), 0, 1.5, after=sigterm_then_keep_sending)
+    out = _send(c, Bodies(), 0, 1.5, after=sigterm_then_keep_sending, until=lambda acked, refused: acked > 100)
     assert rc == [0], c.stderr()
     assert len(out.acked) > 100
     missing, twice = missing_or_twice(store, out.acked)
@@ -73,7 +81,7 @@ def _crash_loop(tmp_path, seed: int, fsync: bool, kills: int) -> None:
         c = Collector(store, args).start()
         # some crashes come within a second or two of the restart, while the replay's traces still
         # wait in assembly (the crash loop that lost everything)
-        out = _send(c, bodies, k * 1_000_000, rnd.uniform(0.2, 2.0), after=c.kill)
+        out = _send(c, bodies, k * 1_000_000, rnd.uniform(0.2, 2.0), after=c.kill, until=lambda a, r: a >= 15)
         acked |= out.acked
     c = Collector(store, ("--spool", str(spool), "--trace-grace", "0.2")).start()
     _wait_stored(store, acked, 60)
@@ -109,7 +117,7 @@ def test_refused_is_never_spooled_and_a_replay_over_the_bounds_starts(tmp_path):
     store, spool = tmp_path / "r.db", tmp_path / "r-spool"
     c = Collector(store, ("--spool", str(spool), "--when-full", "refuse", "--max-traces", "60", "--trace-grace", "60"))
     c.start()
-    out = _send(c, Bodies(), 0, 1.5, after=c.kill)
+    out = _send(c, Bodies(), 0, 1.5, after=c.kill, until=lambda acked, refused: acked >= 60 and refused > 0)
     assert len(out.acked) >= 60 and len(out.refused) > 0
     c = Collector(store, ("--spool", str(spool), "--when-full", "refuse", "--max-traces", "10", "--trace-grace", "0.2"))
     c.start()
