@@ -160,7 +160,9 @@ class Senders:
                             call(b, timeout=10)
                             return 200
                         except grpc.RpcError as exc:
-                            if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                            # refused is the collector's own answer; UNAVAILABLE is also what gRPC
+                            # says of a call whose server died under it (it may have been kept)
+                            if exc.code() == grpc.StatusCode.UNAVAILABLE and "collector" in (exc.details() or ""):
                                 return 503
                             raise ConnectionError(str(exc.code())) from None
             except OSError:
