@@ -29,6 +29,7 @@ import numpy as np
 from otel_llm.request_math import itl_samples
 from otel_llm.summary import Distribution
 
+from .invariants import tally
 from .records import RecordBatch, RequestRecord
 from .stalls import (
     ALL_CLASSES,
@@ -419,15 +420,10 @@ def summarize_comparison(
         if all(r.front_end is None for r in known):  # not reported: the queue holds it, it is not 0
             share["front_end"] = None
         err = max(abs(r.parts_sum_minus_ttft) for r in known)
-    records = [r for pair in cmp.pairs for r in pair] + list(cmp.alone)
-    broken = [r.violations for r in records if getattr(r, "violations", None)]
-    kinds: dict[str, int] = {}
-    for v in broken:
-        for k in v.split(","):
-            kinds[k] = kinds.get(k, 0) + 1
+    violations = [r.violations for pair in cmp.pairs for r in pair] + [r.violations for r in cmp.alone]
     return ComparisonSummary(
-        records_with_violations=len(broken),
-        violations=dict(sorted(kinds.items())),
+        records_with_violations=sum(1 for v in violations if v),
+        violations=dict(sorted(tally(violations).items())),
         requests_paired=len(rows),
         records_unpaired=len(cmp.alone),
         offset=cmp.offset,

@@ -101,11 +101,13 @@ def check(
     return out
 
 
-def counts(boundary: list[str], violations: list) -> dict[tuple[str, str], int]:
-    """(boundary, kind) -> records, over a batch's ``violations`` column."""
-    out: dict[tuple[str, str], int] = {}
-    for b, v in zip(boundary, violations):
+def tally(violations, labels=None) -> dict:
+    """Records per kind over a ``violations`` column (``None`` where a record holds): ``kind ->
+    records``, or with ``labels`` (one per record) ``(label, kind) -> records``."""
+    out: dict = {}
+    for i, v in enumerate(violations):
         if v:
             for k in v.split(","):
-                out[(b, k)] = out.get((b, k), 0) + 1
+                key = k if labels is None else (labels[i], k)
+                out[key] = out.get(key, 0) + 1
     return out

@@ -27,6 +27,7 @@ from otel_llm.slo import SLO
 from otel_llm.summary import bound_checks, weighted_sum
 
 from .compare import TTFT_PARTS
+from .invariants import tally
 from .records import RecordBatch
 from .stalls import DEFAULT_FACTOR, DEFAULT_FLOOR_S, STALL_CLASSES, classify_stalls
 
@@ -319,12 +320,11 @@ class MetricsRegistry:
             has = np.flatnonzero(ok & (rm.events > 0))
             rates = miss_rates(batch.event_start, batch.event_offsets_ns, batch.event_tokens, has, self.fluidity)
             index[has] = 1.0 - rates
-        broken = [(i, v) for i, v in enumerate(batch.violations) if v]  # rare
+        broken = [i for i, v in enumerate(batch.violations) if v]  # rare
         with self._lock:
-            for i, v in broken:
-                labels = (batch.boundary[i], self._model_label(batch.model[i]))
-                for kind in v.split(","):
-                    self.violations.add(labels + (kind,), 1)
+            labels = [(batch.boundary[i], self._model_label(batch.model[i])) for i in broken]
+            for (bm, kind), n in tally([batch.violations[i] for i in broken], labels).items():
+                self.violations.add(bm + (kind,), n)
             for labels, idx_list in groups.items():
                 idx = np.asarray(idx_list)
                 sel = idx[ok[idx]]
