@@ -483,6 +483,20 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     for sv, e in rq.server_of:  # the server boundary belongs to the same run
         run_id[sv] = run_id[e]
         warmup[sv] = warmup[e]
+    violations = invariants.check(
+        rq.code,
+        submit,
+        rq.first_scheduled_ns,
+        rq.first_generated_ns,
+        first_event,
+        rm.ttft,
+        rm.output_tokens,
+        rejected,
+        rq.server_received_ns,
+        rq.pairs,
+        rq.server_of,
+        cols[sp.VIOLATIONS] if n else [],
+    )
     batch = RecordBatch(
         trace_id=[same.setdefault(t, t.hex()) for t in cols[sp.TRACE_ID]],
         boundary=[sp.BOUNDARY_OF[c] for c in cols[sp.CODE]],
@@ -497,7 +511,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         warmup=warmup,
         choice=choice,
         events_rejected=rejected,
-        violations=[None] * n,  # below, once the batch's metrics are known
+        violations=violations,
         submit_ns=submit,
         end_ns=end,
         event_start=start,
@@ -536,20 +550,6 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         sample_weight=weight,
         paired=paired,
         peer_request_id=peer,
-    )
-    batch.violations = invariants.check(
-        rq.code,
-        submit,
-        rq.first_scheduled_ns,
-        rq.first_generated_ns,
-        first_event,
-        rm.ttft,
-        rm.output_tokens,
-        rejected,
-        rq.server_received_ns,
-        rq.pairs,
-        rq.server_of,
-        cols[sp.VIOLATIONS] if n else [],
     )
     if rq.pairs:
         pci, pei = np.array(rq.pairs, np.int64).T
