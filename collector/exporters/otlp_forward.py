@@ -123,8 +123,16 @@ class OTLPForwarder:
     def stop(self, timeout_s: float = 5.0) -> None:
         """Send what is queued for at most ``timeout_s`` seconds; the rest is dropped and counted."""
         self._give_up_at = time.monotonic() + timeout_s
-        if not stop_worker(self._q, self._thread, timeout_s):
-            self.dropped += self._q.qsize()  # still sending (a target that never answers): given up
+        if not stop_worker(self._q, self._thread, timeout_s):  # still sending (a target that never answers)
+            while True:  # what is left is taken out and counted here, so the worker cannot count it again
+                try:
+                    body = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if body is not None:
+                    self.dropped += 1
+                    with self._bytes_lock:
+                        self.queued_bytes -= len(body)
 
 
 def stop_worker(q: queue.Queue, thread: threading.Thread, timeout_s: float) -> bool:
