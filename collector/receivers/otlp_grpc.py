@@ -71,7 +71,9 @@ class GrpcReceiver:
 
     async def _build(self, addr: str) -> int:
         cfg = self.settings
-        opts = [("grpc.max_receive_message_length", cfg.max_message_bytes)]
+        # no BDP probing: a stream whose message is not read (no token yet) buffers at most the initial
+        # 64 KiB window, not a window grown to megabytes
+        opts = [("grpc.max_receive_message_length", cfg.max_message_bytes), ("grpc.http2.bdp_probe", 0)]
         self.server = grpc.aio.server(options=opts, maximum_concurrent_rpcs=self.max_calls)
         traces = grpc.method_handlers_generic_handler(
             SERVICE, {"Export": grpc.stream_unary_rpc_method_handler(self._export)}
