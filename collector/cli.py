@@ -165,14 +165,16 @@ def add_stall_options(p: argparse.ArgumentParser) -> None:
 
 
 def register_compare(sub) -> None:
+    from .client_results import add_client_results_options
+
     p = sub.add_parser(
         "compare",
         help="client vs engine per request: where the client's TTFT went",
         description="From the collector's store: per request and as distributions, the client TTFT in its "
-        "parts (network_in + api_in + front_end + queue + prefill + api_out + network_out with the HTTP server "
-        "span; to_engine and delivery where it is missing); client vs engine ITL; the cause of each stall (the layer "
-        "where it first shows: engine (preemption, a batch-mate's prefill, a growing batch, idle), API server, "
-        "network/client). Bounds the clock offset between client and "
+        "parts ([client_send +] network_in + api_in + front_end + queue + prefill + api_out + network_out with "
+        "the HTTP server span; to_engine and delivery where it is missing); client vs engine ITL; the cause of "
+        "each stall (the layer where it first shows: engine (preemption, a batch-mate's prefill, a growing "
+        "batch, idle), API server, network/client). Bounds the clock offset between client and "
         "engine hosts per pair and corrects the two-clock parts by it.",
     )
     p.add_argument(
@@ -202,6 +204,7 @@ def register_compare(sub) -> None:
         "--top", type=number(int, 0), default=20, help="table/markdown: requests listed, slowest client TTFT first"
     )
     p.add_argument("--format", choices=("table", "json", "markdown"), default="table")
+    add_client_results_options(p)
     add_selection_options(p)
     p.set_defaults(func=run_compare)
 
@@ -211,6 +214,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from otel_llm.cli_options import CLIError
 
+    from .client_results import apply_client_results
     from .compare import compare, summarize_comparison, to_json
     from .compare_format import format_comparison
     from .store import read_stores
@@ -223,7 +227,7 @@ def run_compare(args: argparse.Namespace) -> int:
         batch, steps = read_stores(args.store)
     except (OSError, ValueError) as exc:
         raise CLIError(str(exc)) from None
-    records = batch.selected(selection_of(args)).records()
+    records = apply_client_results(args, batch.selected(selection_of(args))).records()
     cmp = compare(records, offset, args.stall, steps, args.stall_factor)
     if not cmp.rows:
         raise CLIError(f"{', '.join(args.store)}: no request seen at both boundaries ({len(records)} records)")

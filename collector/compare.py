@@ -1,13 +1,15 @@
 """Client vs engine, request by request: where the client's time went.
 
 Pure functions over the store's records. Per paired request (both boundaries in one trace):
-the client TTFT in its parts (seconds), from the client's send to its first token:
+the client TTFT in its parts (seconds), from the caller's call to its first token:
 
-    network_in + api_in + front_end + queue + prefill + api_out + network_out
+    [client_send] + network_in + api_in + front_end + queue + prefill + api_out + network_out
 
-with the HTTP server's span (engine_hooks.asgi), or, without it, the adjacent parts merged under
-names that say what they hold: ``to_engine`` (= network_in + api_in: the network and the HTTP
-server in) and ``delivery`` (= api_out + network_out: detokenizing, the API server, the network).
+with the HTTP server's span (engine_hooks.asgi; ``client_send`` where the client says when it began
+writing the request, else ``network_in`` holds it), or, without it, the adjacent parts merged under
+names that say what they hold: ``to_engine`` (= [client_send +] network_in + api_in: the client
+library, the network and the HTTP server in) and ``delivery`` (= api_out + network_out:
+detokenizing, the API server, the network).
 ``front_end`` is arrival -> queued where the engine says when its scheduler queued the request
 (vLLM does), else unknown and the queue holds it. Also client and engine ITL, and a
 stall classification. Clock offset between the client's and the engine's hosts
@@ -172,8 +174,9 @@ class RequestComparison:
     status: str
     client_ttft: float | None
     engine_ttft: float | None
-    to_engine: float | None  # client send -> engine arrival (= network_in + api_in)
-    network_in: float | None  # client send -> HTTP server received (None: no server span)
+    to_engine: float | None  # client call -> engine arrival (= [client_send +] network_in + api_in)
+    client_send: float | None  # client call -> it began writing the request (None: the client did not say)
+    network_in: float | None  # the client's send -> HTTP server received (None: no server span)
     api_in: float | None  # HTTP server received -> engine arrival
     front_end: float | None  # None: the engine did not say when it queued the request (the queue holds it)
     queue: float | None
@@ -195,6 +198,7 @@ class RequestComparison:
     def parts(self) -> dict:
         """This request's TTFT parts at the finest level known (see :func:`parts_of`)."""
         p = parts_of(
+            self.client_send,
             self.network_in,
             self.api_in,
             self.to_engine,
@@ -273,7 +277,7 @@ def compare(
         to_engine, network_in = shift(to_engine, -1), shift(network_in, -1)
         dly, network_out = shift(c.delivery, +1), shift(c.network_out, +1)
         row_parts = parts_of(
-            network_in, c.api_in, to_engine, c.front_end, c.queue, c.prefill, c.api_out, network_out, dly
+            c.client_send, network_in, c.api_in, to_engine, c.front_end, c.queue, c.prefill, c.api_out, network_out, dly
         )
         known = row_parts is not None and c.ttft is not None
         miss = sum(v or 0.0 for v in row_parts.values()) - c.ttft if known else None
@@ -285,6 +289,7 @@ def compare(
                 client_ttft=c.ttft,
                 engine_ttft=e.ttft,
                 to_engine=to_engine,
+                client_send=c.client_send,
                 network_in=network_in,
                 api_in=c.api_in,
                 front_end=c.front_end,
@@ -308,9 +313,11 @@ def compare(
 
 
 #: The parts of the client TTFT, in the order they happen: with the HTTP server boundary, and the
-#: merged names where it is missing (``to_engine`` = network_in + api_in, ``delivery`` = api_out +
-#: network_out); a request has one or the other on each side, never both.
+#: merged names where it is missing (``to_engine`` = [client_send +] network_in + api_in,
+#: ``delivery`` = api_out + network_out); a request has one or the other on each side, never both;
+#: ``client_send`` only where the client said when it began writing the request.
 TTFT_PARTS = (
+    "client_send",
     "network_in",
     "api_in",
     "to_engine",
@@ -323,11 +330,13 @@ TTFT_PARTS = (
 )
 
 
-def parts_of(network_in, api_in, to_engine, front_end, queue, prefill, api_out, network_out, delivery):
+def parts_of(client_send, network_in, api_in, to_engine, front_end, queue, prefill, api_out, network_out, delivery):
     """One request's TTFT parts (name -> seconds; front_end None: unknown, the queue holds it), each
     side at the finest level known; None when a side is not known at all."""
     if network_in is not None and api_in is not None:
         first = {"network_in": network_in, "api_in": api_in}
+        if client_send is not None:
+            first = {"client_send": client_send, **first}
     elif to_engine is not None:
         first = {"to_engine": to_engine}
     else:

@@ -8,10 +8,13 @@ prefill, decode, preemptions). Per-request metrics (TTFT, TPOT, E2E, largest ITL
 core's vectorised :func:`otel_llm.request_math.request_metrics`, one call per batch.
 
 When a trace holds both boundaries of a request, the client TTFT is decomposed exactly, in
-integer ns: ``network_in`` (engine arrival - client send) + ``queue`` + ``prefill`` (to the
-engine's first token *generated*) + ``delivery`` (client first token - engine first token
-generated) = client TTFT. Without the engine's phases (vLLM stats off), ``delivery`` runs from
-the engine's first output handed out, and ``queue``/``prefill`` are unknown.
+integer ns: ``client_send`` (the client's call -> it began writing the request, where the client
+says) + ``network_in`` (-> the HTTP server read the first bytes) + ``api_in`` (-> engine arrival) +
+``front_end`` + ``queue`` + ``prefill`` (to the engine's first token *generated*) + ``api_out`` (->
+the server's first chunk after it) + ``network_out`` (-> the client's first token) = client TTFT.
+Without the HTTP server span, ``to_engine`` and ``delivery`` stand for the outer parts; without the
+engine's phases (vLLM stats off), ``delivery`` runs from the engine's first output handed out, and
+``queue``/``prefill`` are unknown.
 
 Python touches each span once, to pick out the request spans and find each phase's request;
 the rest is numpy over the whole batch.
@@ -368,6 +371,45 @@ def _status(s, code: int) -> str:
     return "error" if s or code == 2 else "ok"
 
 
+#: The client TTFT's parts a (client, engine) pair gives beyond the engine's own phases.
+PAIR_PARTS = ("to_engine", "client_send", "network_in", "api_in", "delivery", "api_out", "network_out")
+
+
+def pair_parts(
+    c_submit: np.ndarray,
+    c_sent: np.ndarray,
+    c_first: np.ndarray,
+    e_submit: np.ndarray,
+    e_first_generated: np.ndarray,
+    e_first_out: np.ndarray,
+    received: np.ndarray,
+    first_chunk: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """The outer parts of the client TTFT (:data:`PAIR_PARTS`) of (client, engine) pairs, in
+    seconds, NaN where unknown. Arrays aligned by pair, times in Unix ns (``NO_NS`` unknown): the
+    client's call, the moment it began writing the request and its first token (client clock); the
+    engine's arrival, first token generated and first output handed out (engine clock); the HTTP
+    server's first byte read and the first body chunk it wrote once the engine had a token out
+    (server clock). Parts across two clocks are uncorrected (:mod:`collector.compare` corrects
+    them); without a send time, ``network_in`` starts at the call."""
+    k = len(c_submit)
+    out = {name: np.full(k, np.nan) for name in PAIR_PARTS}
+    out["to_engine"][:] = (e_submit - c_submit) / _NS
+    said = c_sent != NO_NS
+    out["client_send"][said] = (c_sent[said] - c_submit[said]) / _NS
+    sent = np.where(said, c_sent, c_submit)
+    srv = received != NO_NS
+    out["network_in"][srv] = (received[srv] - sent[srv]) / _NS
+    out["api_in"][srv] = (e_submit[srv] - received[srv]) / _NS
+    engine_first = np.where(e_first_generated != NO_NS, e_first_generated, e_first_out)
+    ok = (c_first != NO_NS) & (engine_first != NO_NS)
+    out["delivery"][ok] = (c_first[ok] - engine_first[ok]) / _NS
+    chunk = ok & (first_chunk != NO_NS)
+    out["api_out"][chunk] = (first_chunk[chunk] - engine_first[chunk]) / _NS
+    out["network_out"][chunk] = (c_first[chunk] - first_chunk[chunk]) / _NS
+    return out
+
+
 def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics]:
     """Records of every request span in ``traces``, with their per-request metrics (the pooled
     ITL samples too, for the exporters)."""
@@ -389,8 +431,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     engine_delivery = np.full(n, np.nan)
     m = has & (first_gen != NO_NS)
     engine_delivery[m] = (first_event[m] - first_gen[m]) / _NS
-    to_engine, network_in, api_in = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
-    delivery, api_out, network_out = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    outer = {name: np.full(n, np.nan) for name in PAIR_PARTS}  # the client records' outer TTFT parts
     stall_core, stall_server = np.full(n, np.nan), np.full(n, np.nan)
     server_received, server_first = rq.server_received_ns, np.full(n, NO_NS, np.int64)
     with_server = np.flatnonzero(server_received != NO_NS).tolist() if len(rq.server_chunks) else []
@@ -404,30 +445,17 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     if rq.pairs:
         ci, ei = np.array(rq.pairs, np.int64).T
         paired[ci] = paired[ei] = True
-        to_engine[ci] = (submit[ei] - submit[ci]) / _NS
-        srv = server_received[ei] != NO_NS
-        network_in[ci[srv]] = (server_received[ei[srv]] - submit[ci[srv]]) / _NS
-        api_in[ci[srv]] = (submit[ei[srv]] - server_received[ei[srv]]) / _NS
-        server_received[ci] = server_received[ei]
-        server_first[ci] = server_first[ei]
-        for col in (
-            front_end,
-            queue,
-            prefill,
-            decode,
-            preemption_time,
-            engine_delivery,
-            preemptions,
-            first_sched,
-            first_gen,
-        ):
+        off = np.fromiter((v if type(v) is int else -1 for v in cols[sp.SEND_OFFSET]), np.int64, n)
+        sent = np.where((off >= 0) & (off <= end - submit), submit + off, NO_NS)
+        for name, v in pair_parts(
+            submit[ci], sent[ci], first_event[ci], submit[ei], first_gen[ei], first_event[ei],
+            server_received[ei], server_first[ei],
+        ).items():  # fmt: skip
+            outer[name][ci] = v
+        for col in (front_end, queue, prefill, decode, preemption_time, engine_delivery, preemptions):
             col[ci] = col[ei]
-        engine_first = np.where(first_gen[ei] != NO_NS, first_gen[ei], first_event[ei])
-        ok = has[ci] & (engine_first != NO_NS)
-        delivery[ci[ok]] = (first_event[ci[ok]] - engine_first[ok]) / _NS
-        chunk = ok & (server_first[ei] != NO_NS)
-        api_out[ci[chunk]] = (server_first[ei[chunk]] - engine_first[chunk]) / _NS
-        network_out[ci[chunk]] = (first_event[ci[chunk]] - server_first[ei[chunk]]) / _NS
+        for col in (first_sched, first_gen, server_received, server_first):
+            col[ci] = col[ei]
         stall_core, stall_server = stall_layers(ci, ei, submit, start, offs, toks, rq.generated, rq.server_chunks)
     # one object per distinct value (each span brings its own copy): less to hold, pickle, compare
     same: dict = {}
@@ -533,12 +561,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         first_scheduled_ns=first_sched,
         first_generated_ns=first_gen,
         engine_delivery=engine_delivery,
-        to_engine=to_engine,
-        network_in=network_in,
-        api_in=api_in,
-        delivery=delivery,
-        api_out=api_out,
-        network_out=network_out,
+        **outer,
         server_received_ns=server_received,
         server_first_chunk_ns=server_first,
         stall_core_gap=stall_core,

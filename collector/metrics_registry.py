@@ -223,9 +223,9 @@ class MetricsRegistry:
         self.ttft_part = Histogram(
             "llm.ttft.part",
             "s",
-            "The client TTFT in its parts (network_in, api_in, front_end, queue, prefill, api_out, network_out with "
-            "the HTTP server span; to_engine and delivery where it is missing; paired ok requests; network_in "
-            "and delivery span two clocks, uncorrected for their offset)",
+            "The client TTFT in its parts (client_send, network_in, api_in, front_end, queue, prefill, api_out, "
+            "network_out with the HTTP server span; to_engine and delivery where it is missing; paired ok "
+            "requests; network_in and delivery span two clocks, uncorrected for their offset)",
             TTFT_BUCKETS,
             BM + ("part",),
         )
@@ -386,7 +386,9 @@ class MetricsRegistry:
         fine_out = np.isfinite(np.asarray(c.api_out, dtype=float)) & np.isfinite(np.asarray(c.network_out, dtype=float))
         for part in TTFT_PARTS:
             v = np.asarray(getattr(c, part), dtype=float)
-            if part == "to_engine":
+            if part == "client_send":  # its own part only where the server's parts are known
+                v = np.where(fine_in, v, np.nan)
+            elif part == "to_engine":
                 v = np.where(fine_in, np.nan, v)
             elif part == "delivery":
                 v = np.where(fine_out, np.nan, v)

@@ -118,14 +118,23 @@ COLUMNS: tuple[Column, ...] = (
         "to_engine",
         SECONDS,
         "s",
-        "client send -> engine arrival (two clocks): the network and the HTTP server in; = network_in + api_in",
+        "client call -> engine arrival (two clocks): the client library, the network and the HTTP server in; "
+        "= client_send + network_in + api_in",
+    ),
+    Column(
+        "client_send",
+        SECONDS,
+        "s",
+        "client call -> the client library began writing the request: building it, waiting for a pooled "
+        "connection, connecting (needs a client that says when it sent, as otel-llm's do; without it "
+        "network_in holds this)",
     ),
     Column(
         "network_in",
         SECONDS,
         "s",
-        "client send -> the HTTP server read the request's first bytes: the client library after its send "
-        "time, the network (two clocks; needs the server span)",
+        "the client began writing the request -> the HTTP server read its first bytes: the kernels, the "
+        "network, the server process waking (two clocks; needs the server span)",
     ),
     Column(
         "api_in",

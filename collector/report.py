@@ -21,6 +21,7 @@ import numpy as np
 from .report_data import PART_MEANING, ReportData
 
 COLORS = {
+    "client_send": "#5c5c5c",
     "network_in": "#8c8c8c",
     "api_in": "#a0cfff",
     "to_engine": "#8c8c8c",
@@ -390,6 +391,7 @@ def register_report(sub) -> None:
     from otel_llm.cli_options import number
 
     from .cli import add_stall_options
+    from .client_results import add_client_results_options
 
     p = sub.add_parser(
         "report",
@@ -406,6 +408,7 @@ def register_report(sub) -> None:
     p.add_argument("--slowest", type=number(int, 0), default=20, metavar="N", help="slowest requests shown (20)")
     p.add_argument("--sample", type=number(int, 0), default=100, metavar="N", help="other requests shown (100)")
     add_stall_options(p)
+    add_client_results_options(p)
     p.add_argument("--title", default="otel-llm report")
     p.set_defaults(func=run_report)
 
@@ -415,11 +418,13 @@ def run_report(args: argparse.Namespace) -> int:
 
     from otel_llm.cli_options import CLIError, slo_option
 
+    from .client_results import apply_client_results
     from .report_data import build_report
 
     slo = slo_option(args.slo)
     t0 = time.perf_counter()
     batch, steps, source = _load_selected(args, "report")
+    batch = apply_client_results(args, batch)
     d = build_report(
         batch,
         steps,

@@ -26,11 +26,14 @@ from .steps import StepBatch
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
 PART_MEANING = {
-    "network_in": "client send -> the HTTP server read the request's first bytes: the client library after its "
-    "send time, the network (two clocks)",
+    "client_send": "the caller's call -> the client library began writing the request: building it, waiting for "
+    "a pooled connection, connecting",
+    "network_in": "the client began writing the request -> the HTTP server read its first bytes: the kernels, the "
+    "network, the server process waking (two clocks; holds client_send where the client does not say)",
     "api_in": "first bytes read -> engine arrival: HTTP parsing, the wait for the API server's event loop (busy "
     "with other streams), validation",
-    "to_engine": "client send -> engine arrival, without the server span: the network and the HTTP server in",
+    "to_engine": "client call -> engine arrival, without the server span: the client library, the network and the "
+    "HTTP server in",
     "front_end": "llm.frontend: arrival -> queued: rendering, tokenization, the hand-off to the engine core",
     "queue": "llm.queue: queued -> first scheduled: waiting for the scheduler (holds the front end where unknown)",
     "prefill": "llm.prefill: first scheduled -> first token generated",

@@ -68,6 +68,7 @@ _ATTRIBUTES = (
     ("after_abort", sc.TOKENS_AFTER_ABORT),
     ("violations", sc.TIMELINE_VIOLATIONS),
     ("output_tokens", sc.OUTPUT_TOKENS),
+    ("send_offset", sc.CLIENT_SEND_OFFSET),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -102,6 +103,7 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     AFTER_ABORT,
     VIOLATIONS,
     OUTPUT_TOKENS,
+    SEND_OFFSET,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

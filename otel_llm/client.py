@@ -1,8 +1,9 @@
 """Client-side tracing for OpenAI-compatible streaming over HTTP: what the caller saw.
 
-One ``llm.client.request`` span (CLIENT) per request, from the moment the request is sent to the
-moment the stream closes, carrying the token-event arrays of docs/architecture.md. A W3C ``traceparent`` is
-injected, so the engine's spans (engine_hooks) join the same trace.
+One ``llm.client.request`` span (CLIENT) per request, from the caller's call to the moment the
+stream closes, carrying the token-event arrays of docs/architecture.md and the moment the client
+library began writing the request (``llm.client.send_offset_ns``, from httpcore's trace events). A
+W3C ``traceparent`` is injected, so the engine's spans (engine_hooks) join the same trace.
 
 Token events: each streamed chunk that carries output is one event. Its token count comes from
 streamed usage where the server sends it per chunk (vLLM: ``stream_options.continuous_usage_stats``);
@@ -33,6 +34,7 @@ from .client_span import (
     StreamRecorder,
     capture_content_default,
     finish_span,
+    send_tracer,
     start_client_span,
 )
 from .clock import WallAnchor
@@ -166,7 +168,10 @@ class TracedClient:
             trace_id=format(span.get_span_context().trace_id, "032x"),
         )
         try:
-            async with self._http.stream("POST", self.base_url + path, json=body, headers=headers) as resp:
+            trace = {"trace": send_tracer(res, self.now_ns, is_async=True)}
+            async with self._http.stream(
+                "POST", self.base_url + path, json=body, headers=headers, extensions=trace
+            ) as resp:
                 res.http_status = resp.status_code
                 if resp.status_code >= 400:
                     detail = (await resp.aread())[:500].decode(errors="replace")

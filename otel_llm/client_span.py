@@ -42,6 +42,7 @@ class ClientResult:
     error: str | None = None
     text: str = ""  # the completion, for the caller; never put in spans unless opted in
     trace_id: str | None = None
+    sent_ns: int | None = None  # the client library began writing the request (None: not seen)
 
     def timeline(self) -> Timeline:
         return Timeline(
@@ -150,6 +151,28 @@ def start_client_span(tracer, start_ns: int, attributes: dict):
     return first, another
 
 
+#: httpcore's trace events for the moment it begins writing a request (HTTP/1.1, HTTP/2)
+SEND_EVENTS = frozenset({"http11.send_request_headers.started", "http2.send_request_headers.started"})
+
+
+def send_tracer(res: ClientResult, now, is_async: bool):
+    """An httpx ``trace`` extension that stamps ``res.sent_ns`` with ``now()`` when httpcore begins
+    writing the request (the last such moment, should a dead pooled connection make it write again)."""
+    if is_async:
+
+        async def trace(name: str, info: dict) -> None:
+            if name in SEND_EVENTS:
+                res.sent_ns = now()
+
+        return trace
+
+    def trace_sync(name: str, info: dict) -> None:
+        if name in SEND_EVENTS:
+            res.sent_ns = now()
+
+    return trace_sync
+
+
 def finish_span(
     span,
     res: ClientResult,
@@ -188,6 +211,8 @@ def finish_span(
         }
         if several:
             a[sc.REQUEST_CHOICE] = index
+        if res.sent_ns is not None and res.submit_ns <= res.sent_ns <= res.end_ns:
+            a[sc.CLIENT_SEND_OFFSET] = res.sent_ns - res.submit_ns
         if rec.response_id:
             a[sc.RESPONSE_ID] = rec.response_id
         if res.input_tokens is not None:

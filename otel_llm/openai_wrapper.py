@@ -36,6 +36,7 @@ from .client_span import (
     StreamRecorder,
     capture_content_default,
     finish_span,
+    send_tracer,
     start_client_span,
 )
 from .clock import WallAnchor
@@ -46,6 +47,38 @@ _WHY = {
     "dropped": "the stream was dropped unread",
     "unparsed": "the response was dropped unparsed",
 }
+
+
+#: traceparent -> the call being sent, for the httpx event hook that stamps when the SDK's HTTP
+#: client began writing it (:func:`_hook_sends`)
+_SENDING: dict[str, _Call] = {}
+
+
+def _hook_sends(client: Any, is_async: bool) -> None:
+    """Add to the SDK's httpx client a request hook that hands each traced request httpcore's trace
+    extension (:func:`~otel_llm.client_span.send_tracer`), so the span knows when the request began
+    to be written. Once per httpx client; a client the SDK was not built on (no ``event_hooks``) is
+    left alone, and its spans carry no send time."""
+    http = getattr(client, "_client", None)
+    hooks = getattr(http, "event_hooks", None)
+    if not isinstance(hooks, dict) or getattr(http, _INSTRUMENTED, False):
+        return
+
+    def give(request) -> None:
+        call = _SENDING.get(request.headers.get("traceparent", ""))
+        if call is not None:
+            request.extensions["trace"] = send_tracer(call.res, call.now, is_async)
+
+    if is_async:
+
+        async def on_request(request) -> None:
+            give(request)
+
+    else:
+        on_request = give
+    hooks.setdefault("request", []).append(on_request)
+    http.event_hooks = hooks
+    setattr(http, _INSTRUMENTED, True)
 
 
 def _chunk_dict(chunk) -> dict:
@@ -72,6 +105,9 @@ class _Call:
         headers = dict(kwargs.get("extra_headers") or {})
         PROPAGATOR.inject(headers, context=trace_api.set_span_in_context(self.span))
         kwargs["extra_headers"] = headers
+        self.traceparent = headers.get("traceparent")
+        if self.traceparent:
+            _SENDING[self.traceparent] = self  # until its end: the SDK's retries send it again
         self.hide_usage = False
         if self.streaming:
             so = dict(kwargs.get("stream_options") or {})
@@ -110,6 +146,7 @@ class _Call:
         if self.done:
             return
         self.done = True
+        _SENDING.pop(self.traceparent, None)
         if status is not None and self.res.status == "ok":
             self.res.status = status
             self.res.error = _WHY.get(why or status)
@@ -258,6 +295,7 @@ def instrument(client: Any, *, tracer_provider=None, capture_content: bool | Non
         traced.__wrapped__ = create
         return traced
 
+    _hook_sends(client, is_async)
     client.completions.create = wrap(client.completions.create, "text_completion")
     client.chat.completions.create = wrap(client.chat.completions.create, "chat")
     copy = client.copy

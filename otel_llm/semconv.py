@@ -29,6 +29,10 @@ HTTP_RESPONSE_START = "llm.http.response_start_offset_ns"  # int: ns after the s
 HTTP_APP_START = "llm.http.app_start_offset_ns"
 # str on llm.request: the orderings the hooks saw broken, comma-separated (collector.invariants.KINDS)
 TIMELINE_VIOLATIONS = "llm.timeline.violations"
+# int on llm.client.request: ns after the span start (the caller's call) at which the client library
+# began writing the request (httpx/httpcore's send_request_headers.started): what came before is the
+# client's own work (building the request, waiting for a pooled connection, connecting)
+CLIENT_SEND_OFFSET = "llm.client.send_offset_ns"
 HTTP_CHUNK_OFFSETS = "llm.http.chunk_offsets_ns"  # int[]: each body chunk written, ns after the span start
 #: the routes whose server spans the collector derives (span name "{method} {path}")
 SERVER_SPAN_NAMES = (

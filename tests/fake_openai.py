@@ -4,8 +4,8 @@ Request body extensions: ``fake_usage``: ``continuous`` (usage on every chunk), 
 usage-only chunk at the end, sent only when the request asks for ``stream_options.include_usage``
 as a real server does), ``none``; ``fake_gap_ms``: time between chunks; ``fake_status``: answer
 with this HTTP status instead; ``fake_multi``: tokens per chunk; ``n``: choices, a chunk each per
-step. ``stream`` false: one JSON
-response. It records each request's headers, and each stream the client hung up on.
+step. ``stream`` false: one JSON response. It records each request's headers and when its head was
+read (``read_ns``), and each stream the client hung up on.
 """
 
 from __future__ import annotations
@@ -29,8 +29,11 @@ class FakeOpenAI:
                 pass
 
             def do_POST(self):
+                read_ns = time.time_ns()  # the request's head is read (Unix ns)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
+                outer.requests.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": body, "read_ns": read_ns}
+                )
                 status = body.get("fake_status")
                 if status:
                     msg = json.dumps({"error": {"message": "busy"}}).encode()

@@ -147,3 +147,53 @@ def test_openai_sdk_wrapper(server, spans):
     s = one_span(mem)
     assert len(s.attributes[sc.TOKEN_EVENT_OFFSETS]) == 5 and s.attributes[sc.TOKEN_EVENT_ESTIMATED] is False
     assert server.requests[-1]["headers"]["traceparent"].split("-")[1] == format(s.context.trace_id, "032x")
+
+
+def _sent_before_read(span, request) -> int:
+    """The span's send offset (the client library began writing the request), checked against the
+    span and the moment the server read the request's head (one host, Unix ns)."""
+    off = span.attributes[sc.CLIENT_SEND_OFFSET]
+    first = span.attributes[sc.TOKEN_EVENT_OFFSETS][0]
+    assert off >= 0 and span.start_time + off <= request["read_ns"] <= span.start_time + first
+    return off
+
+
+def test_the_span_says_when_the_request_began_to_be_written(server, spans):
+    """The client's time before the bytes go out (building the request, a pooled connection, the
+    connect) is not network: httpcore's trace events give the moment it began writing, on every
+    idiom (our client, the SDK sync and async), new connection or kept alive."""
+    openai = pytest.importorskip("openai")
+    tp, mem = spans
+
+    async def ours():
+        async with TracedClient(server.base_url, model="m", tracer_provider=tp) as c:
+            for i in range(2):  # a new connection, then the kept-alive one
+                await c.completion("hi", 3, request_id=f"o{i}")
+
+    run(ours())
+    sdk = instrument_openai(openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0), tracer_provider=tp)
+    list(sdk.completions.create(model="m", prompt="hi", max_tokens=3, stream=True))
+    sdk.completions.create(model="m", prompt="hi", max_tokens=3)  # not streamed: the send is known too
+
+    async def sdk_async():
+        c = instrument_openai(
+            openai.AsyncOpenAI(base_url=server.base_url, api_key="x", max_retries=0), tracer_provider=tp
+        )
+        async for _ in await c.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True
+        ):
+            pass
+
+    run(sdk_async())
+    tp.force_flush()
+    got = sorted((s for s in mem.get_finished_spans() if s.name == sc.SPAN_CLIENT_REQUEST), key=lambda s: s.start_time)
+    assert len(got) == 5 == len(server.requests)
+    for s, req in zip(got, server.requests):
+        if s.attributes.get(sc.TOKEN_EVENT_OFFSETS):
+            _sent_before_read(s, req)
+        else:
+            off = s.attributes[sc.CLIENT_SEND_OFFSET]
+            assert off >= 0 and s.start_time + off <= req["read_ns"] <= s.end_time
+    from otel_llm.openai_wrapper import _SENDING
+
+    assert not _SENDING  # every call's entry is gone at its end

@@ -847,3 +847,14 @@ def test_the_http_server_span_gives_the_seven_parts():
     (row,) = compare(batch.records()).rows
     assert set(row.parts) == {"network_in", "api_in", "front_end", "queue", "prefill", "api_out", "network_out"}
     assert row.parts_sum_minus_ttft == pytest.approx(0, abs=1e-9)
+    # a client that says when it began writing the request (otel-llm's: httpcore's trace events):
+    # its own part, and network_in from there; an offset past the span's end is not taken
+    for offset, send in ((1 * ms, 0.001), (None, None), (-5, None), (201 * ms, None), ("1", None)):
+        sent = [spans[0][:-1] + (offset,), *spans[1:]]
+        assert len(spans[0]) - 1 == sp.SEND_OFFSET
+        c = {r.boundary: r for r in derive([ReleasedTrace(bytes.fromhex(t), sent, "grace")])[0].records()}["client"]
+        assert c.client_send == (None if send is None else pytest.approx(send))
+        assert c.network_in == pytest.approx(0.003 - (send or 0)) and c.to_engine == pytest.approx(0.005)
+        (row,) = compare([c, *(r for r in batch.records() if r.boundary != "client")]).rows
+        assert ("client_send" in row.parts) == (send is not None)
+        assert row.parts_sum_minus_ttft == pytest.approx(0, abs=1e-9)

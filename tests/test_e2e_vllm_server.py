@@ -81,12 +81,15 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
     for tid, cl in clients.items():
         en = engines[tid]
         assert cl.paired and en.paired and cl.status == en.status == "ok"
-        # the seven parts, with the HTTP server span the plugin adds inside vLLM's API server
-        seven = (cl.network_in, cl.api_in, cl.front_end, cl.queue, cl.prefill, cl.api_out, cl.network_out)
-        assert None not in seven, seven
-        assert abs(sum(seven) - cl.ttft) < 1e-6  # one host: the parts sum to the client TTFT
+        # the eight parts, with the HTTP server span the plugin adds inside vLLM's API server and
+        # the moment our client began writing the request
+        eight = (cl.client_send, cl.network_in, cl.api_in, cl.front_end, cl.queue, cl.prefill, cl.api_out)
+        eight += (cl.network_out,)
+        assert None not in eight, eight
+        assert abs(sum(eight) - cl.ttft) < 1e-6  # one host: the parts sum to the client TTFT
+        assert cl.network_in > 0 and cl.client_send >= 0  # the server read what the client had begun to write
         assert (
-            abs(cl.network_in + cl.api_in - cl.to_engine) < 1e-9
+            abs(cl.client_send + cl.network_in + cl.api_in - cl.to_engine) < 1e-9
             and abs(cl.api_out + cl.network_out - cl.delivery) < 1e-9
         )
         assert en.ttft <= cl.ttft
@@ -99,14 +102,14 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
         assert en.ttft <= sv.ttft <= cl.ttft and sv.output_tokens == 24
         assert sv.submit_ns + sv.event_offsets_ns[0] == cl.server_first_chunk_ns
         assert cl.output_tokens == en.output_tokens == 24
-        assert min(seven) > -1e-3 and cl.api_in > 0 and cl.front_end > 0  # vLLM says when it queued the request
+        assert min(eight) > -1e-3 and cl.api_in > 0 and cl.front_end > 0  # vLLM says when it queued the request
     out = json.loads(run_cli("compare", "--store", c.config.store, "--format", "json").stdout)
     assert out["summary"]["requests_paired"] == 40  # the 4 warm-ups are left out, as everywhere
     with_warmup = run_cli("compare", "--store", c.config.store, "--include-warmup", "--format", "json").stdout
     assert json.loads(with_warmup)["summary"]["requests_paired"] == 44
     assert out["summary"]["clock_offset"]["theta_s"] == 0  # one host, one clock: the bounds contain 0
     assert out["summary"]["max_abs_parts_sum_error_s"] < 1e-3
-    assert {"network_in", "api_in", "front_end", "queue", "prefill", "api_out", "network_out"} <= set(
+    assert {"client_send", "network_in", "api_in", "front_end", "queue", "prefill", "api_out", "network_out"} <= set(
         out["summary"]["ttft_share"]
     )
     # the engine core's step spans reached the collector too (counted, not derived per request)

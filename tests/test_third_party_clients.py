@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import start_vllm_server
+from conftest import run_cli, start_vllm_server
 from third_party_clients import vllm_bench_serve
 
 from collector.assembly import AssemblyConfig
@@ -79,3 +79,34 @@ def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_pa
     assert failures == [], f"{len(failures)} of {N}: {failures[:5]}"
     if rate == "inf":  # 200 requests at once: they wait (in front of the HTTP app more than in the scheduler)
         assert np.median(result["ttfts"]) > 0.05
+    _compare_with_the_tools_results(c.config.store, tmp_path, result)
+
+
+def _compare_with_the_tools_results(store: str, tmp_path, result: dict) -> None:
+    """Bring your own load generator: compare takes the client boundary from the tool's own
+    per-request results, joined by the request id it sent (the prefix found in the store), and
+    splits each request's TTFT, as the tool measured it, into the parts exactly."""
+    import json
+
+    (path,) = tmp_path.glob("vllm-bench-*.json")
+    out = run_cli("compare", "--store", store, "--client-results", path, "--format", "json")
+    assert f"{N} of {N} requests of vllm bench serve" in out.stderr and "request id X<i>" in out.stderr
+    cmp = json.loads(out.stdout)
+    rows = {r["id"]: r for r in cmp["requests"]}
+    assert cmp["summary"]["requests_paired"] == N == len(rows)
+    assert abs(cmp["summary"]["clock_offset"]["theta_s"]) < 1e-3  # one host: the tool's monotonic clock
+    for i, ttft in enumerate(result["ttfts"]):
+        r = rows[f"X{i}"]
+        assert abs(r["client_ttft"] - ttft) < 1e-6  # the tool's own TTFT, in the parts below
+        parts = [r[p] for p in ("network_in", "api_in", "front_end", "queue", "prefill", "api_out", "network_out")]
+        assert None not in parts and r["client_send"] is None  # the tool does not say when it began writing
+        assert abs(sum(parts) - ttft) < 1e-6
+    print("network_in p50 (vllm bench serve: its client library's time before the send included):", end=" ")
+    print(f"{np.median([r['network_in'] for r in rows.values()]) * 1e3:.2f} ms")
+    # a prefix that is not in the store, and a file that is not the tool's: said plainly
+    bad = run_cli("compare", "--store", store, "--client-results", path, "--client-id-prefix", "nope-", check=False)
+    assert bad.returncode == 2 and f"none of the {N} requests" in bad.stderr
+    not_theirs = tmp_path / "not-vllm.json"
+    not_theirs.write_text('{"ttfts": []}')
+    bad = run_cli("compare", "--store", store, "--client-results", not_theirs, check=False)
+    assert bad.returncode == 2 and "--save-detailed" in bad.stderr

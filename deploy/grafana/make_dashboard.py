@@ -101,7 +101,8 @@ def build() -> dict:
         ],
         "s",
         stack=True,
-        description="network_in: client send -> the HTTP server read the first bytes; api_in: -> engine arrival "
+        description="client_send: the caller's call -> the client began writing the request; network_in: -> the HTTP "
+        "server read the first bytes; api_in: -> engine arrival "
         "(HTTP parsing, the API server's event loop); front_end: arrival -> queued; queue; prefill; api_out: first "
         "token generated -> the server wrote it; network_out: -> client has it. network_in and network_out span "
         "two clocks (uncorrected)",
