@@ -21,6 +21,7 @@ one bridge from records to the metric core (:mod:`otel_llm.request_math`).
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any
@@ -280,8 +281,9 @@ class _BatchMethods:
 
     def timelines(self, epoch_ns: int | None = None) -> TimelineBatch:
         """The batch as the metric core's input (see :func:`timeline_batch`); ids are the
-        request ids."""
-        return timeline_batch(
+        request ids; with the count of records that break the timeline invariants, by kind."""
+        kinds = Counter(k for v in self.violations if v for k in v.split(","))
+        tb = timeline_batch(
             self.request_id,
             self.submit_ns,
             self.end_ns,
@@ -294,6 +296,8 @@ class _BatchMethods:
             self.sample_weight,
             np.where(np.diff(self.event_start) == 0, self.output_tokens, 0),  # a response not streamed
         )
+        tb.violations = {"records": sum(1 for v in self.violations if v), **dict(sorted(kinds.items()))}
+        return tb
 
     def scalar_columns(self, nan_as_none: bool = True) -> dict[str, list]:
         """Every column as Python values, in :data:`COLUMNS` order (see :func:`to_python`)."""

@@ -126,6 +126,7 @@ class Summary:
     extra: dict = field(default_factory=dict)  # conditions etc., passed through to JSON
     fluidity: Fluidity | None = None
     sampling: dict | None = None  # sampled records: what the estimates stand for
+    violations: dict | None = None  # records breaking the timeline invariants (TimelineBatch.violations)
 
     def to_json(self) -> dict:
         c = self.counts
@@ -159,6 +160,8 @@ class Summary:
             out["fluidity"] = self.fluidity.to_json()
         if self.sampling is not None:
             out["sampling"] = self.sampling
+        if self.violations is not None:
+            out["timeline_violations"] = self.violations
         if self.goodput is not None:
             g = self.goodput
             out["goodput"] = {
@@ -322,4 +325,5 @@ def summarize(
         percentile_method=method,
         latency=latency,
         goodput=goodput,
+        violations=batch.violations,
     )

@@ -65,6 +65,11 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
         f"TPOT undefined (N <= 1): {c.tpot_undefined}   no token: {c.no_token}   "
         f"events with >1 token (gaps inside unknown): {c.multi_token_events}"
     )
+    if s.violations is not None:
+        v = dict(s.violations)
+        n = v.pop("records", 0)
+        kinds = ", ".join(f"{k} {m}" for k, m in v.items())
+        out.append(f"timeline violations: {f'{n} records ({kinds}; otel-llm compare lists them)' if n else 'none'}")
     out.append("")
     pkeys = next(iter(s.latency.values())).percentiles.keys() if s.latency else []
     out.append(h(f"Latency (ms; percentiles by {s.percentile_method})"))

@@ -74,6 +74,9 @@ class TimelineBatch:
     # output tokens known without their times (a response that was not streamed: its usage), as
     # observed at the request's end: in N and in token throughput, never a token event (no TTFT)
     untimed_tokens: np.ndarray | None = None  # int64[n]; None: none
+    # where the source checks the timeline invariants (the collector's records): the records that
+    # break one, by kind, and "records" in all; None: not checked
+    violations: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self.submit)

@@ -58,6 +58,19 @@ def test_each_broken_ordering_is_stored_and_counted(make_collector):
     for kind in ("events_outside_record", "scheduled_before_arrival", "client_ttft_below_server"):
         assert f'kind="{kind}"' in text
     assert set(KINDS) >= {k for ks in kinds.values() for k in ks}
+    # analyze says how many records of the boundary it reads broke which ordering (compare lists them)
+    import json
+
+    from conftest import run_cli
+
+    engine = json.loads(
+        run_cli("analyze", "--store", c.config.store, "--boundary", "engine", "--format", "json").stdout
+    )
+    broken = [r for r in records if r.boundary == "engine" and r.violations]
+    assert engine["timeline_violations"]["records"] == len(broken) == 5  # early, sched, out, srv, said
+    assert engine["timeline_violations"]["scheduled_before_arrival"] == 1
+    table = run_cli("analyze", "--store", c.config.store, "--boundary", "client").stdout
+    assert "timeline violations: 1 records (client_ttft_below_server 1;" in table
 
 
 def test_the_hooks_keep_a_token_before_arrival_and_say_so():
