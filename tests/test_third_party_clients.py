@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 from conftest import run_cli, start_vllm_server
-from third_party_clients import vllm_bench_serve
+from third_party_clients import guidellm_run, vllm_bench_serve
 
 from collector.assembly import AssemblyConfig
 
@@ -38,8 +38,8 @@ def _check_request(i: int, client_ttft: float, client_tokens: int, server, engin
         assert offs.min() >= 0 and offs.max() <= r.end_ns - r.submit_ns
 
 
-@pytest.mark.parametrize("rate", ["8", "inf"], ids=["no-queue", "queues"])
-def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_path, rate):
+def _traced_server(make_collector, tiny_model):
+    """A collector, and a traced vLLM server sending to it: (collector, server process, base url)."""
     c = make_collector(assembly=AssemblyConfig(grace_s=0.5, timeout_s=30))
     otlp = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
@@ -47,6 +47,25 @@ def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_pa
         "OTEL_LLM_SCHEDULE_DELAY": "100",
     }
     server, base_url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp})
+    return c, server, base_url
+
+
+def _stored(c, n: int) -> dict:
+    """The store's records by (boundary, request id), once ``n`` are in (60 s at most)."""
+    deadline = time.monotonic() + 60
+    while c.store.count() < n and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return {(r.boundary, r.request_id): r for r in c.store.records()}
+
+
+def _summary(name: str, diffs: list[float]) -> None:
+    d = np.array(diffs) * 1e3
+    print(f"{name}: client - server TTFT over {len(d)} requests: median {np.median(d):.2f} ms, max {d.max():.2f} ms")
+
+
+@pytest.mark.parametrize("rate", ["8", "inf"], ids=["no-queue", "queues"])
+def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_path, rate):
+    c, server, base_url = _traced_server(make_collector, tiny_model)
     try:
         result = vllm_bench_serve(
             base_url,
@@ -59,10 +78,7 @@ def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_pa
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
-    deadline = time.monotonic() + 60
-    while c.store.count() < 2 * N and time.monotonic() < deadline:
-        time.sleep(0.2)
-    records = {(r.boundary, r.request_id): r for r in c.store.records()}
+    records = _stored(c, 2 * N)
     failures, diffs = [], []
     for i, (ttft, tokens) in enumerate(zip(result["ttfts"], result["output_lens"])):
         rid = f"cmpl-X{i}-0"  # vLLM's id for x-request-id X<i>, prompt 0
@@ -72,10 +88,7 @@ def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_pa
             diffs.append(ttft - server_rec.ttft)
         except AssertionError as exc:
             failures.append(f"{rid}: {exc}")
-    d = np.array(diffs) * 1e3
-    print(
-        f"rate {rate}: client - server TTFT over {len(d)} requests: median {np.median(d):.2f} ms, max {d.max():.2f} ms"
-    )
+    _summary(f"vllm bench serve, rate {rate}", diffs)
     assert failures == [], f"{len(failures)} of {N}: {failures[:5]}"
     if rate == "inf":  # 200 requests at once: they wait (in front of the HTTP app more than in the scheduler)
         assert np.median(result["ttfts"]) > 0.05
@@ -109,4 +122,62 @@ def _compare_with_the_tools_results(store: str, tmp_path, result: dict) -> None:
     not_theirs = tmp_path / "not-vllm.json"
     not_theirs.write_text('{"ttfts": []}')
     bad = run_cli("compare", "--store", store, "--client-results", not_theirs, check=False)
+    assert bad.returncode == 2 and "--save-detailed" in bad.stderr
+
+
+@pytest.mark.parametrize("rate", [8.0, float("inf")], ids=["no-queue", "queues"])
+def test_guidellm_joins_every_request(make_collector, tiny_model, tmp_path, rate):
+    """guidellm sends no request id: each of its requests is joined by the response id vLLM
+    returned to it (``cmpl-<id>``, the engine's ``cmpl-<id>-0``)."""
+    import random
+
+    n = 100
+    rnd = random.Random(1)  # 48-word prompts in the tiny model's vocabulary (w8..w499: one token each)
+    prompts = [" ".join(f"w{rnd.randrange(8, 500)}" for _ in range(48)) for _ in range(n)]
+    c, server, base_url = _traced_server(make_collector, tiny_model)
+    try:
+        report = guidellm_run(base_url, tiny_model, tmp_path, prompts, output_tokens=32, rate=rate)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    done = report["benchmarks"][0]["requests"]
+    assert len(done["successful"]) == n and not done.get("errored"), "guidellm's own run failed"
+    records = _stored(c, 2 * n)
+    failures, diffs = [], []
+    for r in done["successful"]:
+        rid = r["response_id"] + "-0"
+        t = r["info"]["timings"]
+        ttft = t["first_token_iteration"] - t["request_start"]
+        assert abs(ttft - r["time_to_first_token_ms"] / 1e3) < 1e-4  # guidellm's own TTFT
+        server_rec, engine_rec = records.get(("server", rid)), records.get(("engine", rid))
+        try:
+            _check_request(0, ttft, r["output_metrics"]["text_tokens"], server_rec, engine_rec)
+            diffs.append(ttft - server_rec.ttft)
+        except AssertionError as exc:
+            failures.append(f"{rid}: {exc}")
+    _summary(f"guidellm, rate {rate}", diffs)
+    assert failures == [], f"{len(failures)} of {n}: {failures[:5]}"
+    (path,) = [p for p in tmp_path.glob("guidellm-*.json")]
+    _compare_takes_guidellms_results(c.config.store, path, report)
+
+
+def _compare_takes_guidellms_results(store: str, path, report: dict) -> None:
+    import json
+
+    done = report["benchmarks"][0]["requests"]["successful"]
+    out = run_cli(
+        "compare", "--store", store, "--client-results", path, "--client-results-format", "guidellm", "--format", "json"
+    )
+    assert f"{len(done)} of {len(done)} requests of guidellm" in out.stderr, out.stderr
+    rows = {r["id"]: r for r in json.loads(out.stdout)["requests"]}
+    for r in done:
+        row = rows[r["request_id"]]
+        assert abs(row["client_ttft"] - r["time_to_first_token_ms"] / 1e3) < 1e-4
+        parts = [row[p] for p in ("network_in", "api_in", "front_end", "queue", "prefill", "api_out", "network_out")]
+        assert None not in parts and abs(sum(parts) - row["client_ttft"]) < 1e-6
+    print(f"network_in p50 (guidellm): {np.median([r['network_in'] for r in rows.values()]) * 1e3:.2f} ms")
+    # vLLM's results read as guidellm's: said plainly
+    bad = run_cli(
+        "compare", "--store", store, "--client-results", path, "--client-results-format", "vllm-bench", check=False
+    )
     assert bad.returncode == 2 and "--save-detailed" in bad.stderr
