@@ -132,6 +132,27 @@ def free_port() -> int:
     return port
 
 
+def stop_cpu_server(proc, timeout: float = 60.0) -> None:
+    """Stop a server of :func:`start_cpu_server`: SIGTERM (vLLM's own shutdown) and up to
+    ``timeout`` seconds for it, then SIGKILL to its whole process group, so that no engine core or
+    worker outlives it."""
+    import os
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
 def start_cpu_server(
     model: str,
     env: dict,
@@ -142,7 +163,9 @@ def start_cpu_server(
 ):
     """Start :func:`cpu_server_command` on a free loopback port and wait until it is healthy;
     returns (process, base URL ending in /v1). Its output goes to ``log_path`` (``{port}`` in it is
-    replaced by the port); the caller stops it."""
+    replaced by the port); the caller stops it with :func:`stop_cpu_server`. The server leads a
+    process group of its own (the API server, its engine core and its worker), all killed when it
+    does not become healthy."""
     import os
     import subprocess
     import time
@@ -157,15 +180,17 @@ def start_cpu_server(
         stdout=log,
         stderr=subprocess.STDOUT,
         cwd=os.path.dirname(os.path.abspath(model)),
+        process_group=0,  # a group of its own to kill whole; not a session: the kernel shares CPU by session
     )
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            stop_cpu_server(proc, 0)  # its children, should any outlive it
             raise RuntimeError(f"the vLLM server exited with {proc.returncode}; see {log_path}")
         try:
             urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
             return proc, f"http://127.0.0.1:{port}/v1"
         except OSError:
             time.sleep(0.5)
-    proc.kill()
+    stop_cpu_server(proc, 0)
     raise RuntimeError(f"the vLLM server was not healthy after {timeout:.0f} s; see {log_path}")

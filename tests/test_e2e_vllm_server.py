@@ -3,13 +3,13 @@ plugin (OTEL_LLM_ENABLE=1), otel-llm bench open and closed loop, the collector j
 boundaries, and otel-llm compare."""
 
 import json
-import signal
 import time
 
 import pytest
 from conftest import run_cli, start_vllm_server
 
 from collector.assembly import AssemblyConfig
+from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow
 
@@ -65,8 +65,7 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
             ).stdout
         )
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        stop_cpu_server(server)
     assert open_run["conditions"]["statuses"]["ok"] == 24 and closed_run["conditions"]["statuses"]["ok"] == 16
     assert open_run["conditions"]["load_mode"] == "open" and closed_run["conditions"]["load_mode"] == "closed"
     n = 3 * (24 + 16 + 4)  # the three boundaries of every request (client, HTTP server, engine), warm-ups included

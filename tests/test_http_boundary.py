@@ -6,7 +6,6 @@ the CPU, requests shaped by hand at the wire level (raw HTTP with a traceparent)
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import urllib.parse
 
@@ -41,7 +40,7 @@ def raw_stream(base_url: str, body: dict, headers: dict) -> list[bytes]:
 
 
 def test_server_span_parents_the_engine_request(tiny_model, tmp_path):
-    from engine_hooks.tiny_model import prompt
+    from engine_hooks.tiny_model import prompt, stop_cpu_server
 
     traces = tmp_path / "server.jsonl"
     env = {"OTEL_LLM_ENABLE": "1", "OTEL_LLM_TRACES_FILE": str(traces), "OTEL_LLM_SCHEDULE_DELAY": "50"}
@@ -53,8 +52,7 @@ def test_server_span_parents_the_engine_request(tiny_model, tmp_path):
         plain = b"".join(raw_stream(base_url, {**body, "stream": False}, {}))
         assert plain.startswith(b"HTTP/1.1 200")
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        stop_cpu_server(server)
     spans = read_trace_file(traces)
     http = [s for s in spans if s.attributes.get(sc.BOUNDARY) == "server"]
     assert len(http) == 2, [s.name for s in spans]

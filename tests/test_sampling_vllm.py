@@ -10,11 +10,12 @@ from __future__ import annotations
 import functools
 import json
 import math
-import signal
 import time
 
 import pytest
 from conftest import run_cli, start_collector, start_vllm_server
+
+from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow
 
@@ -59,8 +60,7 @@ def test_rates_and_goodput_from_a_ten_percent_sample(tiny_model, tmp_path):
                     break
             time.sleep(0.5)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        stop_cpu_server(server)
         time.sleep(1)
         c.stop()
     counts = records_of_run(cfg.store, "sampled")

@@ -14,7 +14,6 @@ README ("A cause for every stall")."""
 
 from __future__ import annotations
 
-import signal
 import threading
 import time
 import urllib.request
@@ -24,6 +23,7 @@ import pytest
 from conftest import run_cli, start_vllm_server
 
 from collector.assembly import AssemblyConfig
+from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow
 
@@ -90,8 +90,7 @@ class Traced:
 
     def stop(self):
         self.tp.shutdown()
-        self.server.send_signal(signal.SIGTERM)
-        self.server.wait(60)
+        stop_cpu_server(self.server)
 
     def rows(self, expect_pairs: int) -> dict[str, dict]:
         """compare's row of every paired request, by id (after the collector stored them all)."""

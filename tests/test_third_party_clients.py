@@ -6,7 +6,6 @@ rate that does not queue and at one that does."""
 
 from __future__ import annotations
 
-import signal
 import time
 
 import numpy as np
@@ -15,6 +14,7 @@ from conftest import run_cli, start_vllm_server
 from third_party_clients import guidellm_run, vllm_bench_serve
 
 from collector.assembly import AssemblyConfig
+from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +76,7 @@ def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_pa
             *("--request-id-prefix", "X"),
         )
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        stop_cpu_server(server)
     records = _stored(c, 2 * N)
     failures, diffs = [], []
     for i, (ttft, tokens) in enumerate(zip(result["ttfts"], result["output_lens"])):
@@ -138,8 +137,7 @@ def test_guidellm_joins_every_request(make_collector, tiny_model, tmp_path, rate
     try:
         report = guidellm_run(base_url, tiny_model, tmp_path, prompts, output_tokens=32, rate=rate)
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(60)
+        stop_cpu_server(server)
     done = report["benchmarks"][0]["requests"]
     assert len(done["successful"]) == n and not done.get("errored"), "guidellm's own run failed"
     records = _stored(c, 2 * n)
