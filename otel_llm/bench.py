@@ -118,11 +118,20 @@ def _add_sweep_options(p: argparse.ArgumentParser) -> None:
     s.add_argument(
         "--min-point-duration",
         type=number(float, 0),
-        default=0.0,
+        default=None,
         metavar="S",
-        help="--find-capacity: each point sends for at least S seconds (rate x S requests if that is more): past "
-        "capacity a queue grows for as long as a point lasts, so a point shorter than a few E2Es looks better "
-        "than the deployment is (default 0)",
+        help="each rate point sends for at least S seconds (rate x S requests where that is more than the count "
+        "--attainment-error asks for): a burst that a server absorbs is not a sustained rate, and past capacity "
+        "the queue grows for as long as a point lasts (default: 30 with --find-capacity, 0 with --sweep)",
+    )
+    s.add_argument(
+        "--settle",
+        type=number(float, 0),
+        default=None,
+        metavar="F",
+        help="the first F of each rate point's sending time is left out of its verdict (its queue settles); the "
+        "rest is the measured window, over which the server must complete what it is sent (default: 0.25 with "
+        "--find-capacity, 0 with --sweep)",
     )
     s.add_argument(
         "--confidence",
@@ -333,6 +342,13 @@ def sweep_checks(args: argparse.Namespace) -> None:
             raise CLIError("needs 0 < --attainment <= 1, 0 < --attainment-error < 0.5 and 0 < --confidence < 1")
         if not args.min_rate <= args.start_rate <= args.max_rate:
             raise CLIError("needs --min-rate <= --start-rate <= --max-rate")
+    steady = args.find_capacity  # a search's points measure a steady state by default; a sweep's, as given
+    if args.min_point_duration is None:
+        args.min_point_duration = 30.0 if steady else 0.0
+    if args.settle is None:
+        args.settle = 0.25 if steady else 0.0
+    if not 0 <= args.settle < 0.9:
+        raise CLIError("needs 0 <= --settle < 0.9")
 
 
 def cmd_sweep(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: LengthDist) -> int:
@@ -345,8 +361,8 @@ def cmd_sweep(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: Le
             raise CLIError("--max-concurrency caps an open loop; a concurrency sweep is closed loop")
     else:
         args.points_requests, args.points_error = points_size(args)
-        if args.points_requests is not None:
-            spec.num_requests = args.points_requests
+        if args.points_requests is not None:  # measured after the settling time
+            spec.num_requests = math.ceil(args.points_requests / (1 - args.settle))
     sweeper = Sweeper(args, spec, lambda s: run_spec(args, s, inp, out))
     conclusion = None
     try:

@@ -21,7 +21,15 @@ import sys
 import time
 from importlib.metadata import entry_points
 
-from .capacity import CapacitySearch, Sweep, first_failed_bound, part_that_grew, requests_per_point, wilson
+from .capacity import (
+    CapacitySearch,
+    Sweep,
+    first_failed_bound,
+    keeping_up,
+    part_that_grew,
+    requests_per_point,
+    wilson,
+)
 from .cli_options import CLIError, fluidity_option, slo_option
 from .load import LoadSpec, measured
 from .summary import summarize
@@ -74,12 +82,20 @@ class Sweeper:
         run, cond = self.run_point(spec)
         self.interrupted = run.interrupted
         ms = measured(run)
+        steady = None
+        if knob == "rate" and len(ms) > 1:  # ms is in order of sending
+            sends = [s.result.submit_ns / 1e9 for s in ms]
+            start = sends[0] + args.settle * (sends[-1] - sends[0])  # the point's settling time is left out
+            steady = keeping_up(sends, [s.result.end_ns / 1e9 for s in ms], start, sends[-1] + 1e-9, args.confidence)
+            ms = [s for s, t in zip(ms, sends) if t >= start]
         batch = TimelineBatch.from_timelines([s.result.timeline() for s in ms])
         ps = args.percentiles
         summary = summarize(batch, slo=self.slo, ps=ps, method=args.percentile_method, fluidity=self.fluidity)
         point = {"kind": "point", "index": len(self.points), knob: value, "run_id": spec.run_id}
         point["conditions"] = cond
         point["client"] = summary.to_json()
+        if steady is not None:
+            point["steady_state"] = steady.to_json()
         if summary.goodput is not None:
             good, sent = summary.goodput.good, len(ms)
             point["attainment_of_sent"] = good / sent if sent else None
@@ -173,6 +189,8 @@ def conclude_capacity(search: CapacitySearch, points: list[dict], args: argparse
         "points": len(points),
         "min_requests_per_point": args.points_requests,
         "min_point_duration_s": args.min_point_duration,
+        "settle": args.settle,
+        "capacity_is_lower_bound": hi is None and cap is not None,
         "attainment_error": args.points_error,
         "confidence": args.confidence,
         "marginal_points": [p.rate for p in search.points if not p.clear],
@@ -204,6 +222,18 @@ def conclude_sweep(sweep: Sweep, points: list[dict], args: argparse.Namespace) -
     return out
 
 
+def steady_words(st: dict | None) -> str:
+    """A point's steady state in words: offered and completed rates, the number in flight."""
+    if st is None:
+        return "steady state unknown (too few requests)"
+    verdict = "kept up" if st["keeps_up"] else "FELL BEHIND"
+    return (
+        f"{verdict}: offered {st['offered_per_s']:.3g}/s, completed {st['completed_per_s']:.3g}/s "
+        f"(+-{st['tolerance_per_s']:.2g}), in flight {st['in_flight_start']} -> {st['in_flight_end']} "
+        f"(growth {st['growth']:+.3g}, at most {st['growth_tolerance']:.3g}) over {st['window_s']:.3g} s"
+    )
+
+
 # -- the table -----------------------------------------------------------------------------------
 
 
@@ -228,9 +258,13 @@ def point_row(p: dict, knob: str) -> list[str]:
     share = dec.get("share") or {}
     iv = p.get("attainment_interval")
     fl = c.get("fluidity") or {}
+    st = p.get("steady_state")
     return [
         f"{p[knob]:g}",
         f"{p['conditions'].get('achieved_arrival_rate_per_s') or 0:.3g}",
+        "-" if st is None else f"{st['completed_per_s']:.3g}",
+        "-" if st is None else f"{st['in_flight_start']}->{st['in_flight_end']}",
+        "-" if st is None else ("yes" if st["keeps_up"] else "NO"),
         str(c["counts"]["requests"]),
         _frac(c["throughput"]["requests_per_s"]) if c["throughput"]["requests_per_s"] else "-",
         f"{c['throughput']['output_tokens_per_s'] or 0:.0f}",
@@ -252,6 +286,9 @@ def point_row(p: dict, knob: str) -> list[str]:
 HEADER = [
     "req/s sent",
     "achieved",
+    "completed",
+    "in flight",
+    "kept up",
     "requests",
     "req/s done",
     "tok/s",
@@ -284,16 +321,23 @@ def conclusion_text(c: dict) -> str:
         slo = ",".join(f"{k}={v:g}" for k, v in c["slo"].items())
         if c["capacity_rate_per_s"] is None:
             lines.append(f"capacity: below {c['lowest_failing_rate_per_s']:g} req/s (no measured rate met the SLO)")
+        elif c["lowest_failing_rate_per_s"] is None:
+            ceiling = " (the search's ceiling, --max-rate)" if c["stopped"] == "passed at max rate" else ""
+            lines.append(
+                f"capacity: at least {c['capacity_rate_per_s']:g} req/s{ceiling} at {c['attainment_target']:.0%} of "
+                f"requests within {slo}: no measured rate failed; stopped: {c['stopped']} ({c['points']} points)"
+            )
         else:
             hi = c["lowest_failing_rate_per_s"]
-            above = f"; {hi:g} req/s failed" if hi is not None else " (no measured rate failed)"
+            above = f"; {hi:g} req/s failed"
             lines.append(
                 f"capacity: {c['capacity_rate_per_s']:g} req/s at {c['attainment_target']:.0%} of requests within "
                 f"{slo}{above}; stopped: {c['stopped']} (resolution {c['resolution']:.0%}, {c['points']} points)"
             )
         lines.append(
             f"each point: at least {c['min_requests_per_point']} requests"
-            + (f" and {c['min_point_duration_s']:g} s" if c["min_point_duration_s"] else "")
+            + (f" and {c['min_point_duration_s']:g} s of sending" if c["min_point_duration_s"] else "")
+            + f", its first {c['settle']:.0%} left out to settle"
             + f", attainment known within +-{c['attainment_error']:.3f} "
             f"at {c['confidence']:.0%} (Wilson, independent requests assumed)"
             + (
@@ -329,11 +373,16 @@ def run_capacity(sweeper: Sweeper, search: CapacitySearch) -> dict:
     def judge(p: dict) -> None:
         a = p.get("attainment_of_sent")
         iv = p.get("attainment_interval")
-        pt = search.record(p["rate"], a is not None and a >= args.attainment, a, tuple(iv) if iv else None)
+        met = a is not None and a >= args.attainment
+        st = p.get("steady_state")
+        kept = st is None or st["keeps_up"]
+        pt = search.record(p["rate"], met and kept, a, tuple(iv) if iv else None)
         p["passed"], p["clear"] = pt.passed, pt.clear
+        if not kept:
+            p["clear"] = pt.clear = True  # falling behind is not a matter of the attainment's interval
         print(
             f"bench: {pt.rate:g} req/s: attainment {a if a is None else round(a, 3)} "
-            f"{'>=' if pt.passed else '<'} {args.attainment:g}: {'pass' if pt.passed else 'fail'}"
+            f"{'>=' if met else '<'} {args.attainment:g}; " + steady_words(st) + f": {'pass' if pt.passed else 'fail'}"
             f"{'' if pt.clear else ' (marginal)'}",
             file=sys.stderr,
         )
@@ -365,7 +414,9 @@ def print_results(args: argparse.Namespace, knob: str, points: list[dict], concl
     title = "Capacity search" if conclusion["kind"] == "capacity" else f"Sweep over {knob}"
     sys.stdout.write(f"== {title} ==\n")
     sys.stdout.write(table(points, knob))
-    note = "queue, prefill: shares of the mean client TTFT; batch: mean requests per step; KV max: fraction"
+    note = "achieved: requests/s sent; completed: requests/s that ended, in flight: sent and not ended (both over "
+    note += "the point's window after it settled); queue, prefill: shares of the mean client TTFT; "
+    note += "batch: mean requests per step; KV max: fraction"
     if not args.store:
         note += " (engine columns need --store)"
     elif not any(((p.get("profile") or {}).get("engine") or {}).get("steps") for p in points):

@@ -10,15 +10,22 @@ the runs themselves are :mod:`otel_llm.bench_sweep`'s.
   wider than ``+-error`` at ``confidence`` (:func:`requests_per_point`); each point reports its own
   interval (:func:`wilson`). The interval treats requests as independent draws; requests queued
   behind each other are not, so a point's real uncertainty can be wider (say so with the answer).
+* A point's steady state (:func:`keeping_up`): over its measured window, the server completes
+  what it is sent (within the sampling error of the count sent) and the number in flight does not
+  grow; a point whose server falls behind fails, whatever its few measured requests met.
 * :class:`CapacitySearch`: bracketing, then bisection on a log scale, stopped when the bracket is
   within ``resolution`` (relative), at the rate bounds, or after ``max_points`` points.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
+
+import numpy as np
 
 KNOBS = ("rate", "concurrency")
 
@@ -202,3 +209,71 @@ def part_that_grew(low: dict[str, float], high: dict[str, float]) -> tuple[str, 
         return None
     d, k = max(grew)
     return k, d
+
+
+@dataclass(frozen=True)
+class KeepingUp:
+    """Whether the server kept up with a point's offered load over the point's measured window
+    (after its settling time). Rates in requests/s, times in seconds.
+
+    In a steady state every request sent is eventually completed at the rate it was sent, and the
+    number in flight (sent, not yet ended) stays bounded. A server that does not keep up completes
+    fewer than it is sent, and the number in flight grows for as long as the point lasts."""
+
+    window_s: float
+    sent: int  # requests sent in the window
+    offered_per_s: float  # sent / window_s
+    completed_per_s: float  # requests that ended in the window (whenever they were sent) / window_s
+    in_flight_start: int  # at the window's start
+    in_flight_end: int  # at its end
+    trend_per_s: float  # least-squares slope of the number in flight over the window
+    tolerance_per_s: float  # z * sqrt(sent) / window_s: the sampling error of a Poisson count of sent
+    growth: float  # the mean number in flight over the window's last quarter minus that over its first
+    growth_tolerance: float  # z * sqrt(2) * its spread within those quarters; at least 2 and 2% of sent
+    keeps_up: bool  # offered - completed <= tolerance_per_s, and growth <= growth_tolerance
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def keeping_up(
+    send_s: Sequence[float], end_s: Sequence[float], start: float, stop: float, confidence: float = 0.95
+) -> KeepingUp | None:
+    """Did the server keep up over ``[start, stop)`` (seconds, one clock)? ``send_s``/``end_s`` are
+    every request's send and end times (the settling requests' too: they end in the window).
+
+    Falling behind = completions in the window fall short of the requests sent in it by more than
+    ``z * sqrt(sent)`` (the Poisson sampling error of the count sent, at ``confidence``): a server
+    that keeps up completes what it is sent, give or take what is in flight at the two ends; or the
+    number in flight grows through the window: its mean over the window's last quarter exceeds that
+    over its first (sampled at 64 times) by more than ``z * sqrt(2)`` times its spread within those
+    quarters (what two stretches of a settled queue differ by), and by more than 2 requests and 2%
+    of those sent in the window (less is within any search's resolution). A queue that swelled and
+    drained within the window kept up. None when the window is empty."""
+    send, end = np.asarray(send_s, float), np.asarray(end_s, float)
+    w = stop - start
+    sent = int(((send >= start) & (send < stop)).sum())
+    if w <= 0 or sent == 0:
+        return None
+    done = int(((end >= start) & (end < stop)).sum())
+    grid = np.linspace(start, stop, 64)
+    flight = np.searchsorted(np.sort(send), grid, "right") - np.searchsorted(np.sort(end), grid, "right")
+    slope = np.polyfit(grid - start, flight, 1)[0]
+    first, last = flight[:16], flight[-16:]
+    spread = math.sqrt((np.var(first) + np.var(last)) / 2)
+    z = _z(confidence)
+    tol = z * math.sqrt(sent) / w
+    growth, growth_tol = float(last.mean() - first.mean()), max(z * math.sqrt(2) * spread, 2.0, 0.02 * sent)
+    return KeepingUp(
+        window_s=w,
+        sent=sent,
+        offered_per_s=sent / w,
+        completed_per_s=done / w,
+        in_flight_start=int(flight[0]),
+        in_flight_end=int(flight[-1]),
+        trend_per_s=float(slope),
+        tolerance_per_s=tol,
+        growth=growth,
+        growth_tolerance=growth_tol,
+        keeps_up=(sent - done) / w <= tol and growth <= growth_tol,
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from conftest import run_cli
 from span_records import read_trace_file
@@ -14,6 +15,7 @@ from otel_llm.capacity import (
     CapacitySearch,
     Sweep,
     first_failed_bound,
+    keeping_up,
     part_that_grew,
     requests_per_point,
     wilson,
@@ -43,6 +45,95 @@ def test_wilson_interval_and_point_size():
     assert requests_per_point(0.9, 0.1) == 37 and requests_per_point(0.9, 0.05) == 141
     with pytest.raises(ValueError):
         requests_per_point(0.9, 0.6)
+
+
+def _fifo(send: np.ndarray, service_s: float) -> np.ndarray:
+    """End times of requests served one at a time, first come first served, ``service_s`` each."""
+    end, free = np.empty_like(send), 0.0
+    for i, t in enumerate(send):
+        free = end[i] = max(t, free) + service_s
+    return end
+
+
+def test_a_server_that_keeps_up_and_one_that_falls_behind():
+    rng = np.random.default_rng(1)
+    send = np.cumsum(rng.exponential(1 / 10, 300))  # Poisson, 10 requests/s for about 30 s
+    start, stop = send[0] + 0.25 * (send[-1] - send[0]), send[-1]
+    ok = keeping_up(send, _fifo(send, 1 / 14), start, stop)  # serves 14/s: keeps up
+    assert ok.keeps_up and abs(ok.completed_per_s - ok.offered_per_s) < ok.tolerance_per_s
+    assert abs(ok.trend_per_s) < 0.5 and ok.in_flight_end < 10
+    behind = keeping_up(send, _fifo(send, 1 / 7), start, stop)  # serves 7/s: 3/s more arrive than leave
+    assert not behind.keeps_up and behind.completed_per_s == pytest.approx(7, abs=0.3)
+    assert behind.trend_per_s == pytest.approx(3, abs=1) and behind.in_flight_end > behind.in_flight_start + 40
+    # the issue's burst: 37 requests "at 1000/s" that a server doing 80/s absorbs: not a sustained rate
+    burst = np.arange(37) / 1000
+    b = keeping_up(burst, _fifo(burst, 1 / 80), 0.0, burst[-1] + 1e-9)
+    assert not b.keeps_up and b.in_flight_end > 30
+    assert keeping_up([1.0], [2.0], 5.0, 6.0) is None  # nothing sent in the window
+
+
+@pytest.mark.parametrize("load, fails_at_most, fails_at_least", [(0.5, 0, 0), (1.3, 50, 50)])
+def test_the_verdict_on_a_simulated_batching_server(load, fails_at_most, fails_at_least):
+    """A 4-slot server (service 0.08-0.14 s: about 36 requests/s), 12 s points of Poisson arrivals,
+    the first quarter settling: at half its capacity no point of 50 falls behind; at 130% every one."""
+    import heapq
+
+    fails = 0
+    for seed in range(50):
+        rng = np.random.default_rng(seed)
+        rate = 36 * load
+        send = np.cumsum(rng.exponential(1 / rate, int(rate * 15)))
+        send = send[send < 12]
+        slots, end = [0.0] * 4, np.empty_like(send)
+        for i, (t, service) in enumerate(zip(send, rng.uniform(0.08, 0.14, len(send)))):
+            end[i] = max(t, heapq.heappop(slots)) + service
+            heapq.heappush(slots, end[i])
+        k = keeping_up(send, end, send[0] + 0.25 * (send[-1] - send[0]), send[-1] + 1e-9)
+        fails += not k.keeps_up
+    assert fails_at_least <= fails <= fails_at_most
+
+
+def _simulated_point(rate: float, seed: int, seconds: float = 30.0) -> bool:
+    """Did a 4-slot server (service 0.08-0.14 s: capacity 4 / 0.11 = 36.4 requests/s) keep up with
+    Poisson arrivals at ``rate`` for ``seconds`` (the first quarter settling)?"""
+    import heapq
+
+    rng = np.random.default_rng(seed)
+    send = np.cumsum(rng.exponential(1 / rate, int(rate * seconds * 1.3) + 10))
+    send = send[send < seconds]
+    slots, end = [0.0] * 4, np.empty_like(send)
+    for i, (t, service) in enumerate(zip(send, rng.uniform(0.08, 0.14, len(send)))):
+        end[i] = max(t, heapq.heappop(slots)) + service
+        heapq.heappush(slots, end[i])
+    return keeping_up(send, end, send[0] + 0.25 * (send[-1] - send[0]), send[-1] + 1e-9).keeps_up
+
+
+def test_the_search_finds_a_known_capacity_within_its_resolution():
+    """The search with steady-state points (30 s, the default), against a simulated server whose
+    sustained capacity is known (36.4 requests/s): over 20 searches, every answer is within two
+    resolution steps of it and at least 18 within one; never a burst's answer."""
+    mu, res = 4 / 0.11, 0.1
+    answers = []
+    for seed in range(20):
+        s = CapacitySearch(start=4, resolution=res)
+        while (r := s.next_rate()) is not None:
+            s.record(r, _simulated_point(r, seed * 100 + len(s.points)))
+        assert s.stopped == "bracketed"
+        answers.append(s.capacity / mu)
+    assert all(1 / (1 + res) ** 2 <= a <= 1 + res for a in answers), answers
+    assert sum(1 / (1 + res) <= a <= 1 + res for a in answers) >= 18, answers
+
+
+def test_a_capacity_that_never_failed_is_said_as_a_lower_bound():
+    from otel_llm.bench_sweep import conclusion_text
+
+    c = {"kind": "capacity", "slo": {"ttft": 0.2}, "attainment_target": 0.9, "capacity_rate_per_s": 1000.0}
+    c |= {"lowest_failing_rate_per_s": None, "stopped": "passed at max rate", "points": 11, "resolution": 0.1}
+    c |= {"min_requests_per_point": 37, "min_point_duration_s": 30, "settle": 0.25, "attainment_error": 0.1}
+    c |= {"confidence": 0.95, "marginal_points": []}
+    text = conclusion_text(c)
+    assert "capacity: at least 1000 req/s (the search's ceiling, --max-rate)" in text
+    assert "capacity: 1000 req/s" not in text
 
 
 def _search(capacity: float, **kw) -> CapacitySearch:
@@ -159,6 +250,7 @@ def test_a_capacity_search_that_never_fails_stops_at_the_max_rate(server, tmp_pa
         "32",
         "--num-requests",
         "8",
+        *("--min-point-duration", "0", "--settle", "0"),
         "--format",
         "json",
         env={"OTEL_TRACES_EXPORTER": "none"},
@@ -166,7 +258,8 @@ def test_a_capacity_search_that_never_fails_stops_at_the_max_rate(server, tmp_pa
     out = json.loads(proc.stdout)
     c = out["conclusion"]
     assert [p["rate"] for p in out["points"]] == [8, 16, 32] and all(p["passed"] for p in out["points"])
-    assert c["capacity_rate_per_s"] == 32 and c["stopped"] == "passed at max rate"
+    assert c["capacity_rate_per_s"] == 32 and c["stopped"] == "passed at max rate" and c["capacity_is_lower_bound"]
+    assert all(p["steady_state"]["keeps_up"] for p in out["points"])
     assert c["min_requests_per_point"] == 8 and c["attainment_error"] == pytest.approx(wilson_half_width(0.9, 8))
 
 
@@ -184,6 +277,7 @@ def test_a_capacity_search_below_the_min_rate(server):
         "20",
         "--attainment-error",
         "0.3",
+        *("--min-point-duration", "0", "--settle", "0"),
         env={"OTEL_TRACES_EXPORTER": "none"},
     )
     assert "capacity: below 20 req/s (no measured rate met the SLO)" in proc.stdout
