@@ -42,6 +42,7 @@ from .stalls import (
     refine_engine_stall,
 )
 from .steps import StepBatch
+from .ttft_parts import NAMES, finest
 
 
 @dataclass
@@ -196,20 +197,8 @@ class RequestComparison:
 
     @property
     def parts(self) -> dict:
-        """This request's TTFT parts at the finest level known (see :func:`parts_of`)."""
-        p = parts_of(
-            self.client_send,
-            self.network_in,
-            self.api_in,
-            self.to_engine,
-            self.front_end,
-            self.queue,
-            self.prefill,
-            self.api_out,
-            self.network_out,
-            self.delivery,
-        )
-        return p or {}
+        """This request's TTFT parts at the finest level known (:func:`collector.ttft_parts.finest`)."""
+        return finest({n: getattr(self, n) for n in NAMES}) or {}
 
 
 def _itl_by_request(records: Sequence[RequestRecord]) -> list[np.ndarray]:
@@ -276,9 +265,9 @@ def compare(
         shift = lambda v, sign: None if v is None else v + sign * off.theta
         to_engine, network_in = shift(to_engine, -1), shift(network_in, -1)
         dly, network_out = shift(c.delivery, +1), shift(c.network_out, +1)
-        row_parts = parts_of(
-            c.client_send, network_in, c.api_in, to_engine, c.front_end, c.queue, c.prefill, c.api_out, network_out, dly
-        )
+        values = {n: getattr(c, n) for n in NAMES}
+        values.update(to_engine=to_engine, network_in=network_in, network_out=network_out, delivery=dly)
+        row_parts = finest(values)
         known = row_parts is not None and c.ttft is not None
         miss = sum(v or 0.0 for v in row_parts.values()) - c.ttft if known else None
         rows.append(
@@ -312,45 +301,8 @@ def compare(
     return Comparison(rows, off, pairs, alone, c_itl, e_itl)
 
 
-#: The parts of the client TTFT, in the order they happen: with the HTTP server boundary, and the
-#: merged names where it is missing (``to_engine`` = [client_send +] network_in + api_in,
-#: ``delivery`` = api_out + network_out); a request has one or the other on each side, never both;
-#: ``client_send`` only where the client said when it began writing the request.
-TTFT_PARTS = (
-    "client_send",
-    "network_in",
-    "api_in",
-    "to_engine",
-    "front_end",
-    "queue",
-    "prefill",
-    "api_out",
-    "network_out",
-    "delivery",
-)
-
-
-def parts_of(client_send, network_in, api_in, to_engine, front_end, queue, prefill, api_out, network_out, delivery):
-    """One request's TTFT parts (name -> seconds; front_end None: unknown, the queue holds it), each
-    side at the finest level known; None when a side is not known at all."""
-    if network_in is not None and api_in is not None:
-        first = {"network_in": network_in, "api_in": api_in}
-        if client_send is not None:
-            first = {"client_send": client_send, **first}
-    elif to_engine is not None:
-        first = {"to_engine": to_engine}
-    else:
-        return None
-    if queue is None or prefill is None:
-        return None
-    mid = {"front_end": front_end, "queue": queue, "prefill": prefill}
-    if api_out is not None and network_out is not None:
-        last = {"api_out": api_out, "network_out": network_out}
-    elif delivery is not None:
-        last = {"delivery": delivery}
-    else:
-        return None
-    return {**first, **mid, **last}
+#: The parts of the client TTFT, in the order they happen (:mod:`collector.ttft_parts`).
+TTFT_PARTS = NAMES
 
 
 #: Per-request distributions of the summary, in the order they are shown.

@@ -38,6 +38,7 @@ from . import walked_span as sp
 from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch, timeline_batch
 from .stalls import stall_layers
+from .ttft_parts import OUTER
 
 _NS = 1e9
 _CODE, _START, _END, _SID, _PARENT = (
@@ -372,7 +373,7 @@ def _status(s, code: int) -> str:
 
 
 #: The client TTFT's parts a (client, engine) pair gives beyond the engine's own phases.
-PAIR_PARTS = ("to_engine", "client_send", "network_in", "api_in", "delivery", "api_out", "network_out")
+PAIR_PARTS = OUTER
 
 
 def pair_parts(

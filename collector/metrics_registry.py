@@ -26,10 +26,11 @@ from otel_llm.request_math import RequestMetrics
 from otel_llm.slo import SLO
 from otel_llm.summary import bound_checks, weighted_sum
 
-from .compare import TTFT_PARTS
 from .invariants import tally
 from .records import RecordBatch
 from .stalls import DEFAULT_FACTOR, DEFAULT_FLOOR_S, STALL_CLASSES, classify_stalls
+from .ttft_parts import NAMES as TTFT_PARTS
+from .ttft_parts import shown
 
 # GenAI semantic conventions, advisory explicit bucket boundaries (seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -382,16 +383,10 @@ class MetricsRegistry:
         sel_of = {("client", m): np.asarray(ix) for m, ix in groups.items()}
         labels = [("client", m) for m in models]
         # each request's parts at the finest level known: the merged ones only where the server's are not
-        fine_in = np.isfinite(np.asarray(c.network_in, dtype=float)) & np.isfinite(np.asarray(c.api_in, dtype=float))
-        fine_out = np.isfinite(np.asarray(c.api_out, dtype=float)) & np.isfinite(np.asarray(c.network_out, dtype=float))
+        cols = {part: np.asarray(getattr(c, part), dtype=float) for part in TTFT_PARTS}
+        show = shown(cols)
         for part in TTFT_PARTS:
-            v = np.asarray(getattr(c, part), dtype=float)
-            if part == "client_send":  # its own part only where the server's parts are known
-                v = np.where(fine_in, v, np.nan)
-            elif part == "to_engine":
-                v = np.where(fine_in, np.nan, v)
-            elif part == "delivery":
-                v = np.where(fine_out, np.nan, v)
+            v = np.where(show[part], cols[part], np.nan)
             for lab, ix in sel_of.items():
                 x = v[ix]
                 x = x[np.isfinite(x)]

@@ -31,6 +31,8 @@ import numpy as np
 from otel_llm.selection import Selection
 from otel_llm.timeline import STATUS_CODE, TimelineBatch
 
+from .ttft_parts import MEANING
+
 NO_NS = np.iinfo(np.int64).min  # an unknown point in time in an int64 ns column
 
 
@@ -105,9 +107,9 @@ COLUMNS: tuple[Column, ...] = (
     Column("e2e", SECONDS, "s", "end - submit"),
     Column("itl_max", SECONDS, "s", "the largest gap between token events; unknown for fewer than two"),
     # engine internals (engine records; copied onto the paired client record)
-    Column("front_end", SECONDS, "s", "llm.frontend: arrival -> queued (rendering, tokenization, hand-off)"),
-    Column("queue", SECONDS, "s", "llm.queue: queued -> first scheduled (the scheduler's queue)"),
-    Column("prefill", SECONDS, "s", "llm.prefill: first scheduled -> first token generated"),
+    Column("front_end", SECONDS, "s", MEANING["front_end"]),
+    Column("queue", SECONDS, "s", MEANING["queue"]),
+    Column("prefill", SECONDS, "s", MEANING["prefill"]),
     Column("decode", SECONDS, "s", "llm.decode: first token -> last token generated"),
     Column("preemptions", INT, "", "llm.preemption spans"),
     Column("preemption_time", SECONDS, "s", "total time preempted (0 without a preemption)"),
@@ -115,48 +117,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("first_generated_ns", NS, "ns", "Unix ns, engine clock: first token generated (end of prefill)"),
     Column("engine_delivery", SECONDS, "s", "first token generated -> first output handed out"),
     # client TTFT decomposition (client records paired with an engine record)
-    Column(
-        "to_engine",
-        SECONDS,
-        "s",
-        "client call -> engine arrival (two clocks): the client library, the network and the HTTP server in; "
-        "= client_send + network_in + api_in",
-    ),
-    Column(
-        "client_send",
-        SECONDS,
-        "s",
-        "client call -> the client library began writing the request: building it, waiting for a pooled "
-        "connection, connecting (needs a client that says when it sent, as otel-llm's do; without it "
-        "network_in holds this)",
-    ),
-    Column(
-        "network_in",
-        SECONDS,
-        "s",
-        "the client began writing the request -> the HTTP server read its first bytes: the kernels, the "
-        "network, the server process waking (two clocks; needs the server span)",
-    ),
-    Column(
-        "api_in",
-        SECONDS,
-        "s",
-        "the HTTP server read the first bytes -> engine arrival: HTTP parsing, the wait for the API server's "
-        "event loop, its handler (needs the server span)",
-    ),
-    Column(
-        "delivery",
-        SECONDS,
-        "s",
-        "engine first token generated -> client first token (two clocks); = api_out + network_out",
-    ),
-    Column(
-        "api_out",
-        SECONDS,
-        "s",
-        "engine first token generated -> the first body chunk the HTTP server wrote after it (needs the server span)",
-    ),
-    Column("network_out", SECONDS, "s", "that chunk written -> client first token (two clocks; needs the server span)"),
+    Column("to_engine", SECONDS, "s", MEANING["to_engine"]),
+    Column("client_send", SECONDS, "s", MEANING["client_send"]),
+    Column("network_in", SECONDS, "s", MEANING["network_in"]),
+    Column("api_in", SECONDS, "s", MEANING["api_in"]),
+    Column("delivery", SECONDS, "s", MEANING["delivery"]),
+    Column("api_out", SECONDS, "s", MEANING["api_out"]),
+    Column("network_out", SECONDS, "s", MEANING["network_out"]),
     Column("server_received_ns", NS, "ns", "Unix ns, server clock: the HTTP server received the request"),
     Column("server_first_chunk_ns", NS, "ns", "Unix ns, server clock: the first body chunk after the first token"),
     # the layers of the client's largest gap between token events (collector/stalls.py)

@@ -19,18 +19,10 @@ from datetime import datetime, timezone
 import numpy as np
 
 from .report_data import PART_MEANING, ReportData
+from .ttft_parts import COLORS as PART_COLORS
 
 COLORS = {
-    "client_send": "#5c5c5c",
-    "network_in": "#8c8c8c",
-    "api_in": "#a0cfff",
-    "to_engine": "#8c8c8c",
-    "api_out": "#d3adf7",
-    "network_out": "#909399",
-    "front_end": "#c0c4cc",
-    "queue": "#e6a23c",
-    "prefill": "#409eff",
-    "delivery": "#b37feb",
+    **PART_COLORS,
     "decode": "#67c23a",
     "client": "#303133",
     "engine": "#409eff",

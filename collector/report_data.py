@@ -23,25 +23,10 @@ from .records import RecordBatch, RequestRecord
 from .run_profile import profile_run
 from .stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S
 from .steps import StepBatch
+from .ttft_parts import MEANING
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
-PART_MEANING = {
-    "client_send": "the caller's call -> the client library began writing the request: building it, waiting for "
-    "a pooled connection, connecting",
-    "network_in": "the client began writing the request -> the HTTP server read its first bytes: the kernels, the "
-    "network, the server process waking (two clocks; holds client_send where the client does not say)",
-    "api_in": "first bytes read -> engine arrival: HTTP parsing, the wait for the API server's event loop (busy "
-    "with other streams), validation",
-    "to_engine": "client call -> engine arrival, without the server span: the client library, the network and the "
-    "HTTP server in",
-    "front_end": "llm.frontend: arrival -> queued: rendering, tokenization, the hand-off to the engine core",
-    "queue": "llm.queue: queued -> first scheduled: waiting for the scheduler (holds the front end where unknown)",
-    "prefill": "llm.prefill: first scheduled -> first token generated",
-    "api_out": "first token generated -> the HTTP server wrote its chunk: detokenizing, the API server",
-    "network_out": "that chunk written -> the client library handed it over: the HTTP server's and the client's "
-    "buffering, the network (two clocks)",
-    "delivery": "first token generated -> the client has it, without the server span: the API server and the network",
-}
+PART_MEANING = MEANING
 
 
 @dataclass

@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import os
 
+from collector.ttft_parts import PARTS
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "dashboards", "otel-llm.json")
 DS = {"type": "prometheus", "uid": "${datasource}"}
@@ -101,11 +103,8 @@ def build() -> dict:
         ],
         "s",
         stack=True,
-        description="client_send: the caller's call -> the client began writing the request; network_in: -> the HTTP "
-        "server read the first bytes; api_in: -> engine arrival "
-        "(HTTP parsing, the API server's event loop); front_end: arrival -> queued; queue; prefill; api_out: first "
-        "token generated -> the server wrote it; network_out: -> client has it. network_in and network_out span "
-        "two clocks (uncorrected)",
+        description="; ".join(f"{p.name}: {p.begins} -> {p.ends}" for p in PARTS)
+        + ". The parts that span two clocks are uncorrected here (otel-llm compare corrects them)",
     )
     panel(
         "Stall seconds by cause (per second)",

@@ -1,0 +1,175 @@
+"""The client TTFT's parts, declared once (docs/metrics/spec.md, "Where the time went").
+
+Each part is an interval between two moments of one request; in the order they happen, they sum
+exactly to the client's TTFT. Where a boundary is missing, finer parts give way to a coarser one
+that says what it holds: a part's ``coarse`` is the part it is summed into there (``to_engine`` =
+``client_send`` + ``network_in`` + ``api_in`` without the HTTP server span; ``delivery`` =
+``api_out`` + ``network_out``). A part with ``held_by`` may be unknown on its own while its
+neighbour is known; the neighbour then holds its time (``client_send`` in ``network_in`` for a
+client that does not say when it began writing; ``front_end`` in ``queue`` for an engine that does
+not say when it queued the request).
+
+Everything that names, orders, explains, colours or merges the parts reads this table: the
+records' column docs, derivation's outer parts, ``compare``, the metrics registry's
+``llm_ttft_part_seconds``, the report and the README's table (checked by a test). Adding a part is
+one entry here plus its computation (:func:`collector.derive.pair_parts` for the outer ones).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    begins: str  # the moment it starts
+    ends: str  # the moment it ends
+    holds: str  # what the interval contains
+    color: str  # in the report's figures
+    coarse: str | None = None  # the part that holds it where the boundary it needs is missing
+    held_by: str | None = None  # the neighbour that holds it where it alone is unknown
+    outer: bool = False  # computed from the pair of records (client and engine), not the engine's own spans
+
+    @property
+    def meaning(self) -> str:
+        """``begins -> ends: holds``, as the report and the column docs say it."""
+        return f"{self.begins} -> {self.ends}: {self.holds}"
+
+
+PARTS: tuple[Part, ...] = (
+    Part(
+        "client_send",
+        "the caller's call",
+        "the client library began writing the request",
+        "building it, waiting for a pooled connection, connecting (needs a client that says when it sent, as "
+        "otel-llm's do; without it network_in holds this)",
+        "#5c5c5c",
+        coarse="to_engine",
+        held_by="network_in",
+        outer=True,
+    ),
+    Part(
+        "network_in",
+        "the client began writing the request",
+        "the HTTP server read its first bytes",
+        "the kernels, the network, the server process waking (two clocks; needs the server span)",
+        "#8c8c8c",
+        coarse="to_engine",
+        outer=True,
+    ),
+    Part(
+        "api_in",
+        "the HTTP server read the first bytes",
+        "engine arrival",
+        "HTTP parsing, the wait for the API server's event loop (busy with other streams), its handler (needs "
+        "the server span)",
+        "#a0cfff",
+        coarse="to_engine",
+        outer=True,
+    ),
+    Part(
+        "to_engine",
+        "client call",
+        "engine arrival",
+        "the client library, the network and the HTTP server in (two clocks); = client_send + network_in + api_in",
+        "#8c8c8c",
+        outer=True,
+    ),
+    Part(
+        "front_end",
+        "engine arrival",
+        "queued (llm.frontend)",
+        "rendering, tokenization, the hand-off to the engine core (unknown where the engine does not say when it "
+        "queued a request: the queue holds it)",
+        "#c0c4cc",
+        held_by="queue",
+    ),
+    Part("queue", "queued", "first scheduled (llm.queue)", "waiting for the scheduler", "#e6a23c"),
+    Part(
+        "prefill",
+        "first scheduled",
+        "first token generated (llm.prefill)",
+        "the prompt's computation, batch-mates included",
+        "#409eff",
+    ),
+    Part(
+        "api_out",
+        "engine first token generated",
+        "the first body chunk the HTTP server wrote after it",
+        "detokenizing, the API server (needs the server span)",
+        "#d3adf7",
+        coarse="delivery",
+        outer=True,
+    ),
+    Part(
+        "network_out",
+        "that chunk written",
+        "client first token",
+        "the HTTP server's and the client's buffering, the network (two clocks; needs the server span)",
+        "#909399",
+        coarse="delivery",
+        outer=True,
+    ),
+    Part(
+        "delivery",
+        "engine first token generated",
+        "client first token",
+        "the API server and the network (two clocks); = api_out + network_out",
+        "#b37feb",
+        outer=True,
+    ),
+)
+
+NAMES: tuple[str, ...] = tuple(p.name for p in PARTS)
+BY_NAME: dict[str, Part] = {p.name: p for p in PARTS}
+OUTER: tuple[str, ...] = tuple(p.name for p in PARTS if p.outer)
+COLORS: dict[str, str] = {p.name: p.color for p in PARTS}
+MEANING: dict[str, str] = {p.name: p.meaning for p in PARTS}
+
+
+def _fine(coarse: str) -> tuple[Part, ...]:
+    return tuple(p for p in PARTS if p.coarse == coarse)
+
+
+_COARSE = tuple(dict.fromkeys(p.coarse for p in PARTS if p.coarse))  # to_engine, delivery
+
+
+def finest(values: Mapping[str, float | None]) -> dict[str, float | None] | None:
+    """One request's parts (name -> seconds) at the finest level known, in order: each coarse part's
+    fine parts where all those not held by a neighbour are known (a fine part held by one is left
+    out where unknown), else the coarse part; every other part as it is (None where unknown and
+    held by a neighbour). None when a side is not known at all."""
+    out: dict[str, float | None] = {}
+    for p in PARTS:
+        if p.name in _COARSE:
+            fine = _fine(p.name)
+            if all(values.get(f.name) is not None for f in fine if f.held_by is None):
+                out.update({f.name: values[f.name] for f in fine if values.get(f.name) is not None})
+            elif values.get(p.name) is not None:
+                out[p.name] = values[p.name]
+            else:
+                return None
+        elif p.coarse is None:
+            v = values.get(p.name)
+            if v is None and p.held_by is None:
+                return None
+            out[p.name] = v
+    return {k: out[k] for k in NAMES if k in out}
+
+
+def shown(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """:func:`finest` over columns of many requests (float arrays, NaN unknown): for each part,
+    where it is shown with a known value."""
+    known = {n: np.isfinite(np.asarray(columns[n], dtype=float)) for n in NAMES}
+    out = {}
+    for c in _COARSE:
+        fine = _fine(c)
+        at_fine = np.logical_and.reduce([known[f.name] for f in fine if f.held_by is None])
+        out.update({f.name: at_fine & known[f.name] for f in fine})
+        out[c] = ~at_fine & known[c]
+    out.update({n: known[n] for n in NAMES if n not in out})
+    return out
