@@ -91,13 +91,17 @@ class ToolResults:
     by_response_id: bool = False  # joined by response_id, not by <prefix><index>
 
 
-def read_vllm_bench(path: str) -> ToolResults:
-    """``vllm bench serve --save-result --save-detailed`` output (see the module's docstring)."""
+def _read_json(path: str):
     with open(path) as f:
         try:
-            d = json.load(f)
+            return json.load(f)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not JSON ({exc})") from None
+
+
+def read_vllm_bench(path: str) -> ToolResults:
+    """``vllm bench serve --save-result --save-detailed`` output (see the module's docstring)."""
+    d = _read_json(path)
     need = ("start_times", "ttfts", "itls", "latencies", "output_lens")
     missing = [k for k in need if not isinstance(d, dict) or not isinstance(d.get(k), list)]
     if missing:
@@ -130,11 +134,7 @@ def read_vllm_bench(path: str) -> ToolResults:
 
 def read_guidellm(path: str) -> ToolResults:
     """guidellm's JSON report (``--output kind=json``; see the module's docstring)."""
-    with open(path) as f:
-        try:
-            d = json.load(f)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not JSON ({exc})") from None
+    d = _read_json(path)
     benches = d.get("benchmarks") if isinstance(d, dict) else None
     if not isinstance(benches, list) or not all(isinstance(b, dict) and "requests" in b for b in benches):
         raise ValueError(
