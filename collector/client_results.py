@@ -277,9 +277,7 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift
         [NO_NS if getattr(e, name) is None else getattr(e, name) for _, e, _ in matched], np.int64
     )
     e_submit = np.array([e.submit_ns for _, e, _ in matched], np.int64)
-    e_first_out = np.array(
-        [e.submit_ns + e.event_offsets_ns[0] if len(e.event_offsets_ns) else NO_NS for _, e, _ in matched], np.int64
-    )
+    e_first_out = np.array([NO_NS if e.first_event_ns is None else e.first_event_ns for _, e, _ in matched], np.int64)
     parts = pair_parts(
         submit,
         np.full(k, NO_NS, np.int64),  # the tool does not say when it began writing

@@ -85,7 +85,6 @@ class SpanFactory:
         self.engine = engine
         self.model = model
         self._ids = RandomIdGenerator()
-        self.steps_in_trace = 0
 
     def _ctx(self, trace_id: int) -> SpanContext:
         return SpanContext(trace_id, self._ids.generate_span_id(), is_remote=False, trace_flags=_SAMPLED)

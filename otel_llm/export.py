@@ -26,8 +26,6 @@ from . import environment, otlp_encode, sdk_internals
 
 log = logging.getLogger("otel_llm")
 
-ENV_TRACES_FILE = environment.TRACES_FILE
-
 
 def takes_int_arrays(exporter: SpanExporter | None) -> bool:
     """Whether ``exporter`` encodes with :mod:`otel_llm.otlp_encode`, which takes int64 numpy
