@@ -82,6 +82,7 @@ class Sweeper:
         run, cond = self.run_point(spec)
         self.interrupted = run.interrupted
         ms = measured(run)
+        sent_in_run = len(ms)  # what the store will hold of the run, settling requests included
         steady = None
         if knob == "rate" and len(ms) > 1:  # ms is in order of sending
             sends = [s.result.submit_ns / 1e9 for s in ms]
@@ -103,7 +104,7 @@ class Sweeper:
             point["attainment_interval"] = list(iv) if iv else None
             point["attainment_by_bound"] = summary.goodput.attainment_by_bound
         if args.store and ms:
-            point["profile"] = self._profile(spec.run_id, len(ms))
+            point["profile"] = self._profile(spec.run_id, sent_in_run)
         if judge is not None:
             judge(point)
         self.points.append(point)
@@ -337,7 +338,7 @@ def conclusion_text(c: dict) -> str:
         lines.append(
             f"each point: at least {c['min_requests_per_point']} requests"
             + (f" and {c['min_point_duration_s']:g} s of sending" if c["min_point_duration_s"] else "")
-            + f", its first {c['settle']:.0%} left out to settle"
+            + (f", its first {c['settle']:.0%} left out to settle" if c.get("settle") else "")
             + f", attainment known within +-{c['attainment_error']:.3f} "
             f"at {c['confidence']:.0%} (Wilson, independent requests assumed)"
             + (
