@@ -408,11 +408,12 @@ def register_report(sub) -> None:
 def run_report(args: argparse.Namespace) -> int:
     import sys
 
-    from otel_llm.cli_options import CLIError, slo_option
+    from otel_llm.cli_options import CLIError, check_output_path, slo_option
 
     from .client_results import apply_client_results
     from .report_data import build_report
 
+    check_output_path(args.output)
     slo = slo_option(args.slo)
     t0 = time.perf_counter()
     batch, steps, source = _load_selected(args, "report")
@@ -514,10 +515,11 @@ def register_export(sub) -> None:
 def run_export(args: argparse.Namespace) -> int:
     import sys
 
-    from otel_llm.cli_options import CLIError
+    from otel_llm.cli_options import CLIError, check_output_path
 
     from .perfetto import trace_events
 
+    check_output_path(args.output)
     batch, steps, _source = _load_selected(args, "export")
     if args.format == "parquet":
         if args.output == "-":

@@ -110,7 +110,7 @@ PARTS: tuple[Part, ...] = (
         "that chunk written",
         "client first token",
         "the HTTP server's and the client's buffering, the network (two clocks; needs the server span)",
-        "#909399",
+        "#36cfc9",
         coarse="delivery",
         outer=True,
     ),

@@ -32,8 +32,12 @@ def say(text: str) -> None:
     print(f"\n=== {text}", flush=True)
 
 
+#: the command as a user types it from the project root (the venv's, not on PATH)
+CLI = os.path.relpath(os.path.join(os.path.dirname(sys.executable), "otel-llm"), ROOT)
+
+
 def otel_llm(*args: str, env: dict | None = None) -> None:
-    print("$ otel-llm " + " ".join(args), flush=True)
+    print(f"$ {CLI} " + " ".join(args), flush=True)
     subprocess.run([sys.executable, "-m", "otel_llm", *args], check=True, env=env or ENV, cwd=ROOT)
 
 
@@ -170,7 +174,7 @@ def main() -> None:
         "ttft=0.2,tpot=0.02",
     )
     print(
-        f"\nstore: {os.path.relpath(store, ROOT)}  (otel-llm analyze --store {os.path.relpath(store, ROOT)} "
+        f"\nstore: {os.path.relpath(store, ROOT)}  ({CLI} analyze --store {os.path.relpath(store, ROOT)} "
         f"--boundary engine|server|client)"
     )
     print(f"report: {report}  (open it in a browser: file://{report})")

@@ -19,7 +19,7 @@ from . import environment, replay
 from . import semconv as sc
 from .bench_sweep import Sweeper, points_size, print_results, run_capacity, run_sweep
 from .capacity import CapacitySearch, Sweep
-from .cli_options import CLIError, add_analysis_options, analysis_text, number
+from .cli_options import CLIError, add_analysis_options, analysis_text, check_output_path, number
 from .client import TracedClient
 from .load import BenchRun, LengthDist, LoadRunner, LoadSpec, Progress, Sent, conditions, measured
 from .timeline import TimelineBatch
@@ -387,6 +387,8 @@ def cmd_sweep(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: Le
 
 def cmd_bench(args: argparse.Namespace) -> int:
     sweep_checks(args)
+    check_output_path(args.output, "--output")
+    check_output_path(args.results, "--results")
     if args.sweep or args.find_capacity:  # the first point's values stand in until each point sets its own
         args.rate = args.rate or args.start_rate
     spec, inp, out = load_spec(args)

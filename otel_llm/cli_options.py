@@ -5,6 +5,7 @@ the command itself."""
 from __future__ import annotations
 
 import argparse
+import os
 
 from .fluidity import FluidityTarget
 from .percentiles import METHODS, as_fraction
@@ -20,6 +21,16 @@ EXIT_USAGE = 2
 
 class CLIError(Exception):
     """A user error: printed as ``otel-llm: message`` with exit code 2."""
+
+
+def check_output_path(path: str | None, flag: str = "-o") -> None:
+    """Refuse an output file whose directory is missing (CLIError), before any work is done;
+    ``-`` (standard output) and None pass."""
+    if not path or path == "-":
+        return
+    where = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(where):
+        raise CLIError(f"{flag} {path}: the directory {where} does not exist")
 
 
 def number(kind: type, low: float, *, strict: bool = False):

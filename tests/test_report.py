@@ -170,6 +170,17 @@ def test_report_errors_are_usage_errors(tmp_path):
     assert p.returncode == 2 and "--store" in p.stderr
     p = report(DEMO, tmp_path / "r.html", "--run", "no-such-run")
     assert p.returncode == 2 and "no records match" in p.stderr
+    # an output directory that is not there: one line, before any work, for every command that writes one
+    missing = tmp_path / "no-such-dir"
+    for args in (
+        ["report", "--store", DEMO, "-o", missing / "r.html"],
+        ["export", "--format", "perfetto", "--store", DEMO, "-o", missing / "t.json"],
+        ["bench", "--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--rate", "1", "--output", missing / "t"],
+    ):
+        cmd = [sys.executable, "-m", "otel_llm", *map(str, args)]
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        assert p.returncode == 2 and f"the directory {missing} does not exist" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr
 
 
 def test_perfetto_export_has_a_track_per_request_and_the_steps(rich_store, tmp_path):

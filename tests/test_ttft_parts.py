@@ -41,6 +41,11 @@ def test_a_missing_boundary_gives_way_to_the_part_that_holds_it(unknown, expect)
         assert got["front_end"] is None
 
 
+def test_parts_shown_together_have_colours_of_their_own():
+    colours = [BY_NAME[n].color for n in FINE]
+    assert len(set(colours)) == len(colours)
+
+
 def test_the_column_rule_is_the_request_rule():
     """shown() over columns says, for every request, what finest() says for it alone."""
     combos = list(itertools.product([False, True], repeat=len(NAMES)))
