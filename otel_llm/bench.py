@@ -14,13 +14,14 @@ import json
 import math
 import signal
 import sys
+from urllib.parse import urlsplit
 
 from . import environment, replay
 from . import semconv as sc
 from .bench_sweep import Sweeper, points_size, print_results, run_capacity, run_sweep
 from .capacity import CapacitySearch, Sweep
 from .cli_options import CLIError, add_analysis_options, analysis_text, check_output_path, number
-from .client import TracedClient
+from .client import ClientResult, TracedClient
 from .load import BenchRun, LengthDist, LoadRunner, LoadSpec, Progress, Sent, conditions, measured
 from .timeline import TimelineBatch
 from .timeline_file import timeline_to_json
@@ -309,9 +310,10 @@ def print_summary(args: argparse.Namespace, sent: list[Sent], cond: dict) -> Non
         sys.stdout.write(format_conditions(cond) + "\n" + analysis_text(batch, args))
         if args.output:
             print(f"timelines written to {args.output}")
-    errors = [s.result.error for s in sent if s.result.error and s.result.status == "error"]
+    errors = [s.result for s in sent if s.result.error and s.result.status == "error"]
     if errors:
-        print(f"otel-llm bench: {len(errors)} requests failed; first: {errors[0]}", file=sys.stderr)
+        hint = failure_hint(args.base_url, errors[0])
+        print(f"otel-llm bench: {len(errors)} requests failed; first: {errors[0].error}{hint}", file=sys.stderr)
 
 
 def run_spec(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: LengthDist) -> tuple[BenchRun, dict]:
@@ -382,7 +384,23 @@ def cmd_sweep(args: argparse.Namespace, spec: LoadSpec, inp: LengthDist, out: Le
         sweeper.close(conclusion)
     knob = sweep.knob if args.sweep else "rate"
     print_results(args, knob, sweeper.points, conclusion)
-    return 130 if sweeper.interrupted else 0
+    return 130 if sweeper.interrupted else 1 if sweeper.aborted else 0
+
+
+def failure_hint(base_url: str, res: ClientResult | None) -> str:
+    """What to check, in words, for a request that failed the way ``res`` did ('' when nothing
+    specific)."""
+    if res is None:
+        return ""
+    if res.http_status == 404 and not urlsplit(base_url).path.rstrip("/").endswith("/v1"):
+        return f" (OpenAI-compatible servers answer under /v1: try --base-url {base_url.rstrip('/')}/v1)"
+    if res.http_status == 404:
+        return f" (no such endpoint or model at {base_url}: check --base-url and --model)"
+    if res.http_status in (401, 403):
+        return " (the server wants a key: --api-key, or OPENAI_API_KEY)"
+    if res.http_status is None:
+        return f" (is a server listening at {base_url}?)"
+    return ""
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -396,6 +414,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return cmd_sweep(args, spec, inp, out)
     run, cond = run_spec(args, spec, inp, out)
     ms = measured(run)
+    if run.aborted:
+        hint = failure_hint(args.base_url, run.first_failure)
+        print(f"otel-llm bench: stopped: {run.aborted}{hint}", file=sys.stderr)
+        return 1
     if args.output:
         write_timelines(args.output, ms)
     if not ms:

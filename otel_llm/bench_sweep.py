@@ -55,6 +55,7 @@ class Sweeper:
         self.points: list[dict] = []
         self.results = open(args.results, "w") if args.results else None  # noqa: SIM115 (closed in close())
         self.interrupted = False
+        self.aborted: str | None = None  # a point whose requests all failed stops the sweep
         if args.store:
             self.profile = run_profiler("store")
             self.counts = run_profiler("store_counts")
@@ -81,6 +82,9 @@ class Sweeper:
         print(f"bench: point {len(self.points) + 1}: {knob} {value:g} (run {spec.run_id})", file=sys.stderr)
         run, cond = self.run_point(spec)
         self.interrupted = run.interrupted
+        self.aborted = run.aborted
+        if run.aborted:
+            print(f"bench: point {len(self.points) + 1} stopped: {run.aborted}", file=sys.stderr)
         ms = measured(run)
         sent_in_run = len(ms)  # what the store will hold of the run, settling requests included
         steady = None
@@ -363,7 +367,7 @@ def conclusion_text(c: dict) -> str:
 def run_sweep(sweeper: Sweeper, sweep: Sweep) -> dict:
     for v in sweep.values:
         sweeper.measure(sweep.knob, v, sweep.label(v))
-        if sweeper.interrupted:
+        if sweeper.interrupted or sweeper.aborted:
             break
     return conclude_sweep(sweep, sweeper.points, sweeper.args)
 
@@ -390,8 +394,8 @@ def run_capacity(sweeper: Sweeper, search: CapacitySearch) -> dict:
 
     while (rate := search.next_rate()) is not None:
         sweeper.measure("rate", rate, f"rate{rate:g}", judge)
-        if sweeper.interrupted:
-            search.stopped = "interrupted"
+        if sweeper.interrupted or sweeper.aborted:
+            search.stopped = "interrupted" if sweeper.interrupted else "every request failed"
             break
     return conclude_capacity(search, sweeper.points, args)
 

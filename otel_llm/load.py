@@ -127,6 +127,10 @@ def arrival_offsets(spec: LoadSpec, n: int, rng: np.random.Generator) -> np.ndar
 # -- running it ---------------------------------------------------------------------------------
 
 
+#: requests: when the first this many of a run all failed (none succeeded), the run stops
+FAIL_FAST = 5
+
+
 @dataclass
 class Sent:
     result: ClientResult
@@ -137,7 +141,9 @@ class Sent:
 @dataclass
 class BenchRun:
     sent: list[Sent] = field(default_factory=list)
-    interrupted: bool = False
+    interrupted: bool = False  # stopped by the user (Ctrl-C)
+    aborted: str | None = None  # stopped because every request failed from the start (why)
+    first_failure: ClientResult | None = None  # the first request that failed, when none had succeeded
     start_ns: int = 0
     end_ns: int = 0
 
@@ -200,6 +206,7 @@ class LoadRunner:
         self._ids = itertools.count()
         self._tasks: set[asyncio.Task] = set()
         self._left = spec.num_requests  # closed loop: requests still to send (None: until the deadline)
+        self._failed_from_start = 0  # requests that failed before any succeeded
 
     def _make_request(self, replayed: int | None = None) -> tuple[list[int], int]:
         """A prompt and an output length: drawn, or request ``replayed`` of the replay."""
@@ -226,10 +233,27 @@ class LoadRunner:
             if progress:
                 progress.in_flight -= 1
         sent.append(Sent(res, intended_ns, warmup))
+        self._fail_fast(res)
         if progress and not warmup:
             progress.done += 1
             progress.failed += res.status != "ok"
             progress.update()
+
+    def _fail_fast(self, res: ClientResult) -> None:
+        """Stop the run when its first :data:`FAIL_FAST` requests (warm-ups included) all failed and
+        none succeeded: a wrong URL, model or key would otherwise fail every request of the run."""
+        if self._failed_from_start < 0 or res.status in ("rejected", "cancelled"):
+            return
+        if res.status == "ok":
+            self._failed_from_start = -1  # one succeeded: the server works, failures are its answer
+            return
+        if self.run.first_failure is None:
+            self.run.first_failure = res
+        self._failed_from_start += 1
+        if self._failed_from_start >= FAIL_FAST and not self.stop.is_set():
+            first = self.run.first_failure
+            self.run.aborted = f"the first {FAIL_FAST} requests failed and none succeeded; the first: {first.error}"
+            self.stop.set()
 
     def _spawn(self, coro) -> None:
         t = asyncio.create_task(coro)
@@ -239,6 +263,8 @@ class LoadRunner:
     async def _warmup(self) -> None:
         n = self.spec.warmup
         for k in range(0, n, 4):
+            if self.stop.is_set():
+                return
             await asyncio.gather(*(self._send(*self._make_request(), None, True) for _ in range(min(4, n - k))))
 
     async def _capped(self, cap: asyncio.Semaphore | None, prompt, n_out, intended_ns) -> None:
@@ -295,7 +321,7 @@ class LoadRunner:
             while tasks and not self.stop.is_set():
                 await asyncio.wait(set(tasks), timeout=0.2)
         finally:
-            run.interrupted = self.stop.is_set()
+            run.interrupted = self.stop.is_set() and run.aborted is None
             if tasks:  # interrupted: cancel what is in flight; the client records them as cancelled
                 for t in list(tasks):
                     t.cancel()

@@ -182,3 +182,41 @@ def test_ctrl_c_in_an_idle_open_loop_says_interrupted(server):
     code, out, err = interrupted_bench(server, args, lambda: bool(server.requests))
     assert code == 130, err
     assert "interrupted: True" in out
+
+
+def test_a_wrong_url_stops_after_the_first_failures_and_says_what_to_check():
+    """A server that answers 404 to everything, given without /v1: bench stops after the first
+    FAIL_FAST requests (not the 200 asked for), exits 1, and names the fix."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from otel_llm.load import FAIL_FAST
+
+    seen = []
+
+    class NotHere(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.path)
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            self.send_response(404)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), NotHere)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        root = f"http://127.0.0.1:{httpd.server_address[1]}"
+        args = ("bench", "--model", "m", "--rate", "20", "--num-requests", "200")
+        p = run_cli(*args, "--base-url", root, check=False)
+    finally:
+        httpd.shutdown()
+    assert p.returncode == 1, p.stderr
+    assert f"stopped: the first {FAIL_FAST} requests failed and none succeeded" in p.stderr
+    assert f"try --base-url {root}/v1" in p.stderr
+    assert FAIL_FAST <= len(seen) < 20 and seen[0] == "/completions"
+    # and a port nobody listens on
+    p = run_cli(*args, "--base-url", "http://127.0.0.1:9/v1", check=False)
+    assert p.returncode == 1 and "is a server listening at http://127.0.0.1:9/v1?" in p.stderr
