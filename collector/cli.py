@@ -209,6 +209,28 @@ def register_compare(sub) -> None:
     p.set_defaults(func=run_compare)
 
 
+def _why_unpaired(records) -> str:
+    """The likely cause, in words, of records none of which pair (for compare's refusal)."""
+    by = {b: sum(1 for r in records if r.boundary == b) for b in ("client", "server", "engine")}
+    counts = ", ".join(f"{n} {b}" for b, n in by.items())
+    if not records:
+        return "the store holds no records (is the collector the endpoint the client and the engine export to?)"
+    if by["client"] and not by["engine"]:
+        return (
+            f"records: {counts}. The engine sent nothing: start it with OTEL_LLM_ENABLE=1 (vLLM's plugin) or "
+            "instrument() it, and point OTEL_EXPORTER_OTLP_ENDPOINT at this collector"
+        )
+    if by["engine"] and not by["client"]:
+        return (
+            f"records: {counts}. No client spans: run otel-llm bench or an instrumented client with "
+            "OTEL_EXPORTER_OTLP_ENDPOINT at this collector, or give a load tool's results (--client-results)"
+        )
+    return (
+        f"records: {counts}; none of the client's requests reached a traced engine in the same trace "
+        "(the client sends traceparent; the engine's server must take it: OTEL_LLM_ENABLE=1)"
+    )
+
+
 def run_compare(args: argparse.Namespace) -> int:
     import json
 
@@ -230,7 +252,7 @@ def run_compare(args: argparse.Namespace) -> int:
     records = apply_client_results(args, batch.selected(selection_of(args))).records()
     cmp = compare(records, offset, args.stall, steps, args.stall_factor)
     if not cmp.rows:
-        raise CLIError(f"{', '.join(args.store)}: no request seen at both boundaries ({len(records)} records)")
+        raise CLIError(f"{', '.join(args.store)}: no request seen at both boundaries; {_why_unpaired(records)}")
     summary = summarize_comparison(cmp, args.percentiles, args.percentile_method)
     if args.format == "json":
         print(json.dumps(to_json(cmp, summary), indent=2))

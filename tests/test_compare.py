@@ -140,6 +140,7 @@ def test_compare_without_pairs_says_so(make_collector):
     store = fill(make_collector, [Req("solo", engine=False)])
     proc = run_cli("compare", "--store", store, check=False)
     assert proc.returncode == 2 and "no request seen at both boundaries" in proc.stderr
+    assert "The engine sent nothing: start it with OTEL_LLM_ENABLE=1" in proc.stderr  # the likely cause, named
 
 
 def test_offset_survives_abandoned_and_failed_requests(make_collector):
