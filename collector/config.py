@@ -378,15 +378,10 @@ def parse_slos(values: list[str], tpot_undefined: str = "pass") -> dict[str, SLO
     """``--slo [NAME:]ttft=1,tpot=0.05`` (repeatable); the name defaults to ``default``."""
     out: dict[str, SLO] = {}
     for v in values:
-        name, sep, bounds = v.partition(":")
-        if not sep:
-            name, bounds = "default", v
-        name = name.strip()
-        if not name.replace("_", "").replace("-", "").isalnum():
-            raise ValueError(f"bad SLO name {name!r}")
+        name, slo = SLO.parse_named(v, tpot_undefined)
         if name in out:
             raise ValueError(f"SLO {name!r} given twice")
-        out[name] = SLO.parse(bounds, tpot_undefined)
+        out[name] = slo
         if not out[name].bounds:
             raise ValueError(f"SLO {name!r} has no bounds")
     return out

@@ -118,9 +118,10 @@ def add_analysis_options(p: argparse.ArgumentParser) -> None:
 
 
 def slo_option(text: str | None, tpot_undefined: str = "pass") -> SLO | None:
-    """The ``--slo BOUNDS`` option's SLO (None when not given); a bad one is a usage error."""
+    """The ``--slo [NAME:]BOUNDS`` option's SLO (None when not given; the name, as the collector's
+    ``--slo`` takes it, is accepted and not needed); a bad one is a usage error."""
     try:
-        return SLO.parse(text, tpot_undefined) if text else None
+        return SLO.parse_named(text, tpot_undefined)[1] if text else None
     except ValueError as exc:
         raise CLIError(f"--slo: {exc}") from None
 

@@ -51,5 +51,17 @@ class SLO:
                 raise ValueError(f"bad SLO value in {part!r}: not a number of seconds") from None
         return cls(**values, tpot_undefined=tpot_undefined)
 
+    @classmethod
+    def parse_named(cls, text: str, tpot_undefined: str = "pass") -> tuple[str, SLO]:
+        """Parse ``[NAME:]ttft=1,tpot=0.05``, the one grammar of every ``--slo``: the collector
+        keeps several by name, the analysis commands take one (the name defaults to ``default``)."""
+        name, sep, bounds = text.partition(":")
+        if not sep:
+            name, bounds = "default", text
+        name = name.strip()
+        if not name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"bad SLO name {name!r}")
+        return name, cls.parse(bounds, tpot_undefined)
+
     def describe(self) -> str:
         return ",".join(f"{k}={v:g}" for k, v in self.bounds.items()) or "none"

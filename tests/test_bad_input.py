@@ -49,6 +49,7 @@ def test_missing_file(tmp_path):
     [
         (["--slo", "ttft=fast"], "--slo"),
         (["--slo", "latency=1"], "--slo"),
+        (["--slo", "bad name:ttft=1"], "bad SLO name"),
         (["--window", "5,1"], "W1 must be later"),
         (["--percentiles", "101"], "bad percentile"),
     ],
@@ -58,6 +59,15 @@ def test_bad_options(tmp_path, args, message):
     path.write_text(json.dumps(GOOD) + "\n")
     proc = run_cli("analyze", path, *args, check=False)
     assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_one_slo_grammar_everywhere(tmp_path):
+    """The collector's named form (``--slo default:ttft=1``) means the same to analyze."""
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps(GOOD) + "\n")
+    plain = json.loads(run_cli("analyze", path, "--slo", "ttft=1,tpot=0.05", "--format", "json").stdout)
+    named = json.loads(run_cli("analyze", path, "--slo", "default:ttft=1,tpot=0.05", "--format", "json").stdout)
+    assert named["goodput"] == plain["goodput"] and plain["goodput"] is not None
 
 
 def test_stdin_and_zero_token_chunks_are_not_events():
