@@ -12,7 +12,9 @@ not say when it queued the request).
 Everything that names, orders, explains, colours or merges the parts reads this table: the
 records' column docs, derivation's outer parts, ``compare``, the metrics registry's
 ``llm_ttft_part_seconds``, the report and the README's table (checked by a test). Adding a part is
-one entry here plus its computation (:func:`collector.derive.pair_parts` for the outer ones).
+an entry here, its computation (:func:`collector.derive.pair_parts` for the outer ones), its store
+column in ``records.COLUMNS`` (listed there by hand: the store's column order is its schema) and
+its field on ``compare.RequestComparison``.
 """
 
 from __future__ import annotations
