@@ -324,6 +324,13 @@ dl.parts dt { font-weight: 600; } dl.parts dd { margin: 0 0 6px 16px; color: #60
 """
 
 
+#: said where the engine-step panels would be, when the data has no llm.engine.step span
+NO_STEPS = (
+    "No engine steps in this data, so no step panels: engines send llm.engine.step spans at "
+    "OTEL_LLM_DETAIL=steps only (the default, phases, sends request and phase spans)."
+)
+
+
 def render_html(d: ReportData, figs: dict[str, object]) -> str:
     """The whole report as one HTML document (plotly.js inline, once)."""
     import plotly.io as pio
@@ -352,6 +359,8 @@ def render_html(d: ReportData, figs: dict[str, object]) -> str:
         )
         + "</dl>",
     ]
+    if "fig-steps" not in figs:
+        body.append(f"<p class='note' data-note='no-steps'>{html.escape(NO_STEPS)}</p>")
     for fid, fig in figs.items():
         div = pio.to_html(fig, include_plotlyjs=False, full_html=False, div_id=fid, config=PLOTLY_CONFIG)
         body.append(f"<div class='figure' data-figure='{fid}'>{div}</div>")
@@ -524,10 +533,7 @@ def run_export(args: argparse.Namespace) -> int:
     if args.format == "parquet":
         if args.output == "-":
             raise CLIError("export --format parquet: give -o FILE.parquet")
-        try:
-            from .parquet import write_parquet
-        except ImportError as exc:
-            raise CLIError(f"export --format parquet needs pyarrow (pip install 'otel-llm[parquet]'): {exc}") from None
+        from .parquet import write_parquet  # pyarrow: the CLI names the extra when it is missing
         rows, steps_path, n_steps = write_parquet(batch, steps, args.output)
         print(f"otel-llm export: {args.output} ({rows:,} records); {steps_path} ({n_steps:,} steps)", file=sys.stderr)
         return 0

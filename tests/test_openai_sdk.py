@@ -280,10 +280,16 @@ def test_real_vllm_async_break_and_close(vllm_server, tiny_model, tp, mem):
 
 @pytest.mark.slow
 def test_the_server_log_says_once_that_tracing_is_on_and_where_spans_go(vllm_server):
+    """Once, in the server's own log: tracing is on, at which detail level, what that level sends and
+    leaves out, and where the spans go."""
+    from otel_llm.environment import DETAIL_SENDS, detail_level
+
     _, traces, log = vllm_server
     with open(log) as fh:
         lines = [line for line in fh if "otel-llm: tracing this vLLM server" in line]
     assert len(lines) == 1 and os.path.abspath(traces) in lines[0], lines
+    level = detail_level()  # the server's environment is the tests' (conftest: steps)
+    assert f"OTEL_LLM_DETAIL={level}" in lines[0] and DETAIL_SENDS[level] in lines[0], lines
 
 
 @pytest.mark.parametrize("usage", ["continuous", "final"])

@@ -271,3 +271,23 @@ def test_each_request_is_one_row_with_its_server_part(make_collector):
     servers = [e for e in events if e.get("name") == "HTTP server"]
     threads = [e for e in events if e.get("name") == "thread_name"]
     assert len(servers) == 6 and len(threads) == 7
+
+
+def test_a_report_without_engine_steps_says_why_they_are_missing(rich_store):
+    """At the default detail level engines send no llm.engine.step spans: the report says so, and
+    how to get them, where the step panels would be, instead of dropping them without a word."""
+    from collector.report import NO_STEPS, figures, render_html
+    from collector.report_data import build_report
+    from collector.store import open_existing
+
+    s = open_existing(str(rich_store))
+    batch, steps = s.batch(), s.steps()
+    s.close()
+    with_steps = build_report(batch, steps, source="t", slowest=3, sample=5)
+    doc = render_html(with_steps, figures(with_steps))
+    assert "data-note='no-steps'" not in doc and "fig-steps" in doc
+    without = build_report(batch, None, source="t", slowest=3, sample=5)
+    figs = figures(without)
+    assert "fig-steps" not in figs
+    doc = render_html(without, figs)
+    assert "data-note='no-steps'" in doc and "OTEL_LLM_DETAIL=steps" in NO_STEPS

@@ -38,9 +38,13 @@ def announce() -> None:
     _announced = True
     from otel_llm.export import destination
 
+    detail = environment.detail_level()
     logging.getLogger("vllm.otel_llm").info(
-        "otel-llm: tracing this vLLM server (%s=1): request, phase and engine-step spans go to %s",
+        "otel-llm: tracing this vLLM server (%s=1) at %s=%s: %s; to %s",
         ENV_ENABLE,
+        environment.DETAIL,
+        detail,
+        environment.DETAIL_SENDS[detail],
         destination(),
     )
 
