@@ -20,6 +20,7 @@ from .cli_options import (
     add_selection_options,
     analysis_text,
     load_source,
+    missing_extra,
     selection_given,
     selection_of,
 )
@@ -117,6 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (CLIError, TimelineFormatError) as exc:
         print(f"otel-llm: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ModuleNotFoundError as exc:  # an optional package: say which extra installs it
+        line = missing_extra(exc, args.command)
+        if line is None:
+            raise
+        print(line, file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

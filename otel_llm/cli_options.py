@@ -23,6 +23,27 @@ class CLIError(Exception):
     """A user error: printed as ``otel-llm: message`` with exit code 2."""
 
 
+#: optional packages -> the extra of otel-llm that installs them (pyproject.toml)
+EXTRA_OF = {
+    "plotly": "report",
+    "kaleido": "report",
+    "pyarrow": "parquet",
+    "vllm": "vllm",
+    "transformers": "transformers",
+    "torch": "torch",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError, command: str | None) -> str | None:
+    """The one line to print when a subcommand needs a package its install left out, or None when
+    the missing module is not one an extra provides (a real bug: let it raise)."""
+    top = (exc.name or "").split(".")[0]
+    extra = EXTRA_OF.get(top)
+    if extra is None:
+        return None
+    return f"otel-llm {command or ''}: needs {top}, which this install leaves out: pip install 'otel-llm[{extra}]'"
+
+
 def check_output_path(path: str | None, flag: str = "-o") -> None:
     """Refuse an output file whose directory is missing (CLIError), before any work is done;
     ``-`` (standard output) and None pass."""
