@@ -336,54 +336,36 @@ class Collector:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def self_counters(self) -> dict[str, float]:
+        """The collector's own counts since it started (Prometheus counters, ``_total``); its levels
+        and bounds are :meth:`self_levels`."""
         out = {f"receiver_{k}": v for k, v in asdict(self.receiver_counters).items()}
         out.update({f"assembly_{k}": v for k, v in asdict(self.assembler.counters).items()})
-        out["assembly_traces_in_flight"] = len(self.assembler)
-        out["derivation_backlog_traces"] = len(self._backlog)
-        cfg = self.config  # each buffer's bound beside its level
-        out["assembly_traces_limit"] = cfg.assembly.max_traces
-        out["inflight_bytes"] = self.inflight_bytes()
-        out["inflight_limit_bytes"] = cfg.max_inflight_bytes
-        out["derivation_backlog_limit"] = cfg.max_backlog
-        out["receiver_http_connections_limit"] = cfg.max_connections
         out["records_derived"] = self.records_derived
         out["engine_steps_received"] = self.steps_received
         out["engine_steps_dropped"] = self.steps_dropped
         out["token_events_rejected"] = self.events_rejected
         out["metrics_records_folded"] = self.registry.records_folded
         if self.store is not None:
-            out["store_records"] = self.store_writer.stored
-            out["store_engine_steps"] = self.store_writer.steps_stored
-            out["store_duplicates_ignored"] = self.store_writer.duplicates
-            out["store_failed_batches"] = self.store_writer.failed_batches
-            out["store_records_lost"] = self.store_writer.records_lost
-            out["store_unwritten_records"] = self.store_writer.unwritten_records
-            out["store_unwritten_limit"] = self.store_writer.max_unwritten
+            w = self.store_writer
+            out.update(
+                store_records=w.stored,
+                store_engine_steps=w.steps_stored,
+                store_duplicates_ignored=w.duplicates,
+                store_failed_batches=w.failed_batches,
+                store_records_lost=w.records_lost,
+            )
         if self.spool is not None:
             out.update(
-                spool_bytes=self.spool.bytes,
-                spool_limit_bytes=self.spool.max_bytes,
-                spool_segments=self.spool.segments,
                 spool_replayed_requests=self.spool.replayed_requests,
                 spool_torn_records=self.spool.torn_records,
                 spool_segments_deleted=self.spool.segments_deleted,
             )
         if self.records_forwarder is not None:
             f = self.records_forwarder
-            out.update(
-                forward_records_sent=f.sent,
-                forward_records_failed=f.failed,
-                forward_records_dropped=f.dropped,
-                forward_records_queued_bytes=f.queued_bytes,
-            )
+            out.update(forward_records_sent=f.sent, forward_records_failed=f.failed, forward_records_dropped=f.dropped)
         if self.forwarder is not None:
-            out.update(
-                forward_traces_sent=self.forwarder.sent,
-                forward_traces_failed=self.forwarder.failed,
-                forward_traces_dropped=self.forwarder.dropped,
-                forward_traces_queued_bytes=self.forwarder.queued_bytes,
-                forward_traces_queue_limit_bytes=self.forwarder.max_queue_bytes,
-            )
+            f = self.forwarder
+            out.update(forward_traces_sent=f.sent, forward_traces_failed=f.failed, forward_traces_dropped=f.dropped)
         if self.policy_forwarder is not None:
             pf = self.policy_forwarder
             out.update(
@@ -391,8 +373,40 @@ class Collector:
                 forward_policy_traces_dropped=pf.traces_dropped,
                 forward_policy_decided_early=pf.decided_early,
                 forward_policy_bodies_dropped=pf.bodies_dropped,
-                forward_policy_held_bytes=pf.held_bytes,
             )
+        return out
+
+    def self_levels(self) -> dict[str, float]:
+        """What the collector holds now, each buffer's level beside its configured bound
+        (Prometheus gauges)."""
+        cfg = self.config
+        out = {
+            "assembly_traces_in_flight": len(self.assembler),
+            "assembly_traces_limit": cfg.assembly.max_traces,
+            "derivation_backlog_traces": len(self._backlog),
+            "derivation_backlog_limit": cfg.max_backlog,
+            "inflight_bytes": self.inflight_bytes(),
+            "inflight_limit_bytes": cfg.max_inflight_bytes,
+            "receiver_http_connections_limit": cfg.max_connections,
+        }
+        if self.store is not None:
+            out.update(
+                store_unwritten_records=self.store_writer.unwritten_records,
+                store_unwritten_limit=self.store_writer.max_unwritten,
+            )
+        if self.spool is not None:
+            out.update(
+                spool_bytes=self.spool.bytes, spool_limit_bytes=self.spool.max_bytes, spool_segments=self.spool.segments
+            )
+        if self.records_forwarder is not None:
+            out["forward_records_queued_bytes"] = self.records_forwarder.queued_bytes
+        if self.forwarder is not None:
+            out.update(
+                forward_traces_queued_bytes=self.forwarder.queued_bytes,
+                forward_traces_queue_limit_bytes=self.forwarder.max_queue_bytes,
+            )
+        if self.policy_forwarder is not None:
+            out["forward_policy_held_bytes"] = self.policy_forwarder.held_bytes
         return out
 
     def start(self) -> Collector:
@@ -437,6 +451,7 @@ class Collector:
                 *host_port(cfg.prometheus),
                 self.registry.snapshot,
                 self.self_counters,
+                self.self_levels,
                 token=cfg.auth_token if cfg.metrics_auth else None,
                 instance=self.instance_label,
                 tls=(cfg.tls_cert, cfg.tls_key) if cfg.tls_cert else None,

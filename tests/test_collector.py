@@ -187,6 +187,21 @@ def test_prometheus_metrics_and_slo_counter(make_collector):
         assert f"# TYPE otel_llm_collector_{bound} gauge" in text  # every buffer's bound beside its level
 
 
+def test_the_collectors_levels_are_gauges_and_its_counts_counters(make_collector):
+    """Each of the collector's own figures is declared once, where it is produced: counts (ever
+    growing: Prometheus counters) apart from levels and bounds (gauges), never both."""
+    from collector.exporters.prometheus import render
+
+    c = make_collector()
+    counts, levels = c.self_counters(), c.self_levels()
+    assert counts and levels and not set(counts) & set(levels)
+    text = render([], counts, None, levels)
+    for key in levels:
+        assert f"# TYPE otel_llm_collector_{key} gauge" in text, key
+    for key in counts:
+        assert f"# TYPE otel_llm_collector_{key}_total counter" in text, key
+
+
 def test_the_fluidity_index_as_metrics(make_collector):
     """--fluidity ttft=0.12,tbt=0.05: a first token at 100 ms is on time (20 ms banked, spent by the
     70 ms gap); one at 150 ms misses 1 + floor(30 / 50) = 1 deadline, the next is on time: index 0.5."""

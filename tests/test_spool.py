@@ -92,7 +92,7 @@ def test_the_spool_is_emptied_as_traces_are_stored(make_collector, tmp_path):
     while c.spool.segments > 2 and time.monotonic() < deadline:
         time.sleep(0.1)
     assert c.spool.segments <= 2 and c.spool.segments_deleted > 10
-    assert c.self_counters()["spool_bytes"] < 2 * 8192 + 4096
+    assert c.self_levels()["spool_bytes"] < 2 * 8192 + 4096
 
 
 def test_replay_skips_a_torn_record(tmp_path):

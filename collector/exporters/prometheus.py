@@ -59,30 +59,16 @@ def _num(v: float) -> str:
 
 
 #: The collector's own values that are levels, not counts (the rest are counters, ``_total``).
-SELF_GAUGES = frozenset(
-    {
-        "assembly_traces_in_flight",
-        "derivation_backlog_traces",
-        "forward_traces_queued_bytes",
-        "forward_records_queued_bytes",
-        "assembly_traces_limit",
-        "derivation_backlog_limit",
-        "receiver_http_connections_limit",
-        "forward_traces_queue_limit_bytes",
-        "store_unwritten_records",
-        "store_unwritten_limit",
-        "inflight_bytes",
-        "inflight_limit_bytes",
-        "spool_bytes",
-        "spool_limit_bytes",
-        "spool_segments",
-    }
-)
-
-
-def render(families: list, self_counters: dict[str, float] | None = None, instance: str | None = None) -> str:
+def render(
+    families: list,
+    self_counters: dict[str, float] | None = None,
+    instance: str | None = None,
+    self_levels: dict[str, float] | None = None,
+) -> str:
     """The exposition text. ``instance`` labels every series ``collector_instance`` (several
-    collectors behind a load balancer: each series says which one; sum them away in PromQL)."""
+    collectors behind a load balancer: each series says which one; sum them away in PromQL).
+    The collector's own health: ``self_counters`` as counters (``_total``), ``self_levels`` (its
+    buffers' levels and bounds) as gauges."""
     out: list[str] = []
     inst = f'collector_instance="{_esc(instance)}"' if instance else ""
     join = lambda *xs: ",".join(x for x in xs if x)
@@ -105,8 +91,9 @@ def render(families: list, self_counters: dict[str, float] | None = None, instan
             out.append(f"# TYPE {n} counter")
             for labels, v in sorted(f.series.items()):
                 out.append(f"{n}{_labels(f.label_names, labels, inst)} {_num(v)}")
-    for key, v in sorted((self_counters or {}).items()):  # the collector's own health
-        gauge = key in SELF_GAUGES
+    own = [(k, v, False) for k, v in (self_counters or {}).items()]
+    own += [(k, v, True) for k, v in (self_levels or {}).items()]
+    for key, v, gauge in sorted(own):  # the collector's own health
         n = "otel_llm_collector_" + key + ("" if gauge else "_total")
         out.append(f"# HELP {n} the collector's own {key.replace('_', ' ')} ({'a level' if gauge else 'a count'})")
         out.append(f"# TYPE {n} {'gauge' if gauge else 'counter'}")
@@ -134,11 +121,12 @@ class PrometheusEndpoint:
         port: int,
         snapshot: Callable[[], list],
         self_counters: Callable[[], dict],
+        self_levels: Callable[[], dict] | None = None,
         token: str | None = None,
         instance: str | None = None,
         tls: tuple[str, str] | None = None,
     ):
-        snap, selfc = snapshot, self_counters
+        snap, selfc, levels = snapshot, self_counters, self_levels or dict
 
         class Handler(HandshakeInThread, BaseHTTPRequestHandler):
             def do_GET(self):
@@ -151,7 +139,7 @@ class PrometheusEndpoint:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
-                body = render(snap(), selfc(), instance).encode()
+                body = render(snap(), selfc(), instance, levels()).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
                 self.send_header("Content-Length", str(len(body)))
