@@ -76,14 +76,12 @@ class IntakeGate:
 
 
 def _resource_instance_id() -> str | None:
-    """service.instance.id from OTEL_RESOURCE_ATTRIBUTES."""
-    import os
+    """service.instance.id from OTEL_RESOURCE_ATTRIBUTES, as the OpenTelemetry SDK reads that
+    variable (percent-decoded, the last of repeated keys)."""
+    from opentelemetry.sdk.resources import OTELResourceDetector
 
-    for kv in os.environ.get("OTEL_RESOURCE_ATTRIBUTES", "").split(","):
-        k, _, v = kv.partition("=")
-        if k.strip() == "service.instance.id" and v.strip():
-            return v.strip()
-    return None
+    value = OTELResourceDetector().detect().attributes.get("service.instance.id")
+    return str(value) if value else None
 
 
 def _default_instance_id() -> str:

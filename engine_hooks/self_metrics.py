@@ -52,23 +52,21 @@ METRICS = (
 
 def wanted() -> bool:
     """Whether this process should send its tracing cost (see the module's docstring)."""
-    asked = environment.raw("OTEL_METRICS_EXPORTER")
+    asked = environment.raw(environment.METRICS_EXPORTER)
     if asked is not None:
         return asked.strip().lower() not in ("none", "")
     if environment.raw(environment.TRACES_FILE) is not None:
         return False
-    if (environment.raw("OTEL_TRACES_EXPORTER") or "otlp").strip().lower() != "otlp":
+    if (environment.raw(environment.TRACES_EXPORTER) or "otlp").strip().lower() != "otlp":
         return False
     # an endpoint someone configured: not the SDK's default localhost, where nothing may listen
-    return any(
-        environment.raw(v) is not None for v in ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
-    )
+    return any(environment.raw(v) is not None for v in (environment.OTLP_ENDPOINT, environment.OTLP_METRICS_ENDPOINT))
 
 
 def _exporter():
     protocol = (
-        environment.raw("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
-        or environment.raw("OTEL_EXPORTER_OTLP_PROTOCOL")
+        environment.raw(environment.OTLP_METRICS_PROTOCOL)
+        or environment.raw(environment.OTLP_PROTOCOL)
         or "http/protobuf"
     )
     if protocol.strip().lower() == "grpc":
