@@ -534,6 +534,7 @@ def run_export(args: argparse.Namespace) -> int:
         if args.output == "-":
             raise CLIError("export --format parquet: give -o FILE.parquet")
         from .parquet import write_parquet  # pyarrow: the CLI names the extra when it is missing
+
         rows, steps_path, n_steps = write_parquet(batch, steps, args.output)
         print(f"otel-llm export: {args.output} ({rows:,} records); {steps_path} ({n_steps:,} steps)", file=sys.stderr)
         return 0
