@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-quick lint bench soak venv loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels
+.PHONY: demo test test-quick lint bench soak venv loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels valgrind cost
 
 venv: $(STAMP) $(EXT)
 
@@ -54,6 +54,11 @@ chromium:
 	@command -v chromium >/dev/null 2>&1 || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; }
 
+# Debian's valgrind, for the instruction count of what tracing costs (benchmarks/cost_count.py).
+valgrind:
+	@command -v callgrind_control >/dev/null 2>&1 || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends valgrind >/dev/null; }
+
 # A bounded coverage-guided fuzz run of the C walk against protobuf (FUZZ_SECONDS, default 60).
 fuzz: venv clang
 	PY=$(PY) bash tests/fuzz/run.sh
@@ -66,7 +71,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv loadgen prometheus clang chromium lint
+test: venv loadgen prometheus clang chromium valgrind lint
 	$(PY) -m pytest -v
 
 test-quick: venv lint
@@ -81,6 +86,12 @@ soak: venv
 bench: venv
 	$(PY) benchmarks/derive_throughput.py
 	$(PY) benchmarks/derive_shapes.py
+
+# what tracing costs vLLM, in instructions per process, for every detail level and exporter and
+# vLLM's own tracing (about 45 minutes on 2 cores: each engine starts under valgrind); COST_ARGS to narrow
+COST_ARGS ?= --variants all
+cost: venv valgrind
+	$(PY) benchmarks/cost_count.py $(COST_ARGS)
 
 # transformers continuous batching plain vs instrumented, CUDA step times (CPU path without CUDA)
 gpu-check: venv

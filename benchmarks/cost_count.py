@@ -1,0 +1,477 @@
+"""Benchmark: what tracing costs vLLM, in instructions counted by callgrind, per process.
+
+Wall-clock ratios on these shared machines drift by more than the budget (docs/architecture.md,
+"The hot path"); an instruction count does not. Each variant's engine runs under
+``valgrind --tool=callgrind`` with counting off; after warm-up batches, the count is switched on in
+every process of the engine (``callgrind_control``) for one batch, then read and switched off
+again, ``--repeat`` times. The batch is fixed: ``--requests`` prompts of 32 tokens, greedy,
+``--tokens`` output tokens each with ``ignore_eos``, all waiting before the first step (the
+scheduler is paused while they are added), so every run takes the same steps.
+
+Three things are pinned in every variant alike (``benchmarks/cost_site/sitecustomize.py``):
+vLLM's shared-memory queues block at once instead of spinning for a second of wall clock (which
+callgrind slows about 50-fold); the span thread's timer is set out of reach
+(``OTEL_LLM_SCHEDULE_DELAY``, and ``OTEL_BSP_SCHEDULE_DELAY`` for vLLM's own tracing) and the round
+it would run (build the batch's spans and export them) runs at the end of each counted batch
+instead, in the front end and, by a utility call, in the engine core, so it is counted once.
+
+Processes: ``front end`` (this driver, vLLM's ``OutputProcessor``, our span thread), ``engine
+core`` (scheduler, our step hook), ``worker`` (the model). Prints, per variant, the instructions
+of each process per batch (median of the repeats, and the spread: (max - min) / median), then
+what each traced variant adds over plain: front end per request and per output token, engine
+core per step, and the share of plain's total.
+
+Run: ``.venv/bin/python benchmarks/cost_count.py [--variants plain,phases] [--repeat 3]``; ``make
+cost`` runs every variant (``--variants all``). An engine takes about four minutes to start under
+valgrind and a counted batch about a minute and a half; ``--jobs`` runs variants side by side.
+``--check``: exit 1 when a variant's total varies by more than ``--max-spread`` (0.2%) between its
+identical batches; ``--check-budget``: exit 1 when the default level exceeds the budget.
+Needs valgrind (Debian's package; ``make cost`` installs it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+#: variant -> how its engine is built (``traced``: None, ``ours`` or ``vllm``), its environment,
+#: and whether it exports over OTLP/gRPC to the run's sink (else ours write OTEL_LLM_TRACES_FILE)
+VARIANTS: dict[str, dict] = {
+    "plain": {"traced": None},
+    "request": {"traced": "ours", "env": {"OTEL_LLM_DETAIL": "request"}},
+    "phases": {"traced": "ours", "env": {"OTEL_LLM_DETAIL": "phases"}},
+    "steps": {"traced": "ours", "env": {"OTEL_LLM_DETAIL": "steps"}},
+    "phases-otlp": {"traced": "ours", "env": {"OTEL_LLM_DETAIL": "phases"}, "otlp": True},
+    "vllm-tracing": {"traced": "vllm", "otlp": True},
+}
+DEFAULT_VARIANT = "phases"  # the default detail level, to the file exporter
+PROCESS_NAMES = ("front end", "engine core", "worker")
+
+
+# -- the engine's side: runs under valgrind ------------------------------------------------------
+def drive(args: argparse.Namespace) -> None:
+    """Build the variant's engine, warm it up, then run one measured batch per GO read on stdin,
+    printing READY / DONE lines for the parent."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    import sitecustomize  # benchmarks/cost_site: flush_spans
+    from vllm import LLM, SamplingParams
+
+    from engine_hooks.tiny_model import prompt
+
+    variant = VARIANTS[args.variant]
+    kwargs = dict(
+        model=args.model,
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=512,
+        kv_cache_memory_bytes=256 * 2**20,
+        seed=0,
+    )
+    cls = LLM
+    if variant["traced"] == "ours":
+        from engine_hooks import instrument
+
+        cls = instrument(LLM)
+    elif variant["traced"] == "vllm":
+        kwargs["otlp_traces_endpoint"] = args.otlp_endpoint
+        kwargs["disable_log_stats"] = False  # vLLM's tracing reads its statistics
+    llm = cls(**kwargs)
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=args.tokens, ignore_eos=True, temperature=0)
+    prompts = [prompt(32, seed=i) for i in range(args.requests)]
+    batch = 0
+
+    def run_batch() -> int:
+        nonlocal batch
+        batch += 1
+        core = engine.engine_core
+        core.call_utility("pause_scheduler", "keep", False)  # every request waits for the first step
+        for i, p in enumerate(prompts):
+            engine.add_request(f"b{batch}-{i}", p, params)
+        core.call_utility("resume_scheduler")
+        calls = 0
+        while engine.has_unfinished_requests():
+            engine.step()
+            calls += 1
+        return calls
+
+    for _ in range(args.warmup):
+        run_batch()
+    sitecustomize.flush_spans()  # the warm-up's spans are not the counted batch's work
+    engine.engine_core.call_utility("otel_llm_flush_spans")
+    print(f"READY {os.getpid()}", flush=True)
+    for line in sys.stdin:
+        if line.strip() != "GO":
+            break
+        calls = run_batch()
+        sitecustomize.flush_spans()  # this process's span round, counted
+        steps = engine.engine_core.call_utility("otel_llm_flush_spans")  # the engine core's, and its steps
+        print(f"DONE {steps} {calls}", flush=True)
+
+
+# -- the parent: starts each variant under valgrind and reads the counts -------------------------
+@dataclass
+class Counts:
+    """Instructions of one variant's processes, one list entry per measured batch."""
+
+    variant: str
+    steps: list[int] = field(default_factory=list)
+    by_process: dict[str, list[int]] = field(default_factory=lambda: {p: [] for p in PROCESS_NAMES})
+
+    def median(self, process: str | None = None) -> float:
+        if process is None:
+            totals = [sum(v[i] for v in self.by_process.values()) for i in range(len(self.steps))]
+            return statistics.median(totals)
+        return statistics.median(self.by_process[process])
+
+    def spread(self, process: str | None = None) -> float:
+        """(max - min) / median of the repeats: 0 when identical."""
+        if process is None:
+            vals = [sum(v[i] for v in self.by_process.values()) for i in range(len(self.steps))]
+        else:
+            vals = self.by_process[process]
+        m = statistics.median(vals)
+        return (max(vals) - min(vals)) / m if m else 0.0
+
+
+def _roles(driver_pid: int) -> dict[str, int]:
+    """The engine's processes under valgrind, by role: the engine core is the driver's child, the
+    worker the engine core's (valgrind hides the titles vLLM gives them; multiprocessing's
+    resource trackers run without valgrind)."""
+    import psutil
+
+    def valgrind_children(pid: int) -> list[int]:
+        try:
+            kids = psutil.Process(pid).children()
+        except psutil.NoSuchProcess:
+            return []
+        return [k.pid for k in kids if "callgrind" in k.exe()]
+
+    roles = {"front end": driver_pid}
+    cores = valgrind_children(driver_pid)
+    if len(cores) == 1:
+        roles["engine core"] = cores[0]
+        workers = valgrind_children(cores[0])
+        if len(workers) == 1:
+            roles["worker"] = workers[0]
+    return roles
+
+
+def _control(*args: str) -> None:
+    out = subprocess.run(["callgrind_control", *args], capture_output=True, text=True)
+    if out.returncode != 0 or "OK" not in out.stdout:
+        raise RuntimeError(f"callgrind_control {' '.join(args)}: {out.stdout.strip()} {out.stderr.strip()}")
+
+
+def _total(path: str) -> int:
+    """Instructions in one callgrind dump (its ``totals:`` line; ``summary:`` counts from start)."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith("totals:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{path}: no totals line")
+
+
+def _read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the engine exited (code {proc.wait()}) before {prefix}")
+        if line.startswith(prefix):
+            return line
+    raise RuntimeError(f"no {prefix} from the engine in {timeout:.0f} s")
+
+
+def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint: str | None) -> Counts:
+    """Start ``variant``'s engine under callgrind and count ``args.repeat`` batches."""
+    out_dir = os.path.join(workdir, variant)
+    os.makedirs(out_dir, exist_ok=True)
+    spec = VARIANTS[variant]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLLM_"))}
+    env.update(spec.get("env", {}))
+    if spec.get("otlp"):
+        env.update(OTEL_EXPORTER_OTLP_ENDPOINT=f"http://{otlp_endpoint}", OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
+    else:
+        env["OTEL_LLM_TRACES_FILE"] = os.path.join(out_dir, "spans.jsonl")
+    env.update(
+        PYTHONPATH=os.pathsep.join(filter(None, [os.path.join(HERE, "cost_site"), ROOT, env.get("PYTHONPATH")])),
+        OTEL_LLM_COST_COUNT="1",
+        OTEL_LLM_SCHEDULE_DELAY=str(10**9),  # the span round runs at the end of each batch, counted
+        OTEL_BSP_SCHEDULE_DELAY=str(10**9),  # vLLM's own tracing: likewise
+        OTEL_METRIC_EXPORT_INTERVAL=str(10**9),
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        VLLM_LOGGING_LEVEL="WARNING",
+    )
+    cmd = [
+        "valgrind",
+        "--tool=callgrind",
+        "--instr-atstart=no",
+        "--trace-children=yes",
+        "--trace-children-skip=/usr/bin/*,/bin/*",
+        "--trace-children-skip-by-arg=*resource_tracker*",
+        f"--callgrind-out-file={out_dir}/cg.%p",
+        "--log-file=" + os.path.join(out_dir, "valgrind.%p.log"),
+        sys.executable,
+        os.path.abspath(__file__),
+        "--drive",
+        variant,
+        "--model",
+        args.model,
+        "--requests",
+        str(args.requests),
+        "--tokens",
+        str(args.tokens),
+        "--warmup",
+        str(args.warmup),
+    ]
+    if spec.get("otlp"):
+        cmd += ["--otlp-endpoint", otlp_endpoint]
+    counts = Counts(variant)
+    t0 = time.monotonic()
+    with open(os.path.join(out_dir, "engine.log"), "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        driver = int(_read_line(proc, "READY", args.start_timeout).split()[1])
+        roles = _roles(driver)
+        missing = set(PROCESS_NAMES) - set(roles)
+        if missing:
+            raise RuntimeError(f"{variant}: no {', '.join(sorted(missing))} process found under valgrind")
+        print(f"  {variant}: engine up in {time.monotonic() - t0:.0f} s (pids {roles})", file=sys.stderr, flush=True)
+        for r in range(args.repeat):
+            for pid in roles.values():
+                _control("-z", str(pid))
+                _control("-i", "on", str(pid))
+            t_go = time.monotonic()
+            proc.stdin.write("GO\n")
+            proc.stdin.flush()
+            steps = int(_read_line(proc, "DONE", args.batch_timeout).split()[1])
+            t_batch = time.monotonic()
+            for pid in roles.values():
+                _control("-i", "off", str(pid))
+            before = set(os.listdir(out_dir))
+            for pid in roles.values():
+                _control("-d", str(pid))
+            dumps = sorted(set(os.listdir(out_dir)) - before)
+            counts.steps.append(steps)
+            for role, pid in roles.items():
+                mine = [d for d in dumps if d.startswith(f"cg.{pid}.")]
+                if len(mine) != 1:
+                    raise RuntimeError(f"{variant}: expected one dump of pid {pid}, found {mine}")
+                counts.by_process[role].append(_total(os.path.join(out_dir, mine[0])))
+            total = sum(v[-1] for v in counts.by_process.values())
+            print(
+                f"  {variant}: batch {r + 1}/{args.repeat}: {steps} steps, {total / 1e6:,.1f} M instructions "
+                f"({t_batch - t_go:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
+    finally:
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return counts
+
+
+#: the budget (docs/architecture.md, "The hot path"), for the default detail level
+BUDGET_SHARE = 0.005  # of plain's instructions, in the engine's own processes
+BUDGET_FRONT_END_PER_TOKEN = 3_000  # instructions per output token in the front end
+
+
+@dataclass
+class Added:
+    """What one traced variant adds over plain, per batch (instructions)."""
+
+    front_end: float
+    engine_core: float
+    worker: float
+    share: float  # of plain's total
+    per_request: float  # front end
+    per_token: float  # front end
+    per_step: float  # engine core
+
+
+def added(c: Counts, plain: Counts, requests: int, tokens: int) -> Added:
+    fe = c.median("front end") - plain.median("front end")
+    ec = c.median("engine core") - plain.median("engine core")
+    wk = c.median("worker") - plain.median("worker")
+    return Added(
+        fe,
+        ec,
+        wk,
+        (c.median() - plain.median()) / plain.median(),
+        fe / requests,
+        fe / (requests * tokens),
+        ec / statistics.median(plain.steps),
+    )
+
+
+def table(results: dict[str, Counts], requests: int, tokens: int) -> str:
+    """The per-process counts and what each traced variant adds over plain."""
+    lines = ["instructions per batch (median of the repeats, and their spread: (max - min) / median):", ""]
+    lines += [f"| variant | steps | {' | '.join(PROCESS_NAMES)} | total |", "|" + "---|" * (len(PROCESS_NAMES) + 3)]
+    for name, c in results.items():
+        cells = [f"{c.median(p) / 1e6:,.1f} M ±{c.spread(p):.2%}" for p in (*PROCESS_NAMES, None)]
+        lines.append(f"| {name} | {statistics.median(c.steps):.0f} | {' | '.join(cells)} |")
+    plain = results.get("plain")
+    if plain is None or len(results) < 2:
+        return "\n".join(lines)
+    shares = ", ".join(f"{p} {plain.median(p) / plain.median():.1%}" for p in PROCESS_NAMES)
+    lines += [
+        "",
+        f"plain: {shares}",
+        "",
+        "what tracing adds over plain (k = 1,000 instructions):",
+        "",
+        "| variant | front end per request | front end per token | engine core per step | worker | share of plain |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, c in results.items():
+        if name != "plain":
+            a = added(c, plain, requests, tokens)
+            lines.append(
+                f"| {name} | {a.per_request / 1e3:,.1f} k | {a.per_token / 1e3:,.1f} k | {a.per_step / 1e3:,.1f} k | "
+                f"{a.worker / plain.median('worker'):+.2%} | {a.share:+.2%} |"
+            )
+    return "\n".join(lines)
+
+
+def budget(results: dict[str, Counts], requests: int, tokens: int) -> list[str]:
+    """The budget's lines for the default variant, each ending in ok or EXCEEDED; [] without it."""
+    if "plain" not in results or DEFAULT_VARIANT not in results:
+        return []
+    a = added(results[DEFAULT_VARIANT], results["plain"], requests, tokens)
+    out = [
+        (f"share of plain's instructions {a.share:+.2%} (at most {BUDGET_SHARE:.1%})", a.share <= BUDGET_SHARE),
+        (
+            f"front end per output token {a.per_token:,.0f} (at most {BUDGET_FRONT_END_PER_TOKEN:,})",
+            a.per_token <= BUDGET_FRONT_END_PER_TOKEN,
+        ),
+    ]
+    if "vllm-tracing" in results:
+        stats = added(results["vllm-tracing"], results["plain"], requests, tokens)
+        out.append(
+            (
+                f"engine core per step {a.per_step:,.0f}, vLLM's statistics and tracing {stats.per_step:,.0f} (less)",
+                a.per_step < stats.per_step,
+            )
+        )
+    return [f"budget ({DEFAULT_VARIANT}): {text}: {'ok' if ok else 'EXCEEDED'}" for text, ok in out]
+
+
+def _sink() -> tuple[subprocess.Popen, str]:
+    """benchmarks/overhead.py's OTLP/gRPC sink, in a process of its own (not counted)."""
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(HERE, "overhead.py"), "--sink"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    return proc, f"127.0.0.1:{int(proc.stdout.readline())}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument(
+        "--variants", default=f"plain,{DEFAULT_VARIANT}", help=f"comma-separated, of {', '.join(VARIANTS)}; or all"
+    )
+    ap.add_argument("--requests", type=int, default=32, help="requests per batch (default 32)")
+    ap.add_argument("--tokens", type=int, default=64, help="output tokens per request (default 64)")
+    ap.add_argument("--repeat", type=int, default=3, help="counted batches per variant (default 3)")
+    ap.add_argument("--warmup", type=int, default=2, help="batches before counting starts (default 2)")
+    ap.add_argument("--jobs", type=int, default=2, help="variants counted at once (default 2; counts do not change)")
+    ap.add_argument("--model", default=None, help="model folder (default: the tiny model, built once)")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a total's spread exceeds --max-spread")
+    ap.add_argument("--max-spread", type=float, default=0.002, help="for --check (default 0.002: 0.2%%)")
+    ap.add_argument("--check-budget", action="store_true", help="exit 1 when the default level exceeds the budget")
+    ap.add_argument("--json", help="write the counts here")
+    ap.add_argument("--keep", metavar="DIR", help="keep callgrind's files and the engines' logs in DIR")
+    ap.add_argument("--start-timeout", type=float, default=1800, help="seconds for an engine to start (default 1800)")
+    ap.add_argument("--batch-timeout", type=float, default=1800, help="seconds for one batch (default 1800)")
+    ap.add_argument("--drive", help=argparse.SUPPRESS)
+    ap.add_argument("--otlp-endpoint", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.drive:
+        args.variant = args.drive
+        drive(args)
+        return 0
+    names = list(VARIANTS) if args.variants == "all" else [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        ap.error(f"unknown variant(s) {', '.join(unknown)}: choose from {', '.join(VARIANTS)}")
+    if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
+        print("cost_count: valgrind is not installed (Debian: apt-get install valgrind)", file=sys.stderr)
+        return 2
+    if args.model is None:
+        from engine_hooks.tiny_model import build_tiny_model
+
+        args.model = build_tiny_model(os.path.join(tempfile.gettempdir(), "otel-llm-tiny-model"))
+    sink, endpoint = _sink() if any(VARIANTS[n].get("otlp") for n in names) else (None, None)
+    print(
+        f"cost_count: {', '.join(names)}: {args.requests} requests x {args.tokens} tokens a batch, {args.warmup} "
+        f"warm-up and {args.repeat} counted batches each, {args.jobs} at once (an engine takes minutes to start "
+        "under valgrind)",
+        file=sys.stderr,
+        flush=True,
+    )
+    try:
+        with tempfile.TemporaryDirectory(prefix="cost-count-") as tmp:
+            workdir = args.keep or tmp
+            with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+                futures = {n: pool.submit(measure, n, args, workdir, endpoint) for n in names}
+                results, failed = {}, {}
+                for n, f in futures.items():
+                    try:
+                        results[n] = f.result()
+                    except Exception as exc:  # the others' counts still stand
+                        failed[n] = f"{type(exc).__name__}: {exc}"
+    finally:
+        if sink is not None:
+            sink.kill()
+    for n, why in failed.items():
+        print(f"cost_count: {n} failed ({why}); its engine's log is in --keep DIR/{n}/engine.log", file=sys.stderr)
+    if not results:
+        return 1
+    print(f"cost_count: {args.requests} requests x {args.tokens} tokens a batch, {args.repeat} counted batches each")
+    print(table(results, args.requests, args.tokens))
+    lines = budget(results, args.requests, args.tokens)
+    print("\n".join(["", *lines]) if lines else "")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({k: {"steps": c.steps, "by_process": c.by_process} for k, c in results.items()}, f, indent=1)
+    status = 1 if failed else 0
+    if args.check:
+        worst, name = max((c.spread(), k) for k, c in results.items())
+        if worst > args.max_spread:
+            print(
+                f"cost_count: {name}'s total varies by {worst:.3%} between identical batches "
+                f"(at most {args.max_spread:.2%})"
+            )
+            status = 1
+    if args.check_budget and any(line.endswith("EXCEEDED") for line in lines):
+        status = 1
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

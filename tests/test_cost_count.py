@@ -1,0 +1,127 @@
+"""benchmarks/cost_count.py: the instruction-count benchmark of what tracing costs vLLM.
+
+The arithmetic (medians, spreads, what a variant adds per request, token and step, the budget's
+verdict) on counts made by hand; the run-time pinning (vLLM's queue readers stop spinning, the
+engine core gets its flush method) in a real interpreter with the benchmark's site hook; and, in
+the slow test, a real count under callgrind: plain against the default detail level, whose
+identical batches must agree within 0.2%."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+BENCH = ROOT / "benchmarks" / "cost_count.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("cost_count", BENCH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["cost_count"] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+cc = _load()
+
+
+def counts(variant, fe, ec, wk, steps=64):
+    c = cc.Counts(variant)
+    for a, b, w in zip(fe, ec, wk, strict=True):
+        c.steps.append(steps)
+        c.by_process["front end"].append(a)
+        c.by_process["engine core"].append(b)
+        c.by_process["worker"].append(w)
+    return c
+
+
+def test_median_and_spread_per_process_and_in_total():
+    c = counts("plain", [100, 102, 101], [200, 200, 200], [1000, 1000, 1000])
+    assert c.median("front end") == 101 and c.median() == 1301
+    assert c.spread("engine core") == 0
+    assert c.spread("front end") == pytest.approx(2 / 101)
+    assert c.spread() == pytest.approx(2 / 1301)
+
+
+def test_what_a_variant_adds_is_per_request_token_and_step():
+    plain = counts("plain", [1_000_000] * 2, [5_000_000] * 2, [90_000_000] * 2)
+    # 32 requests x 64 tokens, 64 steps: +64,000 front end = 2,000 a request, 31.25 a token
+    traced = counts("phases", [1_064_000] * 2, [5_006_400] * 2, [90_000_000] * 2)
+    a = cc.added(traced, plain, requests=32, tokens=64)
+    assert a.front_end == 64_000 and a.per_request == 2_000 and a.per_token == pytest.approx(31.25)
+    assert a.per_step == pytest.approx(100) and a.worker == 0
+    assert a.share == pytest.approx(70_400 / 96_000_000)
+
+
+def test_the_budget_is_judged_on_the_default_level_only():
+    plain = counts("plain", [1e6] * 2, [5e6] * 2, [9e9] * 2)
+    within = counts(cc.DEFAULT_VARIANT, [1e6 + 32 * 64 * 2_000] * 2, [5e6] * 2, [9e9] * 2)
+    over = counts(cc.DEFAULT_VARIANT, [1e6 + 32 * 64 * 4_000] * 2, [5e6] * 2, [9e9] * 2)
+    ok = cc.budget({"plain": plain, cc.DEFAULT_VARIANT: within}, 32, 64)
+    assert len(ok) == 2 and all(line.endswith(": ok") for line in ok), ok
+    bad = cc.budget({"plain": plain, cc.DEFAULT_VARIANT: over}, 32, 64)
+    assert bad[1].endswith("EXCEEDED") and "front end per output token 4,000" in bad[1]
+    assert cc.budget({"plain": plain, "steps": over}, 32, 64) == []  # no default level: no verdict
+    # beside vLLM's own tracing: the engine core's events must cost less than vLLM's statistics
+    vllm = counts("vllm-tracing", [1e6] * 2, [5e6 + 64 * 50] * 2, [9e9] * 2)
+    ours = counts(cc.DEFAULT_VARIANT, [1e6] * 2, [5e6 + 64 * 80] * 2, [9e9] * 2)
+    lines = cc.budget({"plain": plain, cc.DEFAULT_VARIANT: ours, "vllm-tracing": vllm}, 32, 64)
+    assert lines[2].endswith("EXCEEDED") and "engine core per step 80" in lines[2]
+
+
+def test_the_table_shows_every_variant_and_what_it_adds():
+    plain = counts("plain", [1e6, 1e6], [5e6, 5e6], [9e7, 9e7])
+    traced = counts("phases", [2e6, 2.002e6], [5e6, 5e6], [9e7, 9e7])
+    text = cc.table({"plain": plain, "phases": traced}, 32, 64)
+    assert "| phases | 64 | 2.0 M ±0.10% |" in text
+    assert "| phases | 31.3 k | 0.5 k | 0.0 k | +0.00% | +1.04% |" in text
+
+
+def _site_env():
+    env = dict(os.environ, OTEL_LLM_COST_COUNT="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks" / "cost_site"), str(ROOT)])
+    return env
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_site_hook_pins_vllms_spinning_and_adds_the_flush(on):
+    """With the benchmark's site hook, vLLM's queue readers block at once and the engine core can
+    be asked to flush its spans; without OTEL_LLM_COST_COUNT nothing is changed."""
+    code = (
+        "import vllm.distributed.device_communicators.shm_broadcast as m, vllm.v1.engine.core as c, json;"
+        "print(json.dumps([m.SpinCondition.__init__.__defaults__[-1], hasattr(c.EngineCore, 'otel_llm_flush_spans')]))"
+    )
+    env = _site_env()
+    if not on:
+        env.pop("OTEL_LLM_COST_COUNT")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == ([0, True] if on else [1, False])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (make valgrind)")
+def test_counted_batches_repeat_within_two_tenths_of_a_percent(tmp_path):
+    """Plain vLLM and the default detail level under callgrind, a small batch counted twice each:
+    the same steps every time, every process counted, totals within 0.2% of each other (--check),
+    and tracing visibly adds to the front end (the count sees what it is meant to see)."""
+    out = tmp_path / "counts.json"
+    cmd = [sys.executable, str(BENCH), "--variants", f"plain,{cc.DEFAULT_VARIANT}", "--requests", "16"]
+    cmd += ["--tokens", "32", "--warmup", "1", "--repeat", "2", "--check", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=ROOT)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads(out.read_text())
+    for variant in ("plain", cc.DEFAULT_VARIANT):
+        assert got[variant]["steps"] == [32, 32]
+        assert all(min(v) > 0 for v in got[variant]["by_process"].values())
+    fe = [sum(got[v]["by_process"]["front end"]) for v in ("plain", cc.DEFAULT_VARIANT)]
+    assert fe[1] > fe[0] * 1.01
+    assert "what tracing adds over plain" in proc.stdout and f"budget ({cc.DEFAULT_VARIANT})" in proc.stdout
