@@ -22,8 +22,9 @@ what each traced variant adds over plain: front end per request and per output t
 core per step, and the share of plain's total.
 
 Run: ``.venv/bin/python benchmarks/cost_count.py [--variants plain,phases] [--repeat 3]``; ``make
-cost`` runs every variant (``--variants all``). An engine takes about four minutes to start under
-valgrind and a counted batch about a minute and a half; ``--jobs`` runs variants side by side.
+cost`` runs every variant (``--variants all``). An engine takes about six minutes to start under
+valgrind (two at once, on two cores) and a counted batch of 32 x 64 about two and a half;
+``--jobs`` runs variants side by side.
 ``--check``: exit 1 when a variant's total varies by more than ``--max-spread`` (0.2%) between its
 identical batches; ``--check-budget``: exit 1 when the default level exceeds the budget.
 Needs valgrind (Debian's package; ``make cost`` installs it).
@@ -35,10 +36,12 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,6 +49,8 @@ from dataclasses import dataclass, field
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+
+from engine_hooks.tiny_model import stop_cpu_server  # noqa: E402  (stops a process group whole)
 
 #: variant -> how its engine is built (``traced``: None, ``ours`` or ``vllm``), its environment,
 #: and whether it exports over OTLP/gRPC to the run's sink (else ours write OTEL_LLM_TRACES_FILE)
@@ -59,6 +64,9 @@ VARIANTS: dict[str, dict] = {
 }
 DEFAULT_VARIANT = "phases"  # the default detail level, to the file exporter
 PROCESS_NAMES = ("front end", "engine core", "worker")
+#: every engine started (each leads a process group of its own, out of the terminal's reach):
+#: killed whole when the run ends early (Ctrl-C, SIGTERM), so no engine under valgrind outlives it
+_engines: list[subprocess.Popen] = []
 
 
 # -- the engine's side: runs under valgrind ------------------------------------------------------
@@ -95,7 +103,7 @@ def drive(args: argparse.Namespace) -> None:
     prompts = [prompt(32, seed=i) for i in range(args.requests)]
     batch = 0
 
-    def run_batch() -> int:
+    def run_batch() -> None:
         nonlocal batch
         batch += 1
         core = engine.engine_core
@@ -103,24 +111,23 @@ def drive(args: argparse.Namespace) -> None:
         for i, p in enumerate(prompts):
             engine.add_request(f"b{batch}-{i}", p, params)
         core.call_utility("resume_scheduler")
-        calls = 0
         while engine.has_unfinished_requests():
             engine.step()
-            calls += 1
-        return calls
+
+    def flush() -> int:
+        """This process's span round, then the engine core's; the engine steps since the last."""
+        sitecustomize.flush_spans()
+        return engine.engine_core.call_utility("otel_llm_flush_spans")
 
     for _ in range(args.warmup):
         run_batch()
-    sitecustomize.flush_spans()  # the warm-up's spans are not the counted batch's work
-    engine.engine_core.call_utility("otel_llm_flush_spans")
+    flush()  # the warm-up's spans are not the counted batch's work
     print(f"READY {os.getpid()}", flush=True)
     for line in sys.stdin:
         if line.strip() != "GO":
             break
-        calls = run_batch()
-        sitecustomize.flush_spans()  # this process's span round, counted
-        steps = engine.engine_core.call_utility("otel_llm_flush_spans")  # the engine core's, and its steps
-        print(f"DONE {steps} {calls}", flush=True)
+        run_batch()
+        print(f"DONE {flush()}", flush=True)
 
 
 # -- the parent: starts each variant under valgrind and reads the counts -------------------------
@@ -132,18 +139,18 @@ class Counts:
     steps: list[int] = field(default_factory=list)
     by_process: dict[str, list[int]] = field(default_factory=lambda: {p: [] for p in PROCESS_NAMES})
 
-    def median(self, process: str | None = None) -> float:
+    def values(self, process: str | None = None) -> list[int]:
+        """One process's count per batch; all processes' together for None."""
         if process is None:
-            totals = [sum(v[i] for v in self.by_process.values()) for i in range(len(self.steps))]
-            return statistics.median(totals)
-        return statistics.median(self.by_process[process])
+            return [sum(batch) for batch in zip(*self.by_process.values(), strict=True)]
+        return self.by_process[process]
+
+    def median(self, process: str | None = None) -> float:
+        return statistics.median(self.values(process))
 
     def spread(self, process: str | None = None) -> float:
         """(max - min) / median of the repeats: 0 when identical."""
-        if process is None:
-            vals = [sum(v[i] for v in self.by_process.values()) for i in range(len(self.steps))]
-        else:
-            vals = self.by_process[process]
+        vals = self.values(process)
         m = statistics.median(vals)
         return (max(vals) - min(vals)) / m if m else 0.0
 
@@ -187,14 +194,25 @@ def _total(path: str) -> int:
 
 
 def _read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the engine exited (code {proc.wait()}) before {prefix}")
-        if line.startswith(prefix):
-            return line
-    raise RuntimeError(f"no {prefix} from the engine in {timeout:.0f} s")
+    """The driver's next line starting with ``prefix``; its whole process group is killed when none
+    comes within ``timeout`` seconds (a read does not time out by itself)."""
+    timed_out = threading.Event()
+
+    def kill() -> None:
+        timed_out.set()
+        os.killpg(proc.pid, signal.SIGKILL)
+
+    timer = threading.Timer(timeout, kill)
+    timer.start()
+    try:
+        for line in iter(proc.stdout.readline, ""):
+            if line.startswith(prefix):
+                return line
+    finally:
+        timer.cancel()
+    if timed_out.is_set():
+        raise RuntimeError(f"no {prefix} from the engine in {timeout:.0f} s: stopped")
+    raise RuntimeError(f"the engine exited (code {proc.wait()}) before {prefix}")
 
 
 def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint: str | None) -> Counts:
@@ -245,7 +263,16 @@ def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint:
     counts = Counts(variant)
     t0 = time.monotonic()
     with open(os.path.join(out_dir, "engine.log"), "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
+        proc = subprocess.Popen(
+            cmd,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            process_group=0,  # killed whole: no engine core or worker outlives a failed count
+        )
+    _engines.append(proc)
     try:
         driver = int(_read_line(proc, "READY", args.start_timeout).split()[1])
         roles = _roles(driver)
@@ -283,13 +310,14 @@ def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint:
             )
     finally:
         try:
-            proc.stdin.close()
+            proc.stdin.close()  # the driver's end: it shuts its engine down
         except OSError:
             pass
         try:
             proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            pass
+        stop_cpu_server(proc, 60)  # then SIGKILL to the whole group, should anything be left
     return counts
 
 
@@ -426,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine_hooks.tiny_model import build_tiny_model
 
         args.model = build_tiny_model(os.path.join(tempfile.gettempdir(), "otel-llm-tiny-model"))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # cleaned up as Ctrl-C is
     sink, endpoint = _sink() if any(VARIANTS[n].get("otlp") for n in names) else (None, None)
     print(
         f"cost_count: {', '.join(names)}: {args.requests} requests x {args.tokens} tokens a batch, {args.warmup} "
@@ -440,11 +469,18 @@ def main(argv: list[str] | None = None) -> int:
             with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
                 futures = {n: pool.submit(measure, n, args, workdir, endpoint) for n in names}
                 results, failed = {}, {}
-                for n, f in futures.items():
-                    try:
-                        results[n] = f.result()
-                    except Exception as exc:  # the others' counts still stand
-                        failed[n] = f"{type(exc).__name__}: {exc}"
+                try:
+                    for n, f in futures.items():
+                        try:
+                            results[n] = f.result()
+                        except Exception as exc:  # the others' counts still stand
+                            failed[n] = f"{type(exc).__name__}: {exc}"
+                except BaseException:  # interrupted: stop every engine, so the pool's threads end
+                    for f in futures.values():
+                        f.cancel()
+                    for proc in _engines:
+                        stop_cpu_server(proc, 0)
+                    raise
     finally:
         if sink is not None:
             sink.kill()
