@@ -53,9 +53,8 @@ ABORT_GRACE = "OTEL_LLM_ABORT_GRACE"
 #: phases (default: plus front end, queue, prefill, decode, preemption, stream), steps (plus one
 #: llm.engine.step span per engine iteration: batch size, tokens, KV usage)
 DETAIL = "OTEL_LLM_DETAIL"
-DETAIL_LEVELS = ("request", "phases", "steps")
-#: what an engine sends at each OTEL_LLM_DETAIL level and what it leaves out (the server's start-up
-#: log and the report say it)
+#: each OTEL_LLM_DETAIL level, least first: what an engine sends at it and what it leaves out (the
+#: server's start-up log and the report say it)
 DETAIL_SENDS = {
     "request": "llm.request spans with their token events (TTFT, ITL, TPOT, E2E); no phase spans (the TTFT's "
     "parts: queue, prefill, decode, preemption, stream) and no engine-step spans",
@@ -63,6 +62,7 @@ DETAIL_SENDS = {
     "engine-step spans (OTEL_LLM_DETAIL=steps adds one per engine iteration)",
     "steps": "request, phase and engine-step spans (one llm.engine.step per engine iteration: batch, tokens, KV)",
 }
+DETAIL_LEVELS = tuple(DETAIL_SENDS)
 PURE_PYTHON = "OTEL_LLM_PURE_PYTHON"  # the collector parses with protobuf, not its C walk
 COLLECTOR_PREFIX = "OTEL_LLM_COLLECTOR_"  # + an `otel-llm collector` option, e.g. _STORE, _MAX_TRACES
 OPENAI_API_KEY = "OPENAI_API_KEY"  # bench's --api-key default

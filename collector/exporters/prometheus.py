@@ -58,7 +58,6 @@ def _num(v: float) -> str:
     return repr(float(v)) if isinstance(v, float) else str(v)
 
 
-#: The collector's own values that are levels, not counts (the rest are counters, ``_total``).
 def render(
     families: list,
     self_counters: dict[str, float] | None = None,
