@@ -203,11 +203,15 @@ class RequestComparison:
 
 def _itl_by_request(records: Sequence[RequestRecord]) -> list[np.ndarray]:
     """Each record's ITL samples in seconds, by the metric core's :func:`itl_samples` over the
-    integer ns offsets (exact; converted once)."""
+    integer ns offsets (exact; converted once); none for a record whose events are its first and
+    last token only (``events_summarised``)."""
     b = RecordBatch.from_records(records)
     itl_ns, owner = itl_samples(b.event_offsets_ns, b.event_start)
     bounds = np.searchsorted(owner, np.arange(len(records) + 1))
-    return [itl_ns[a:z] / 1e9 for a, z in pairwise(bounds.tolist())]
+    return [
+        itl_ns[a:a] / 1e9 if summ else itl_ns[a:z] / 1e9
+        for (a, z), summ in zip(pairwise(bounds.tolist()), b.events_summarised.tolist())
+    ]
 
 
 @dataclass

@@ -33,7 +33,7 @@ import numpy as np
 from otel_llm.request_math import RequestMetrics, request_metrics
 from otel_llm.timeline import STATUS_CODE, clean_events
 
-from . import invariants
+from . import invariants, vllm_spans
 from . import walked_span as sp
 from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch, timeline_batch
@@ -134,6 +134,7 @@ class _Requests:
     server_chunks: list  # per record: int64 array of the server's body chunks (Unix ns), or None
     generated: list  # per engine record: (Unix ns, tokens) int64 arrays of its generation events, or None
     server_of: list[tuple[int, int]]  # (server record, its engine record)
+    summarised: np.ndarray  # bool per record: from vLLM's own span, its token events the first and last only
 
 
 def _owners(key: dict, ids: list[bytes], tix: np.ndarray, rec_tix: np.ndarray, spans_tix) -> np.ndarray:
@@ -180,11 +181,12 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     flat = [s for t in traces for s in t.spans]
     codes = np.fromiter(map(_CODE, flat), np.int64, len(flat))
     tix = np.repeat(np.arange(len(traces)), [len(t.spans) for t in traces])
+    flat, codes, tix, from_vllm = vllm_spans.adopt(flat, codes, tix)
     is_root = codes <= sp.ENGINE
     at = np.flatnonzero(is_root)
     recs = [flat[i] for i in at.tolist()]
     n = len(recs)
-    code, rec_tix = codes[at], tix[at]
+    code, rec_tix, summarised = codes[at], tix[at], from_vllm[at]
     sids = list(map(_SID, recs))
     key = dict(zip(sids, range(n)))
     if len(key) < n:  # a span id used twice (across traces, or within one): a key per trace too
@@ -219,6 +221,10 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     m = ok & (kc == sp.PREEMPTION)
     preemptions = np.bincount(own[m], minlength=n).astype(np.int64)
     preempted = np.bincount(own[m], weights=dur[m].astype(np.float64), minlength=n)
+    for r in np.flatnonzero(summarised).tolist():  # vLLM's own spans: its durations, no wall-clock place
+        for col, v in zip((queue, prefill, decode), vllm_spans.phases_ns(recs[r])):
+            if v is not None:
+                col[r] = v
     # the HTTP server span between a client span and the engine's (engine_hooks.asgi): the engine
     # record gets its times, and pairs with the server span's parent
     eng = np.flatnonzero(code == sp.ENGINE)
@@ -297,6 +303,7 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
         preemptions, preempted = unknown(preemptions, 0), unknown(preempted, 0.0)
         server_chunks = server_chunks + [None] * m
         generated = generated + [None] * m
+        summarised = np.concatenate([summarised, summarised[list(server_span)]])  # the server's copy of its events
     return _Requests(
         recs,
         code,
@@ -313,6 +320,7 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
         server_chunks,
         generated,
         server_of,
+        summarised,
     )
 
 
@@ -476,8 +484,11 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     )
     untimed = np.where(counts == 0, usage, 0)
     rm = request_metrics(
-        timeline_batch(request_id, submit, end, status, start, offs, toks, input_tokens, untimed_tokens=untimed)
-    )
+        timeline_batch(
+            request_id, submit, end, status, start, offs, toks, input_tokens,
+            untimed_tokens=untimed, summarised=rq.summarised,
+        )
+    )  # fmt: skip
     # sampling: each record counts for 1 / the probability it was kept with; an engine or server
     # record whose own span does not say takes its client's (the sampler decided there), else each other's.
     # Below MIN_SAMPLING_P a probability is not taken (a sender could make one span count for 1e300)
@@ -549,6 +560,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         input_tokens=input_tokens,
         output_tokens=rm.output_tokens,
         estimated_tokens=np.array([bool(e) and e is not sp.INVALID for e in cols[sp.ESTIMATED]], bool),
+        events_summarised=rq.summarised,
         ttft=rm.ttft,
         tpot=rm.tpot,
         e2e=rm.e2e,

@@ -314,11 +314,10 @@ class MetricsRegistry:
         total = lambda values, idx: weighted_sum(values, wt, idx)  # each request counts for its weight
         one = np.ones(len(batch), np.int64)
         checks = {name: bound_checks(rm, slo) for name, slo in self.slos.items()}
-        itl_counts = np.maximum(rm.events - 1, 0)  # ITL samples per request (m - 1), in request order
         index = None
         if self.fluidity is not None:  # per completed request with a token; NaN elsewhere
             index = np.full(len(batch), np.nan)
-            has = np.flatnonzero(ok & (rm.events > 0))
+            has = np.flatnonzero(ok & (rm.events > 0) & ~batch.events_summarised)
             rates = miss_rates(batch.event_start, batch.event_offsets_ns, batch.event_tokens, has, self.fluidity)
             index[has] = 1.0 - rates
         broken = [i for i, v in enumerate(batch.violations) if v]  # rare
@@ -335,10 +334,10 @@ class MetricsRegistry:
                 self.itl_max.observe(labels, rm.itl_max[sel])
                 if len(sel) == len(batch):  # one group, every request ok: all the samples
                     self.itl.observe(labels, rm.itl)
-                else:  # the samples of the selected requests (rm.itl is in request order)
+                else:  # the samples of the selected requests
                     mask = np.zeros(len(batch), bool)
                     mask[sel] = True
-                    self.itl.observe(labels, rm.itl[np.repeat(mask, itl_counts)])
+                    self.itl.observe(labels, rm.itl[mask[rm.itl_request]])
                 if labels[0] == "engine":
                     self.front_end.observe(labels, batch.front_end[sel])
                     self.queue.observe(labels, batch.queue[sel])

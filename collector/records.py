@@ -93,6 +93,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("output_tokens", INT, "tokens", "N = sum of the tokens of every event"),
     Column("estimated_tokens", FLAG, "", "the client counted tokens itself rather than from usage"),
     Column(
+        "events_summarised",
+        FLAG,
+        "",
+        "the token events are the first and the last token only (from vLLM's own llm_request span): TTFT, E2E "
+        "and mean TPOT known; ITL, the largest gap and stalls unknown",
+    ),
+    Column(
         "events_rejected", INT, "", "token events dropped as invalid (outside the span, or a token count out of range)"
     ),
     Column(
@@ -211,6 +218,7 @@ def timeline_batch(
     epoch_ns: int | None = None,
     weight: np.ndarray | None = None,
     untimed_tokens: np.ndarray | None = None,
+    summarised: np.ndarray | None = None,
 ) -> TimelineBatch:
     """Records' columns as a :class:`TimelineBatch` for the metric core: seconds after
     ``epoch_ns`` (default: the earliest submit, which keeps every difference exact to well under a
@@ -233,6 +241,7 @@ def timeline_batch(
         event_offsets_ns,
         None if weight is None or not (np.asarray(weight) != 1.0).any() else np.asarray(weight, np.float64),
         None if untimed_tokens is None or not np.asarray(untimed_tokens).any() else untimed_tokens,
+        summarised=None if summarised is None or not np.asarray(summarised).any() else np.asarray(summarised, bool),
     )
 
 
@@ -262,6 +271,7 @@ class _BatchMethods:
             epoch_ns,
             self.sample_weight,
             np.where(np.diff(self.event_start) == 0, self.output_tokens, 0),  # a response not streamed
+            self.events_summarised,
         )
         tb.violations = {"records": sum(1 for v in self.violations if v), **dict(sorted(kinds.items()))}
         return tb

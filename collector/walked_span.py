@@ -33,6 +33,7 @@ CODES = {
     sc.SPAN_STEP: STEP,
     sc.SPAN_FRONTEND: FRONTEND,
     **dict.fromkeys(sc.SERVER_SPAN_NAMES, SERVER),  # the HTTP server span ("POST /v1/completions", ...)
+    sc.VLLM_SPAN_REQUEST: ENGINE,  # vLLM's own request span: an engine request span (collector/vllm_spans.py)
 }
 NAMES = {v: k for k, v in reversed(CODES.items())}
 BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine", SERVER: "server"}
@@ -69,6 +70,16 @@ _ATTRIBUTES = (
     ("violations", sc.TIMELINE_VIOLATIONS),
     ("output_tokens", sc.OUTPUT_TOKENS),
     ("send_offset", sc.CLIENT_SEND_OFFSET),
+    # vLLM's own llm_request span (collector/vllm_spans.py)
+    ("gen_ai_request_id", sc.VLLM_REQUEST_ID),
+    ("prompt_tokens", sc.VLLM_PROMPT_TOKENS),
+    ("completion_tokens", sc.VLLM_COMPLETION_TOKENS),
+    ("response_model", sc.VLLM_RESPONSE_MODEL),
+    ("latency_ttft", sc.VLLM_TTFT),
+    ("latency_e2e", sc.VLLM_E2E),
+    ("latency_queue", sc.VLLM_QUEUE),
+    ("latency_prefill", sc.VLLM_PREFILL),
+    ("latency_decode", sc.VLLM_DECODE),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -104,6 +115,15 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     VIOLATIONS,
     OUTPUT_TOKENS,
     SEND_OFFSET,
+    GENAI_REQUEST_ID,
+    PROMPT_TOKENS,
+    COMPLETION_TOKENS,
+    RESPONSE_MODEL,
+    LATENCY_TTFT,
+    LATENCY_E2E,
+    LATENCY_QUEUE,
+    LATENCY_PREFILL,
+    LATENCY_DECODE,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

@@ -150,6 +150,7 @@ class TracedClient:
             {
                 sc.BOUNDARY: "client",
                 sc.OPERATION_NAME: "text_completion" if path == "/completions" else "chat",
+                sc.REQUEST_STREAM: True,
                 **({sc.REQUEST_MODEL: body["model"]} if body.get("model") else {}),
                 **(attributes or {}),
             },

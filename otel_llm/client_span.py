@@ -211,6 +211,8 @@ def finish_span(
         }
         if several:
             a[sc.REQUEST_CHOICE] = index
+        if choice.events_ns:
+            a[sc.RESPONSE_TIME_TO_FIRST_CHUNK] = (choice.events_ns[0] - res.submit_ns) / 1e9
         if res.sent_ns is not None and res.submit_ns <= res.sent_ns <= res.end_ns:
             a[sc.CLIENT_SEND_OFFSET] = res.sent_ns - res.submit_ns
         if rec.response_id:

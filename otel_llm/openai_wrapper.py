@@ -99,6 +99,7 @@ class _Call:
                 sc.BOUNDARY: "client",
                 sc.OPERATION_NAME: op,
                 sc.STREAMING: self.streaming,
+                sc.REQUEST_STREAM: self.streaming,
                 **({sc.REQUEST_MODEL: kwargs["model"]} if kwargs.get("model") else {}),
             },
         )

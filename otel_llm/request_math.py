@@ -71,6 +71,10 @@ def request_metrics(batch: TimelineBatch) -> RequestMetrics:
     rm = _request_metrics(batch)
     if batch.untimed_tokens is not None:  # counted in N after the timed metrics (TPOT is of token events)
         rm = replace(rm, output_tokens=rm.output_tokens + np.asarray(batch.untimed_tokens, np.int64))
+    if batch.summarised is not None:  # first and last token only: the gap between them is no ITL
+        summ = np.asarray(batch.summarised, bool)
+        keep = ~summ[rm.itl_request]
+        rm = replace(rm, itl_max=np.where(summ, np.nan, rm.itl_max), itl=rm.itl[keep], itl_request=rm.itl_request[keep])
     return rm
 
 

@@ -19,6 +19,20 @@ SPAN_ENGINE_PREEMPTION = "llm.engine.preemption"
 
 SPAN_BENCH_RUN = "llm.bench.run"
 
+# vLLM's own tracing (``--otlp-traces-endpoint``): one span per request, no child spans, no token
+# events; what it measured as attributes, in seconds (vllm/tracing/utils.py, vLLM 0.32). The
+# collector takes it as an engine boundary where our hooks are not there (collector/vllm_spans.py)
+VLLM_SPAN_REQUEST = "llm_request"
+VLLM_REQUEST_ID = "gen_ai.request.id"
+VLLM_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"  # the deprecated name vLLM still sends
+VLLM_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"  # likewise
+VLLM_RESPONSE_MODEL = "gen_ai.response.model"
+VLLM_TTFT = "gen_ai.latency.time_to_first_token"  # arrival -> the front end's first output
+VLLM_E2E = "gen_ai.latency.e2e"  # arrival -> the front end's last output
+VLLM_QUEUE = "gen_ai.latency.time_in_queue"  # queued -> first scheduled (engine core clock)
+VLLM_PREFILL = "gen_ai.latency.time_in_model_prefill"  # first scheduled -> first token (engine core)
+VLLM_DECODE = "gen_ai.latency.time_in_model_decode"  # first -> last token (engine core)
+
 # the HTTP server boundary (engine_hooks.asgi): OpenTelemetry HTTP server conventions
 HTTP_METHOD = "http.request.method"
 HTTP_STATUS = "http.response.status_code"
@@ -58,6 +72,10 @@ REQUEST_MODEL = "gen_ai.request.model"
 RESPONSE_ID = "gen_ai.response.id"
 FINISH_REASONS = "gen_ai.response.finish_reasons"
 OPERATION_NAME = "gen_ai.operation.name"
+REQUEST_STREAM = "gen_ai.request.stream"  # bool on llm.client.request: the call asked for a stream
+#: double on llm.client.request (a streamed call that got a chunk with a token): seconds from the
+#: call to its first token, the client's TTFT as the GenAI conventions name it
+RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 ERROR_TYPE = "error.type"
 STATUS = "llm.request.status"  # ok | error | cancelled | rejected
 PREEMPTIONS = "llm.request.preemptions"
@@ -111,3 +129,30 @@ BENCH_WARMUP = "llm.bench.warmup"  # on llm.client.request: a warm-up request, e
 BENCH_RUN_ID = "llm.bench.run_id"  # resource and span attribute: which bench run a request belongs to
 
 # The values of llm.request.status are otel_llm.timeline.STATUSES: ok | error | cancelled | rejected.
+
+#: Every GenAI semantic-convention name otel-llm emits on its spans, checked against the conventions
+#: (tests/test_genai_names.py): each must be a current name, none one the conventions replaced.
+GENAI_EMITTED = (
+    INPUT_TOKENS,
+    OUTPUT_TOKENS,
+    CACHE_READ_INPUT_TOKENS,
+    REQUEST_MODEL,
+    REQUEST_STREAM,
+    RESPONSE_ID,
+    RESPONSE_TIME_TO_FIRST_CHUNK,
+    FINISH_REASONS,
+    OPERATION_NAME,
+)
+#: gen_ai.* names the collector reads from spans others send, not emitted by otel-llm: the older
+#: names the conventions replaced (vLLM still sends them) and vLLM's own, outside the conventions
+GENAI_ACCEPTED = (
+    VLLM_PROMPT_TOKENS,
+    VLLM_COMPLETION_TOKENS,
+    VLLM_RESPONSE_MODEL,
+    VLLM_REQUEST_ID,
+    VLLM_TTFT,
+    VLLM_E2E,
+    VLLM_QUEUE,
+    VLLM_PREFILL,
+    VLLM_DECODE,
+)

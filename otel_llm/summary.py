@@ -304,7 +304,8 @@ def summarize(
         )
     flu = None
     if fluidity is not None:
-        flu = _fluidity(batch, completed & (rm.events > 0), fluidity, ps, method)
+        timed = rm.events > 0 if batch.summarised is None else (rm.events > 0) & ~batch.summarised
+        flu = _fluidity(batch, completed & timed, fluidity, ps, method)
     sampling = None
     if wt is not None:
         sampling = {

@@ -74,6 +74,10 @@ class TimelineBatch:
     # output tokens known without their times (a response that was not streamed: its usage), as
     # observed at the request's end: in N and in token throughput, never a token event (no TTFT)
     untimed_tokens: np.ndarray | None = None  # int64[n]; None: none
+    # requests whose token events are their first and last token only (a source that gives TTFT and
+    # E2E but does not time each token, e.g. vLLM's own request span): no ITL sample, no largest
+    # ITL; TTFT, TPOT (a mean) and N as usual
+    summarised: np.ndarray | None = None  # bool[n]; None: none
     # where the source checks the timeline invariants (the collector's records): the records that
     # break one, by kind, and "records" in all; None: not checked
     violations: dict[str, int] | None = None

@@ -850,8 +850,8 @@ def test_the_http_server_span_gives_the_seven_parts():
     # a client that says when it began writing the request (otel-llm's: httpcore's trace events):
     # its own part, and network_in from there; an offset past the span's end is not taken
     for offset, send in ((1 * ms, 0.001), (None, None), (-5, None), (201 * ms, None), ("1", None)):
-        sent = [spans[0][:-1] + (offset,), *spans[1:]]
-        assert len(spans[0]) - 1 == sp.SEND_OFFSET
+        k = sp.SEND_OFFSET
+        sent = [spans[0][:k] + (offset,) + spans[0][k + 1 :], *spans[1:]]
         c = {r.boundary: r for r in derive([ReleasedTrace(bytes.fromhex(t), sent, "grace")])[0].records()}["client"]
         assert c.client_send == (None if send is None else pytest.approx(send))
         assert c.network_in == pytest.approx(0.003 - (send or 0)) and c.to_engine == pytest.approx(0.005)

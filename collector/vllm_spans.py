@@ -1,0 +1,111 @@
+"""vLLM's own request span as an engine boundary: the zero-code path.
+
+vLLM started with ``--otlp-traces-endpoint`` sends one ``llm_request`` span per finished request:
+from its arrival at vLLM's front end to the request's end, with what vLLM measured as attributes in
+seconds (``gen_ai.latency.*``) and the token counts (:mod:`otel_llm.semconv`, ``VLLM_*``). It has no
+child spans and no token events. Derivation takes it as an engine request span of its own:
+
+* the record's token events are the two moments the span gives: the first token at vLLM's TTFT
+  (1 token) and the last at its E2E (the other ``completion_tokens - 1``), and the record is
+  marked ``events_summarised``. Its TTFT, E2E, mean TPOT, token counts and throughput are known;
+  its ITL, largest gap and stalls are unknown, never computed from the two events;
+* ``queue``, ``prefill`` and ``decode`` are vLLM's durations, measured on the engine core's clock;
+  where they lie on the wall clock is not said, so first scheduled / first generated (and the front
+  end's own part) stay unknown;
+* a trace that also holds our own engine request span is derived from ours alone: vLLM's spans in
+  it are dropped.
+
+An attribute of the wrong type or out of range is left unknown, as a missing one is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import walked_span as sp
+
+_NS = 1e9
+_MAX_NS = 2**62
+_LATENCIES = (sp.LATENCY_TTFT, sp.LATENCY_E2E, sp.LATENCY_QUEUE, sp.LATENCY_PREFILL, sp.LATENCY_DECODE)
+
+
+def is_vllm_span(s: tuple) -> bool:
+    """An engine request span that carries vLLM's latencies and none of our token events."""
+    return s[sp.OFFSETS] is None and any(s[i] is not None for i in _LATENCIES)
+
+
+def duration_ns(v) -> int | None:
+    """A latency attribute (seconds) as int ns; None where absent, not a number, negative or huge."""
+    if type(v) not in (float, int) or not math.isfinite(v) or v < 0 or v * _NS >= _MAX_NS:
+        return None
+    return round(v * _NS)
+
+
+def _count(v) -> int | None:
+    return v if type(v) is int and 0 <= v < 2**31 else None
+
+
+def as_engine_span(s: tuple) -> tuple:
+    """vLLM's span as one of our engine request spans: request id, model and token counts from
+    vLLM's attributes where ours are absent; the end at arrival + vLLM's E2E where that lies within
+    the span (vLLM ends its span a little after its last output); the two token events."""
+    row = list(s)
+    if row[sp.REQUEST_ID] is None and type(s[sp.GENAI_REQUEST_ID]) is str:
+        row[sp.REQUEST_ID] = s[sp.GENAI_REQUEST_ID]
+    if row[sp.MODEL] is None and type(s[sp.RESPONSE_MODEL]) is str:
+        row[sp.MODEL] = s[sp.RESPONSE_MODEL]
+    if row[sp.INPUT_TOKENS] is None:
+        row[sp.INPUT_TOKENS] = _count(s[sp.PROMPT_TOKENS])
+    n = _count(s[sp.OUTPUT_TOKENS])
+    n = _count(s[sp.COMPLETION_TOKENS]) if n is None else n
+    row[sp.OUTPUT_TOKENS] = n
+    span_ns = s[sp.END] - s[sp.START]
+    e2e = duration_ns(s[sp.LATENCY_E2E])
+    if e2e is not None and e2e <= span_ns:
+        row[sp.END] = s[sp.START] + e2e
+        span_ns = e2e
+    ttft = duration_ns(s[sp.LATENCY_TTFT])
+    offsets: list[int] = []
+    tokens: list[int] = []
+    if n and ttft is not None and ttft <= span_ns:
+        offsets, tokens = [ttft], [1]
+        if n > 1 and e2e is not None and ttft <= e2e <= span_ns:
+            offsets.append(e2e)
+            tokens.append(n - 1)
+    row[sp.OFFSETS] = np.asarray(offsets, np.int64).tobytes()
+    row[sp.TOKENS] = np.asarray(tokens, np.int64).tobytes()
+    return tuple(row)
+
+
+def adopt(
+    flat: list[tuple], codes: np.ndarray, tix: np.ndarray
+) -> tuple[list[tuple], np.ndarray, np.ndarray, np.ndarray]:
+    """The spans of a batch of traces (``codes``: each span's code, ``tix``: its trace) with
+    vLLM's request spans made engine request spans (:func:`as_engine_span`), and those in a trace
+    that has one of ours left out. Returns (spans, codes, trace indices, whether each is one of
+    vLLM's); the input as it is where there is none (one look at each engine request span)."""
+    eng = np.flatnonzero(codes == sp.ENGINE).tolist()
+    theirs = [i for i in eng if is_vllm_span(flat[i])]
+    summarised = np.zeros(len(flat), bool)
+    if not theirs:
+        return flat, codes, tix, summarised
+    ours_in = set(tix[np.setdiff1d(eng, theirs)].tolist())
+    flat = list(flat)
+    keep = np.ones(len(flat), bool)
+    for i in theirs:
+        if int(tix[i]) in ours_in:
+            keep[i] = False
+        else:
+            flat[i] = as_engine_span(flat[i])
+            summarised[i] = True
+    if keep.all():
+        return flat, codes, tix, summarised
+    at = np.flatnonzero(keep)
+    return [flat[i] for i in at.tolist()], codes[at], tix[at], summarised[at]
+
+
+def phases_ns(s: tuple) -> tuple[int | None, int | None, int | None]:
+    """(queue, prefill, decode) of one of vLLM's spans, int ns on the engine core's clock."""
+    return duration_ns(s[sp.LATENCY_QUEUE]), duration_ns(s[sp.LATENCY_PREFILL]), duration_ns(s[sp.LATENCY_DECODE])
