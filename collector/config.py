@@ -194,6 +194,16 @@ class CollectorConfig:
         "rest, by trace id), all; e.g. error,slo,stall,ratio=0.01. Derived metrics use every span either way",
         policy_or_off,
     )
+    forward_max_array_bytes: int = option(
+        0,
+        "--forward-max-array-bytes",
+        "N",
+        "with --forward-traces: in the forwarded copy, replace a token array longer than N bytes as text by its "
+        "summary (count, first, last, max gap); Grafana Tempo cuts attributes over 2048 bytes, so give 2048 "
+        "there. 0 (default): forward every array whole. Derivation uses the whole arrays either way",
+        int,
+        0,
+    )
     forward_queue_bytes: int = option(
         64 << 20,
         "--forward-queue-bytes",

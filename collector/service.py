@@ -420,7 +420,16 @@ class Collector:
         if cfg.forward_traces:
             from .exporters.otlp_forward import OTLPForwarder
 
-            self.forwarder = OTLPForwarder(cfg.forward_traces, max_queue_bytes=cfg.forward_queue_bytes).start()
+            transform = None
+            if cfg.forward_max_array_bytes:  # the forwarded copy's long token arrays, summarised
+                from functools import partial
+
+                from .exporters.array_summary import summarise
+
+                transform = partial(summarise, max_bytes=cfg.forward_max_array_bytes)
+            self.forwarder = OTLPForwarder(
+                cfg.forward_traces, max_queue_bytes=cfg.forward_queue_bytes, transform=transform
+            ).start()
             if cfg.forward_traces_policy is not None:  # traces held until derivation's verdict
                 from .exporters.trace_policy import PolicyForwarder
 
