@@ -33,7 +33,7 @@ import numpy as np
 from otel_llm.request_math import RequestMetrics, request_metrics
 from otel_llm.timeline import STATUS_CODE, clean_events
 
-from . import invariants, vllm_spans
+from . import engine_sources, invariants
 from . import walked_span as sp
 from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch, timeline_batch
@@ -181,12 +181,13 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     flat = [s for t in traces for s in t.spans]
     codes = np.fromiter(map(_CODE, flat), np.int64, len(flat))
     tix = np.repeat(np.arange(len(traces)), [len(t.spans) for t in traces])
-    flat, codes, tix, from_vllm = vllm_spans.adopt(flat, codes, tix)
+    adopted = engine_sources.adopt(flat, codes, tix)  # vLLM's and SGLang's own request spans
+    flat, codes, tix = adopted.flat, adopted.codes, adopted.tix
     is_root = codes <= sp.ENGINE
     at = np.flatnonzero(is_root)
     recs = [flat[i] for i in at.tolist()]
     n = len(recs)
-    code, rec_tix, summarised = codes[at], tix[at], from_vllm[at]
+    code, rec_tix, summarised = codes[at], tix[at], adopted.summarised[at]
     sids = list(map(_SID, recs))
     key = dict(zip(sids, range(n)))
     if len(key) < n:  # a span id used twice (across traces, or within one): a key per trace too
@@ -221,10 +222,6 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     m = ok & (kc == sp.PREEMPTION)
     preemptions = np.bincount(own[m], minlength=n).astype(np.int64)
     preempted = np.bincount(own[m], weights=dur[m].astype(np.float64), minlength=n)
-    for r in np.flatnonzero(summarised).tolist():  # vLLM's own spans: its durations, no wall-clock place
-        for col, v in zip((queue, prefill, decode), vllm_spans.phases_ns(recs[r])):
-            if v is not None:
-                col[r] = v
     # the HTTP server span between a client span and the engine's (engine_hooks.asgi): the engine
     # record gets its times, and pairs with the server span's parent
     eng = np.flatnonzero(code == sp.ENGINE)
@@ -255,6 +252,19 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
             k = r[sp.GEN_TOKENS]
             gt = np.frombuffer(k, np.int64) if type(k) is bytes and len(k) == len(g) else None
             generated[e] = (r[sp.START] + np.frombuffer(g, np.int64), gt)
+    if adopted.phases:  # what vLLM's and SGLang's own spans said (collector/engine_sources.py)
+        for r, t_sid in enumerate(zip(rec_tix.tolist(), sids)):
+            ph = adopted.phases.get(t_sid)
+            if ph is None:
+                continue
+            for col, v in (
+                (front_end, ph.front_end), (queue, ph.queue), (prefill, ph.prefill), (decode, ph.decode),
+                (first_sched, ph.first_scheduled), (first_gen, ph.first_generated),
+            ):  # fmt: skip
+                if v is not None:
+                    col[r] = v
+            if ph.generated is not None:
+                generated[r] = (ph.generated, None)
     # pairs: an engine request span whose parent is a client request span of its trace (or the
     # HTTP server span under it); traces where that does not pair everything it could go through
     # the general matching

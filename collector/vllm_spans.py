@@ -25,6 +25,7 @@ import math
 import numpy as np
 
 from . import walked_span as sp
+from .engine_sources import Adopted, Phases
 
 _NS = 1e9
 _MAX_NS = 2**62
@@ -79,31 +80,32 @@ def as_engine_span(s: tuple) -> tuple:
     return tuple(row)
 
 
-def adopt(
-    flat: list[tuple], codes: np.ndarray, tix: np.ndarray
-) -> tuple[list[tuple], np.ndarray, np.ndarray, np.ndarray]:
-    """The spans of a batch of traces (``codes``: each span's code, ``tix``: its trace) with
-    vLLM's request spans made engine request spans (:func:`as_engine_span`), and those in a trace
-    that has one of ours left out. Returns (spans, codes, trace indices, whether each is one of
-    vLLM's); the input as it is where there is none (one look at each engine request span)."""
+def adopt(batch: Adopted) -> None:
+    """vLLM's request spans of a batch made engine request spans (:func:`as_engine_span`) with
+    their :class:`Phases`, and those in a trace that has one of ours left out (in place; one look
+    at each engine request span)."""
+    codes, tix = batch.codes, batch.tix
     eng = np.flatnonzero(codes == sp.ENGINE).tolist()
-    theirs = [i for i in eng if is_vllm_span(flat[i])]
-    summarised = np.zeros(len(flat), bool)
+    theirs = [i for i in eng if is_vllm_span(batch.flat[i])]
     if not theirs:
-        return flat, codes, tix, summarised
-    ours_in = set(tix[np.setdiff1d(eng, theirs)].tolist())
-    flat = list(flat)
+        return
+    ours_in = {int(t) for i, t in zip(eng, tix[eng].tolist()) if not is_vllm_span(batch.flat[i])}
+    flat = list(batch.flat)
     keep = np.ones(len(flat), bool)
     for i in theirs:
-        if int(tix[i]) in ours_in:
+        t = int(tix[i])
+        if t in ours_in:
             keep[i] = False
-        else:
-            flat[i] = as_engine_span(flat[i])
-            summarised[i] = True
-    if keep.all():
-        return flat, codes, tix, summarised
-    at = np.flatnonzero(keep)
-    return [flat[i] for i in at.tolist()], codes[at], tix[at], summarised[at]
+            continue
+        flat[i] = as_engine_span(flat[i])
+        batch.summarised[i] = True
+        q, p, d = phases_ns(flat[i])
+        batch.phases[(t, flat[i][sp.SPAN_ID])] = Phases(queue=q, prefill=p, decode=d)
+    if not keep.all():
+        at = np.flatnonzero(keep)
+        flat = [flat[i] for i in at.tolist()]
+        batch.codes, batch.tix, batch.summarised = codes[at], tix[at], batch.summarised[at]
+    batch.flat = flat
 
 
 def phases_ns(s: tuple) -> tuple[int | None, int | None, int | None]:

@@ -22,6 +22,9 @@ from otel_llm import semconv as sc
 
 # span codes
 CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP, FRONTEND, SERVER = range(10)
+# SGLang's stage spans (collector/sglang_spans.py)
+SG_TOKENIZE, SG_DISPATCH, SG_REQUEST_PROCESS, SG_PREFILL_WAITING, SG_PREFILL_FORWARD = range(10, 15)
+SG_CHUNKED_PREFILL, SG_DECODE_LOOP = range(15, 17)
 CODES = {
     sc.SPAN_CLIENT_REQUEST: CLIENT,
     sc.SPAN_REQUEST: ENGINE,
@@ -34,7 +37,29 @@ CODES = {
     sc.SPAN_FRONTEND: FRONTEND,
     **dict.fromkeys(sc.SERVER_SPAN_NAMES, SERVER),  # the HTTP server span ("POST /v1/completions", ...)
     sc.VLLM_SPAN_REQUEST: ENGINE,  # vLLM's own request span: an engine request span (collector/vllm_spans.py)
+    sc.SGLANG_SPAN_REQUEST: ENGINE,  # SGLang's root span, "Req <rid>" (a prefix; collector/sglang_spans.py)
+    sc.SGLANG_TOKENIZE: SG_TOKENIZE,
+    sc.SGLANG_DISPATCH: SG_DISPATCH,
+    sc.SGLANG_REQUEST_PROCESS: SG_REQUEST_PROCESS,
+    sc.SGLANG_PREFILL_WAITING: SG_PREFILL_WAITING,
+    sc.SGLANG_PREFILL_FORWARD: SG_PREFILL_FORWARD,
+    sc.SGLANG_CHUNKED_PREFILL: SG_CHUNKED_PREFILL,
+    sc.SGLANG_DECODE_LOOP: SG_DECODE_LOOP,
 }
+#: names that end in "*": every span name beginning with the rest (the C walker does the same)
+PREFIXES = tuple((name[:-1], code) for name, code in CODES.items() if name.endswith("*"))
+
+
+def code_of(name: str) -> int | None:
+    """The code of a span name (:data:`CODES`, prefixes included); None: not walked."""
+    code = CODES.get(name)
+    if code is None:
+        for prefix, c in PREFIXES:
+            if name.startswith(prefix):
+                return c
+    return code
+
+
 NAMES = {v: k for k, v in reversed(CODES.items())}
 BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine", SERVER: "server"}
 
@@ -80,6 +105,8 @@ _ATTRIBUTES = (
     ("latency_queue", sc.VLLM_QUEUE),
     ("latency_prefill", sc.VLLM_PREFILL),
     ("latency_decode", sc.VLLM_DECODE),
+    # SGLang's root span (collector/sglang_spans.py)
+    ("sglang_rid", sc.SGLANG_RID),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -124,6 +151,7 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     LATENCY_QUEUE,
     LATENCY_PREFILL,
     LATENCY_DECODE,
+    SGLANG_RID,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

@@ -33,6 +33,20 @@ VLLM_QUEUE = "gen_ai.latency.time_in_queue"  # queued -> first scheduled (engine
 VLLM_PREFILL = "gen_ai.latency.time_in_model_prefill"  # first scheduled -> first token (engine core)
 VLLM_DECODE = "gen_ai.latency.time_in_model_decode"  # first -> last token (engine core)
 
+# SGLang's own tracing (--enable-trace, python/sglang/srt/tracing/trace.py): a root span per request
+# named "Req <first 8 characters of the rid>" (attribute rid), a span per thread under it, and a
+# span per stage under those, named by the stage (trace_metric_wrapper.RequestStage), each at a
+# trace level (collector/sglang_spans.py)
+SGLANG_SPAN_REQUEST = "Req *"  # a prefix: the walker takes every name that begins with "Req "
+SGLANG_RID = "rid"
+SGLANG_TOKENIZE = "tokenize"  # level 1, the tokenizer manager
+SGLANG_DISPATCH = "dispatch"  # level 2, tokenizer -> scheduler
+SGLANG_REQUEST_PROCESS = "request_process"  # level 1, the scheduler takes the request in
+SGLANG_PREFILL_WAITING = "prefill_waiting"  # level 1, the scheduler's queue
+SGLANG_PREFILL_FORWARD = "prefill_forward"  # level 1, the prefill's forward pass
+SGLANG_CHUNKED_PREFILL = "chunked_prefill"  # level 3, one chunk of a chunked prefill
+SGLANG_DECODE_LOOP = "decode_loop"  # level 2, one decode iteration (one token)
+
 # the HTTP server boundary (engine_hooks.asgi): OpenTelemetry HTTP server conventions
 HTTP_METHOD = "http.request.method"
 HTTP_STATUS = "http.response.status_code"

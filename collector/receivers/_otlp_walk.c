@@ -3,6 +3,7 @@
  * walk(body, names, keys, resource_key, invalid) -> (total, rejected, first_error, spans)
  *
  *   names:        dict str -> int: the span names to return, with the code to return them under
+ *                 (a name ending in '*': every span name that begins with the rest of it)
  *   keys:         dict str -> int: the attribute keys to read, with their slot (0 .. len(keys)-1)
  *   resource_key: the resource attribute returned with each span (service.name)
  *   invalid:      the object returned for an attribute of a type the collector does not read
@@ -296,9 +297,16 @@ typedef struct {
     Py_ssize_t n;
 } table;
 
+/* The code of a name: an entry equal to it, else an entry ending in '*' that it begins with (the
+ * rest of the entry, e.g. "Req *" for SGLang's "Req 1a2b3c4d"); -1 for none. */
 static long lookup(const table *t, const uint8_t *s, Py_ssize_t n) {
     for (Py_ssize_t i = 0; i < t->n; i++)
         if (t->e[i].n == n && memcmp(t->e[i].s, s, (size_t)n) == 0) return t->e[i].code;
+    for (Py_ssize_t i = 0; i < t->n; i++) {
+        const entry *e = &t->e[i];
+        if (e->n > 0 && e->s[e->n - 1] == '*' && n >= e->n - 1 && memcmp(e->s, s, (size_t)(e->n - 1)) == 0)
+            return e->code;
+    }
     return -1;
 }
 

@@ -153,7 +153,7 @@ def walk_message(req: ExportTraceServiceRequest) -> WalkResult:
     out: list[tuple] = []
     total = rejected = 0
     first_error = None
-    codes, slots, width = sp.CODES, sp.ATTRIBUTE_SLOTS, len(sp.ATTRIBUTE_SLOTS)
+    code_of, slots, width = sp.code_of, sp.ATTRIBUTE_SLOTS, len(sp.ATTRIBUTE_SLOTS)
     for rs in req.resource_spans:
         service = None
         for kv in rs.resource.attributes:
@@ -162,7 +162,7 @@ def walk_message(req: ExportTraceServiceRequest) -> WalkResult:
         for ss in rs.scope_spans:
             for s in ss.spans:
                 total += 1
-                code = codes.get(s.name)
+                code = code_of(s.name)
                 if code is None:
                     continue
                 tid, sid = s.trace_id, s.span_id
