@@ -356,6 +356,22 @@ class ComparisonSummary:
         return out
 
 
+def ttft_share(rows: Sequence[RequestComparison]) -> dict[str, float | None] | None:
+    """Each TTFT part's share of the summed client TTFT over the ok rows whose parts are all known
+    (None: no such row); ``front_end`` None where no row knows it (the queue holds it, it is not 0)."""
+    known = [r for r in rows if r.status == "ok" and r.parts_sum_minus_ttft is not None and r.client_ttft]
+    if not known:
+        return None
+    tot = sum(r.client_ttft for r in known)
+    rows_parts = [r.parts for r in known]
+    share: dict[str, float | None] = {
+        k: sum(p.get(k) or 0.0 for p in rows_parts) / tot for k in TTFT_PARTS if any(k in p for p in rows_parts)
+    }
+    if all(r.front_end is None for r in known):
+        share["front_end"] = None
+    return share
+
+
 def summarize_comparison(
     cmp: Comparison, ps: Sequence[str] = ("50", "90", "99"), method: str = "nearest-rank"
 ) -> ComparisonSummary:
@@ -375,16 +391,8 @@ def summarize_comparison(
     d["client_itl_max"] = dist("per-request max client ITL", [r.client_itl_max for r in ok])
     d["engine_itl_max"] = dist("per-request max engine ITL", [r.engine_itl_max for r in ok])
     known = [r for r in ok if r.parts_sum_minus_ttft is not None and r.client_ttft]
-    share = err = None
-    if known:
-        tot = sum(r.client_ttft for r in known)
-        rows_parts = [r.parts for r in known]
-        share = {
-            k: sum(p.get(k) or 0.0 for p in rows_parts) / tot for k in TTFT_PARTS if any(k in p for p in rows_parts)
-        }
-        if all(r.front_end is None for r in known):  # not reported: the queue holds it, it is not 0
-            share["front_end"] = None
-        err = max(abs(r.parts_sum_minus_ttft) for r in known)
+    share = ttft_share(rows)
+    err = max(abs(r.parts_sum_minus_ttft) for r in known) if known else None
     violations = [r.violations for pair in cmp.pairs for r in pair] + [r.violations for r in cmp.alone]
     return ComparisonSummary(
         records_with_violations=sum(1 for v in violations if v),

@@ -14,11 +14,12 @@ import html
 import json
 import os
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
 
-from .report_data import PART_MEANING, ReportData
+from .report_data import PART_MEANING, ReportData, WaterfallRow
 from .ttft_parts import COLORS as PART_COLORS
 
 COLORS = {
@@ -50,6 +51,33 @@ def figures(d: ReportData) -> dict[str, object]:
 
     figs: dict[str, object] = {}
 
+    if d.ttft_share:
+        fig = go.Figure()
+        for part in PART_MEANING:
+            v = d.ttft_share.get(part)
+            if v is None:
+                continue
+            fig.add_bar(
+                name=part,
+                y=["all paired requests"],
+                x=[v * 100],
+                orientation="h",
+                marker_color=COLORS[part],
+                text=[f"{part} {v * 100:.1f}%"] if v >= 0.04 else None,
+                textposition="inside",
+                hovertemplate=f"{part}: %{{x:.1f}}% of the summed TTFT<extra>{html.escape(PART_MEANING[part])}</extra>",
+            )
+        fig.update_layout(
+            _layout(
+                "Where the client TTFT went, over every paired request (% of the summed TTFT)",
+                barmode="stack",
+                height=220,
+                legend={"orientation": "h", "y": -0.5, "traceorder": "normal"},
+            )
+        )
+        fig.update_xaxes(range=[0, 100], ticksuffix="%")
+        figs["fig-share"] = fig
+
     if d.decomposition:
         labels = [label for label, _ in d.decomposition]
         fig = go.Figure()
@@ -69,13 +97,14 @@ def figures(d: ReportData) -> dict[str, object]:
                 "Client TTFT in its parts: the request at p50 / p90 / p99, then the slowest (ms)",
                 barmode="stack",
                 height=max(320, 24 * len(labels) + 140),
+                legend={"orientation": "h", "y": -0.18, "traceorder": "normal"},  # the bars' order, left to right
             )
         )
         fig.update_yaxes(autorange="reversed", type="category")
         figs["fig-decomposition"] = fig
 
     if d.waterfall:
-        rows = d.waterfall
+        rows = [_from_own_start(r) for r in d.waterfall]
         ylab = [f"{r.id} ({r.group})" for r in rows]
         fig = go.Figure()
 
@@ -95,7 +124,7 @@ def figures(d: ReportData) -> dict[str, object]:
                     orientation="h",
                     width=width,
                     marker_color=color,
-                    hovertemplate=f"{name}: %{{base:.3f}} s + %{{x:.4f}} s<extra>%{{y}}</extra>",
+                    hovertemplate=f"{name}: %{{base:.1f}} ms + %{{x:.1f}} ms<extra>%{{y}}</extra>",
                 )
 
         seg("client (send -> stream closed)", "rgba(48,49,51,0.18)", [(r.client_submit, r.client_end) for r in rows])
@@ -128,7 +157,7 @@ def figures(d: ReportData) -> dict[str, object]:
                         "size": 12 if side.startswith("client") else 7,
                         "line": {"width": 1, "color": color},
                     },
-                    hovertemplate=f"{side}: %{{x:.4f}} s<extra>%{{y}}</extra>",
+                    hovertemplate=f"{side}: %{{x:.1f}} ms<extra>%{{y}}</extra>",
                 )
         pre = [(y, r) for y, r in zip(ylab, rows) if r.preemptions]
         if pre:
@@ -143,14 +172,15 @@ def figures(d: ReportData) -> dict[str, object]:
             )
         fig.update_layout(
             _layout(
-                "Waterfall: the slowest requests, then a sample (seconds after the first request; "
-                "engine times on the client's clock)",
+                "Waterfall: the slowest requests, then a sample, one row each (ms after each request's own "
+                "start; engine times on the client's clock)",
                 barmode="overlay",
                 height=max(400, 18 * len(rows) + 160),
+                legend={"orientation": "h", "y": -0.18, "traceorder": "normal"},
             )
         )
         fig.update_yaxes(autorange="reversed", type="category")
-        fig.update_xaxes(title="s")
+        fig.update_xaxes(title="ms after the request's start", rangemode="tozero")
         figs["fig-waterfall"] = fig
 
     st = d.steps
@@ -177,17 +207,16 @@ def figures(d: ReportData) -> dict[str, object]:
                 col=1,
             )
         fig.add_scattergl(x=st.start, y=st.batch_size, mode="lines", name="batch size", line_shape="hv", row=2, col=1)
-        fig.add_scattergl(
-            x=st.start, y=np.maximum(st.prefill_tokens, 0), mode="lines", name="prefill tokens", row=3, col=1
-        )
-        fig.add_scattergl(
-            x=st.start, y=np.maximum(st.decode_tokens, 0), mode="lines", name="decode tokens", row=3, col=1
-        )
+        # each value holds from its step to the next (steps, not ramps across the idle gaps)
+        for name, y in (("prefill tokens", st.prefill_tokens), ("decode tokens", st.decode_tokens)):
+            fig.add_scattergl(x=st.start, y=np.maximum(y, 0), mode="lines", name=name, line_shape="hv", row=3, col=1)
         kv = np.isfinite(st.kv_usage)
         if kv.any():
-            fig.add_scattergl(x=st.start[kv], y=st.kv_usage[kv], mode="lines", name="KV usage", row=4, col=1)
+            fig.add_scattergl(
+                x=st.start[kv], y=st.kv_usage[kv], mode="lines", name="KV usage", line_shape="hv", row=4, col=1
+            )
         shown = "" if st.kept == st.total else f" ({st.kept:,} of {st.total:,} shown, the slowest of each stretch kept)"
-        fig.update_layout(_layout(f"The engine's steps, on the waterfall's axis{shown}", height=720))
+        fig.update_layout(_layout(f"The engine's steps (seconds after the first request){shown}", height=720))
         fig.update_xaxes(title="s", row=4, col=1)
         figs["fig-steps"] = fig
 
@@ -267,6 +296,21 @@ def figures(d: ReportData) -> dict[str, object]:
         fig.update_xaxes(title_text="requests/s sent")
         figs["fig-sweep"] = fig
     return figs
+
+
+def _from_own_start(r: WaterfallRow) -> WaterfallRow:
+    """A waterfall row in ms after the request's own start (the client's send, else the engine's
+    arrival, else the server's receipt), so that every request's phases show at one scale."""
+    t0 = next((t for t in (r.client_submit, r.engine_arrival, r.server_received) if t is not None), 0.0)
+    ms = lambda t: None if t is None else (t - t0) * 1e3
+    times = ("client_submit", "client_end", "engine_arrival", "queue_start", "first_scheduled", "first_generated")
+    return replace(
+        r,
+        **{k: ms(getattr(r, k)) for k in (*times, "engine_end", "server_received", "server_end")},
+        client_tokens=[ms(t) for t in r.client_tokens],
+        engine_tokens=[ms(t) for t in r.engine_tokens],
+        server_tokens=[ms(t) for t in r.server_tokens],
+    )
 
 
 def _fmt(v, unit: str = "s") -> str:

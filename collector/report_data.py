@@ -18,7 +18,7 @@ from otel_llm.slo import SLO
 from otel_llm.summary import Summary, summarize
 from otel_llm.timeline import BOUNDARIES
 
-from .compare import Comparison, compare
+from .compare import Comparison, compare, ttft_share
 from .records import RecordBatch, RequestRecord
 from .run_profile import profile_run
 from .stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S
@@ -125,6 +125,7 @@ class ReportData:
     stall_seconds: dict[str, float]
     stall_requests: dict[str, int]
     sweep: list[SweepPoint] = field(default_factory=list)
+    ttft_share: dict[str, float | None] | None = None  # TTFT part -> share of the summed client TTFT
 
 
 def _s(ns: int | None, origin: int) -> float | None:
@@ -355,4 +356,5 @@ def build_report(
         stall_seconds=stall_s,
         stall_requests=stall_n,
         sweep=sweep_points(batch, steps, slo),
+        ttft_share=ttft_share(cmp.rows),
     )

@@ -105,6 +105,7 @@ def test_the_report_opens_offline_in_a_browser(rich_store, tmp_path):
     meta = json.loads(re.search(r"<script type='application/json' id='report-meta'>(.*?)</script>", text).group(1))
     figures = meta["figures"]
     expected = {
+        "fig-share",
         "fig-decomposition",
         "fig-waterfall",
         "fig-steps",
@@ -161,6 +162,30 @@ def test_the_figures_hold_the_stores_numbers(rich_store):
     assert [p.run_id for p in d.sweep] and {p.run_id for p in d.sweep} == {"slow", "fast"}
     assert sum(p.requests for p in d.sweep) == len(client)
     assert d.summaries["client"].counts.requests == len(client)
+
+    # the overall share is compare's: each part's share of the summed TTFT, summing to 1
+    from collector.compare import compare, summarize_comparison
+
+    share = summarize_comparison(compare(batch.records())).ttft_share
+    assert d.ttft_share == pytest.approx(share) and sum(v for v in d.ttft_share.values() if v) == pytest.approx(1)
+    from collector.report import figures
+
+    figs = figures(d)
+    bars = {t.name: t.x[0] for t in figs["fig-share"].data}
+    assert bars == pytest.approx({k: v * 100 for k, v in share.items() if v is not None})
+    # the waterfall: ms after each request's own start, so every row starts at 0
+    wf = figs["fig-waterfall"]
+    client_bar = next(t for t in wf.data if t.name.startswith("client"))
+    assert list(client_bar.base) == [0.0] * len(client_bar.base)
+    assert client_bar.x[0] == pytest.approx(top.e2e * 1e3)
+    # legends read in the bars' order; the steps' counts hold until the next step
+    assert figs["fig-decomposition"].layout.legend.traceorder == "normal"
+    assert {t.name: t.line.shape for t in figs["fig-steps"].data if t.mode == "lines"} == {
+        "batch size": "hv",
+        "prefill tokens": "hv",
+        "decode tokens": "hv",
+        "KV usage": "hv",
+    }
 
 
 def test_report_errors_are_usage_errors(tmp_path):
