@@ -168,6 +168,26 @@ class MetricsRegistry:
             "End-to-end request duration (spec: E2E), completed requests",
             DURATION_BUCKETS,
         )
+        # the client boundary again under the GenAI client conventions' names (a streamed call's
+        # chunks are its token events): what OpenTelemetry users look for at a client
+        self.client_ttfc = h(
+            "gen_ai.client.operation.time_to_first_chunk",
+            "s",
+            "Client: time from the call to the first chunk with a token (the client TTFT), completed requests",
+            TTFT_BUCKETS,
+        )
+        self.client_tpoc = h(
+            "gen_ai.client.operation.time_per_output_chunk",
+            "s",
+            "Client: time between chunks after the first (the client ITL), completed requests",
+            ITL_BUCKETS,
+        )
+        self.client_duration = h(
+            "gen_ai.client.operation.duration",
+            "s",
+            "Client: the call's duration (the client E2E), completed requests",
+            DURATION_BUCKETS,
+        )
         self.itl = h(
             "llm.inter_token_latency",
             "s",
@@ -272,6 +292,9 @@ class MetricsRegistry:
             self.ttft,
             self.tpot,
             self.duration,
+            self.client_ttfc,
+            self.client_tpoc,
+            self.client_duration,
             self.itl,
             self.itl_max,
             self.front_end,
@@ -333,11 +356,16 @@ class MetricsRegistry:
                 self.duration.observe(labels, rm.e2e[sel])
                 self.itl_max.observe(labels, rm.itl_max[sel])
                 if len(sel) == len(batch):  # one group, every request ok: all the samples
-                    self.itl.observe(labels, rm.itl)
+                    itl = rm.itl
                 else:  # the samples of the selected requests
                     mask = np.zeros(len(batch), bool)
                     mask[sel] = True
-                    self.itl.observe(labels, rm.itl[mask[rm.itl_request]])
+                    itl = rm.itl[mask[rm.itl_request]]
+                self.itl.observe(labels, itl)
+                if labels[0] == "client":
+                    self.client_ttfc.observe(labels, rm.ttft[sel])
+                    self.client_tpoc.observe(labels, itl)
+                    self.client_duration.observe(labels, rm.e2e[sel])
                 if labels[0] == "engine":
                     self.front_end.observe(labels, batch.front_end[sel])
                     self.queue.observe(labels, batch.queue[sel])

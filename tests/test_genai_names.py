@@ -49,10 +49,11 @@ def test_every_name_we_emit_is_current(attributes):
 
 
 def test_every_metric_we_export_under_a_genai_name_is_current():
+    """The server histograms (every boundary, by label) and the client's under the GenAI client names."""
     metrics = conventions("metrics/gen_ai_metrics.py")
     reg = MetricsRegistry()
     ours = [f.name for f in reg.families if f.name.startswith("gen_ai.")]
-    assert len(ours) == 3, ours
+    assert len(ours) == 6, ours
     for name in ours:
         assert name in metrics, f"{name} is not a GenAI convention metric"
         assert metrics[name] in (None, "moved"), f"{name} was replaced by {metrics[name]}"
@@ -72,8 +73,14 @@ def test_older_names_we_accept_are_read_beside_their_replacements(attributes):
 def test_no_genai_name_bypasses_the_table():
     """Every gen_ai.* string in the product's code is in the table (or a metric family's name)."""
     known = set(sc.GENAI_EMITTED) | set(sc.GENAI_ACCEPTED)
-    metric_names = {"gen_ai.server.time_to_first_token", "gen_ai.server.time_per_output_token"}
-    metric_names.add("gen_ai.server.request.duration")
+    metric_names = {
+        "gen_ai.server.time_to_first_token",
+        "gen_ai.server.time_per_output_token",
+        "gen_ai.server.request.duration",
+        "gen_ai.client.operation.time_to_first_chunk",
+        "gen_ai.client.operation.time_per_output_chunk",
+        "gen_ai.client.operation.duration",
+    }
     found = {}
     for pkg in ("otel_llm", "collector", "engine_hooks", "deploy"):
         for path in (ROOT / pkg).rglob("*.py"):
@@ -85,3 +92,32 @@ def test_no_genai_name_bypasses_the_table():
     assert not stray, stray
     reg_names = {f.name for f in MetricsRegistry().families}
     assert metric_names <= reg_names
+
+
+def test_the_client_boundary_under_the_genai_client_names():
+    """gen_ai.client.operation.* hold the client records alone: TTFT, every chunk gap, E2E."""
+    from otlp_helpers import Req, sample_request
+    from test_vllm_spans import records
+
+    from collector.exporters.prometheus import render
+
+    b, rm = records(sample_request([Req("a"), Req("b", client_events=[(100, 1), (150, 2)])]).SerializeToString())
+    reg = MetricsRegistry()
+    reg.record(b, rm)
+    text = render(reg.families)
+
+    def series(name: str) -> dict[str, float]:
+        return {
+            line.split("{")[0][len(name) + 1 :]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name + "_") and "_bucket" not in line
+        }
+
+    client = [r for r in b.records() if r.boundary == "client"]
+    ttfc = series("gen_ai_client_operation_time_to_first_chunk_seconds")
+    assert ttfc["count"] == 2 and ttfc["sum"] == pytest.approx(sum(r.ttft for r in client))
+    tpoc = series("gen_ai_client_operation_time_per_output_chunk_seconds")
+    assert tpoc["count"] == 3 and tpoc["sum"] == pytest.approx(0.070 + 0.050)
+    dur = series("gen_ai_client_operation_duration_seconds")
+    assert dur["count"] == 2 and dur["sum"] == pytest.approx(sum(r.e2e for r in client))
+    assert 'gen_ai_client_operation_duration_seconds_count{boundary="engine"' not in text
