@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import walked_span as sp
-from .engine_sources import Adopted, Phases
+from .adopted_spans import Adopted, Phases
 
 _STAGES = (
     sp.SG_TOKENIZE,

@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from . import walked_span as sp
-from .engine_sources import Adopted, Phases
+from .adopted_spans import Adopted, Phases
 
 _NS = 1e9
 _MAX_NS = 2**62
