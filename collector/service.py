@@ -113,6 +113,8 @@ class Collector:
         self.steps_dropped = 0  # the store fell behind by more than the steps' bound
         self._backlog_lock = threading.Lock()
         self._stop = threading.Event()
+        self._stop_lock = threading.Lock()
+        self._stopped = False
         self._paused = threading.Event()
         self._worker = threading.Thread(target=self._run, name="collector-derive", daemon=True)
         self._process_lock = threading.Lock()
@@ -482,7 +484,14 @@ class Collector:
 
     def stop(self) -> None:
         """Stop receiving, derive and store everything accepted, stop the exporters: within
-        ``shutdown_timeout_s`` (what did not make it is logged and counted as lost)."""
+        ``shutdown_timeout_s`` (what did not make it is logged and counted as lost). Once: a stop
+        while another is under way waits for it, and a stop after one returns at once."""
+        with self._stop_lock:
+            if not self._stopped:
+                self._stop_once()
+                self._stopped = True
+
+    def _stop_once(self) -> None:
         deadline = time.monotonic() + self.config.shutdown_timeout_s
         left = lambda: max(0.0, deadline - time.monotonic())
         # from here every request is refused (503 / UNAVAILABLE, also on kept-alive connections)

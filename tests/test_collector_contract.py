@@ -499,3 +499,29 @@ def test_json_bodies_are_decoded_a_few_at_a_time(make_collector):
     assert 0.9 < time.monotonic() - t0 < 3
     c._json_slots.release()
     assert c.accept(body, json_body=True).rejected == 0
+
+
+def test_stop_is_once_whoever_calls_it(make_collector):
+    """A stop after a stop returns at once (the gRPC receiver's loop is gone: it used to wait 12 s
+    and raise), and stops racing each other (a signal handler and the main thread) end together,
+    after everything acknowledged is stored."""
+    import threading
+
+    c = make_collector()
+    body = sample_request([Req("once")]).SerializeToString()
+    assert c.accept(body).rejected == 0
+    done = []
+    racers = [threading.Thread(target=lambda: (c.stop(), done.append(time.monotonic()))) for _ in range(3)]
+    for t in racers:
+        t.start()
+    for t in racers:
+        t.join(30)
+    assert len(done) == 3
+    from collector.store import open_existing
+
+    s = open_existing(c.config.store)
+    assert {r.request_id for r in s.records()} == {"once"}
+    s.close()
+    t0 = time.monotonic()
+    c.stop()
+    assert time.monotonic() - t0 < 0.5

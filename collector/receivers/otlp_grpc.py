@@ -139,7 +139,10 @@ class GrpcReceiver:
         return self
 
     def stop(self, grace_s: float = 2.0) -> None:
-        """New calls are refused at once; calls in progress get ``grace_s`` to finish."""
+        """New calls are refused at once; calls in progress get ``grace_s`` to finish. Once: a
+        second stop returns at once (its event loop is gone)."""
+        if self._loop.is_closed() or not self._thread.is_alive():
+            return
         try:
             asyncio.run_coroutine_threadsafe(self.server.stop(grace_s), self._loop).result(grace_s + 10)
         finally:
