@@ -73,6 +73,7 @@ class Counts:
     tpot_undefined: int  # completed with N <= 1
     no_token: int  # completed with no token event
     multi_token_events: int  # token events of completed requests carrying more than one token
+    summarised: int = 0  # completed with their first and last token only (TimelineBatch.summarised): no ITL
 
 
 @dataclass
@@ -146,6 +147,7 @@ class Summary:
                 "tpot_undefined": c.tpot_undefined,
                 "no_token": c.no_token,
                 "multi_token_events": c.multi_token_events,
+                "summarised": c.summarised,
             },
             "throughput": {
                 "requests_per_s": self.requests_per_s,
@@ -275,6 +277,7 @@ def summarize(
         tpot_undefined=int((completed & (rm.output_tokens <= 1)).sum()),
         no_token=int((completed & (rm.events == 0)).sum()),
         multi_token_events=int(rm.multi_token_events[completed].sum()),
+        summarised=0 if batch.summarised is None else int((completed & batch.summarised).sum()),
     )
     latency = {
         "ttft": Distribution.of(POPULATIONS["ttft"], rm.ttft[completed], ps, method),

@@ -64,6 +64,7 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
     out.append(
         f"TPOT undefined (N <= 1): {c.tpot_undefined}   no token: {c.no_token}   "
         f"events with >1 token (gaps inside unknown): {c.multi_token_events}"
+        + (f"   first and last token only (no ITL): {c.summarised}" if c.summarised else "")
     )
     if s.violations is not None:
         v = dict(s.violations)

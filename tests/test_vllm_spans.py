@@ -202,3 +202,12 @@ def test_prometheus_histograms_take_vllm_spans_but_no_itl_from_them():
     ):
         assert f"{unknown}_count{{" not in text, unknown
     assert np.isnan(rm.itl_max).all()
+
+
+def test_analyze_counts_them_and_pools_no_itl_from_them():
+    from otel_llm.summary import summarize
+
+    b, _ = records(*(body(vllm_span(i, f"r{i}", start_ns=T0 + i * MS)) for i in range(1, 4)))
+    s = summarize(b.timelines(epoch_ns=0))
+    assert s.counts.summarised == 3 and s.counts.completed == 3
+    assert s.latency["itl"].n == 0 and s.latency["ttft"].n == 3 and s.latency["tpot"].n == 3
