@@ -72,7 +72,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 test: venv loadgen prometheus clang chromium valgrind lint
-	$(PY) -m pytest -v
+	$(PY) -m pytest -v --durations=25
 
 test-quick: venv lint
 	$(PY) -m pytest -m 'not slow'
