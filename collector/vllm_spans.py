@@ -86,10 +86,11 @@ def adopt(batch: Adopted) -> None:
     at each engine request span)."""
     codes, tix = batch.codes, batch.tix
     eng = np.flatnonzero(codes == sp.ENGINE).tolist()
-    theirs = [i for i in eng if is_vllm_span(batch.flat[i])]
+    is_theirs = [is_vllm_span(batch.flat[i]) for i in eng]
+    theirs = [i for i, v in zip(eng, is_theirs) if v]
     if not theirs:
         return
-    ours_in = {int(t) for i, t in zip(eng, tix[eng].tolist()) if not is_vllm_span(batch.flat[i])}
+    ours_in = {int(t) for t, v in zip(tix[eng].tolist(), is_theirs) if not v}
     flat = list(batch.flat)
     keep = np.ones(len(flat), bool)
     for i in theirs:
