@@ -76,7 +76,7 @@ def test_sigkill_loses_nothing_acknowledged_with_a_spool(tmp_path):
         if mode == "spool":
             assert "replayed 50 accepted requests" in err
             assert [f for f in os.listdir(spool) if f.endswith(".spool")] == []  # emptied at the clean stop
-    assert results["plain"] == (100, 0)  # what a crash loses without it (the README says so)
+    assert results["plain"] == (100, 0)  # what a crash loses without it (docs/commands.md says so)
     assert results["spool"] == (100, 100)
     store = RequestStore(str(tmp_path / "spool.db"))
     assert {r.request_id for r in store.records()} == {f"spool{i}" for i in range(50)}

@@ -9,8 +9,8 @@ plugin with its HTTP server span) and recognised by the collector and by otel-ll
 * a KV cache too small for the load (vLLM preempts): ``engine:preemption``;
 
 and nothing classified as a stall in a run where none was injected, nor in the streams of each
-scenario that were left alone. The classification is the one of collector/stalls.py and the
-README ("A cause for every stall")."""
+scenario that were left alone. The classification is the one of collector/stalls.py and
+docs/metrics/breakdown.md ("A cause for every stall")."""
 
 from __future__ import annotations
 

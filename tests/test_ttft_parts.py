@@ -1,5 +1,5 @@
 """The client TTFT's parts, declared once (collector/ttft_parts.py): the finest-level rule on one
-request and over columns agree, and the README's and the TTFT page's tables say what the table says."""
+request and over columns agree, and docs/metrics/breakdown.md's and the TTFT page's tables say what the table says."""
 
 from __future__ import annotations
 
@@ -58,9 +58,9 @@ def test_the_column_rule_is_the_request_rule():
         assert {n for n in NAMES if masks[n][j]} == {n for n, v in one.items() if v is not None}
 
 
-def test_the_readme_table_lists_the_parts_and_how_they_merge():
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### Where the first token's time went") :]
+def test_the_breakdown_table_lists_the_parts_and_how_they_merge():
+    text = (ROOT / "docs" / "metrics" / "breakdown.md").read_text()
+    section = text[text.index("## Where the first token's time went") :]
     rows = re.findall(
         r"^\| `(\w+)` \| (.+?) \| (.+?) \|$", section[: section.index("\n\n", section.index("| part |"))], re.M
     )
