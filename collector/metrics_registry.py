@@ -124,6 +124,173 @@ OTHER_MODEL = "_other"
 MAX_LABEL_CHARS = 128
 
 
+@dataclass(frozen=True)
+class Family:
+    """One exported metric family, declared once: the registry's attribute that holds it, its
+    OpenTelemetry name, unit and help; ``buckets`` for a histogram (None: a counter); the labels
+    after boundary and model; ``when``: the registry's option it needs (None: always there)."""
+
+    attr: str
+    name: str
+    unit: str
+    help: str
+    buckets: tuple[float, ...] | None = None
+    labels: tuple[str, ...] = ()
+    when: str | None = None
+
+    def make(self) -> Histogram | Counter:
+        if self.buckets is not None:
+            return Histogram(self.name, self.unit, self.help, self.buckets, BM + self.labels)
+        return Counter(self.name, self.unit, self.help, BM + self.labels)
+
+
+#: What the collector exports of its derived records, in exposition order. Histograms observe
+#: completed requests unless their help says otherwise.
+FAMILIES: tuple[Family, ...] = (
+    Family(
+        "ttft",
+        "gen_ai.server.time_to_first_token",
+        "s",
+        "Time to first token (spec: TTFT), completed requests",
+        TTFT_BUCKETS,
+    ),
+    Family(
+        "tpot",
+        "gen_ai.server.time_per_output_token",
+        "s",
+        "Time per output token after the first (spec: TPOT; requests with N > 1)",
+        TPOT_BUCKETS,
+    ),
+    Family(
+        "duration",
+        "gen_ai.server.request.duration",
+        "s",
+        "End-to-end request duration (spec: E2E), completed requests",
+        DURATION_BUCKETS,
+    ),
+    # the client boundary again under the GenAI client conventions' names (a streamed call's
+    # chunks are its token events): what OpenTelemetry users look for at a client
+    Family(
+        "client_ttfc",
+        "gen_ai.client.operation.time_to_first_chunk",
+        "s",
+        "Client: time from the call to the first chunk with a token (the client TTFT), completed requests",
+        TTFT_BUCKETS,
+    ),
+    Family(
+        "client_tpoc",
+        "gen_ai.client.operation.time_per_output_chunk",
+        "s",
+        "Client: time between chunks after the first (the client ITL), completed requests",
+        ITL_BUCKETS,
+    ),
+    Family(
+        "client_duration",
+        "gen_ai.client.operation.duration",
+        "s",
+        "Client: the call's duration (the client E2E), completed requests",
+        DURATION_BUCKETS,
+    ),
+    Family(
+        "itl",
+        "llm.inter_token_latency",
+        "s",
+        "Inter-token latency, every gap between token events of completed requests",
+        ITL_BUCKETS,
+    ),
+    Family("itl_max", "llm.inter_token_latency.max", "s", "Largest inter-token gap per completed request", ITL_BUCKETS),
+    Family(
+        "front_end",
+        "llm.frontend.duration",
+        "s",
+        "Engine front-end time: arrival to queued (rendering, tokenization, the hand-off to the engine core)",
+        TTFT_BUCKETS,
+    ),
+    Family(
+        "queue", "llm.queue.duration", "s", "Engine queue time: queued (else arrival) to first scheduled", TTFT_BUCKETS
+    ),
+    Family(
+        "prefill",
+        "llm.prefill.duration",
+        "s",
+        "Engine prefill time: first scheduled to first token generated",
+        TTFT_BUCKETS,
+    ),
+    Family("requests", "llm.requests", "{request}", "Requests derived, by status", labels=("status",)),
+    Family(
+        "good",
+        "llm.slo.good_requests",
+        "{request}",
+        "Completed requests meeting every bound of the SLO (rate = goodput)",
+        labels=("slo",),
+    ),
+    Family("output_tokens", "llm.usage.output_tokens", "{token}", "Output tokens of derived requests, every status"),
+    Family("preemptions", "llm.preemptions", "{preemption}", "Preemptions of derived engine requests"),
+    Family(
+        "unread",
+        "llm.tokens.unread",
+        "{token}",
+        "Engine output tokens of requests whose client gave up before receiving them (work for a reader "
+        "who had gone; paired requests, counted at the engine boundary)",
+    ),
+    Family(
+        "after_abort",
+        "llm.tokens.after_abort",
+        "{token}",
+        "Tokens engines generated for requests after those were aborted, and dropped (work wasted; "
+        "llm.usage.tokens_after_abort of aborted engine requests)",
+    ),
+    Family(
+        "violations",
+        "llm.timeline.violations",
+        "{request}",
+        "Derived records whose timeline breaks an ordering that must hold (an event before its arrival, a "
+        "boundary not inside the one around it), by kind (collector.invariants.KINDS); never clamped away",
+        labels=("kind",),
+    ),
+    Family(
+        "ttft_part",
+        "llm.ttft.part",
+        "s",
+        "The client TTFT in its parts (client_send, network_in, api_in, front_end, queue, prefill, api_out, "
+        "network_out with the HTTP server span; to_engine and delivery where it is missing; paired ok "
+        "requests; network_in and delivery span two clocks, uncorrected for their offset)",
+        TTFT_BUCKETS,
+        labels=("part",),
+    ),
+    Family(
+        "stalls",
+        "llm.stalls",
+        "{stall}",
+        "Paired requests whose largest client gap between tokens is over the stall threshold, by cause",
+        labels=("cause",),
+    ),
+    Family(
+        "stall_seconds",
+        "llm.stall.seconds",
+        "s",
+        "Seconds of those largest gaps, by cause (delivery, engine:preemption, engine:other)",
+        labels=("cause",),
+    ),
+    Family(
+        "fluidity_index",
+        "llm.fluidity.index",
+        "1",
+        "Fluidity index of completed requests with a token (1 - missed / total token deadlines; "
+        "docs/metrics/fluidity.md), with the deadlines of --fluidity",
+        FLUIDITY_BUCKETS,
+        when="fluidity",
+    ),
+    Family(
+        "fluid",
+        "llm.fluidity.fluid_requests",
+        "{request}",
+        "Completed requests whose fluidity index reached the --fluidity target",
+        when="fluidity",
+    ),
+)
+
+
 class MetricsRegistry:
     """Cumulative histograms and counters of derived records, by boundary and model. The model
     label takes at most ``max_models`` distinct values (each at most :data:`MAX_LABEL_CHARS`);
@@ -149,132 +316,9 @@ class MetricsRegistry:
         self.records_folded = 0
         self.start_time_ns = time.time_ns()
         self._lock = threading.Lock()
-        h = lambda name, unit, desc, b: Histogram(name, unit, desc, b, BM)
-        self.ttft = h(
-            "gen_ai.server.time_to_first_token",
-            "s",
-            "Time to first token (spec: TTFT), completed requests",
-            TTFT_BUCKETS,
-        )
-        self.tpot = h(
-            "gen_ai.server.time_per_output_token",
-            "s",
-            "Time per output token after the first (spec: TPOT; requests with N > 1)",
-            TPOT_BUCKETS,
-        )
-        self.duration = h(
-            "gen_ai.server.request.duration",
-            "s",
-            "End-to-end request duration (spec: E2E), completed requests",
-            DURATION_BUCKETS,
-        )
-        # the client boundary again under the GenAI client conventions' names (a streamed call's
-        # chunks are its token events): what OpenTelemetry users look for at a client
-        self.client_ttfc = h(
-            "gen_ai.client.operation.time_to_first_chunk",
-            "s",
-            "Client: time from the call to the first chunk with a token (the client TTFT), completed requests",
-            TTFT_BUCKETS,
-        )
-        self.client_tpoc = h(
-            "gen_ai.client.operation.time_per_output_chunk",
-            "s",
-            "Client: time between chunks after the first (the client ITL), completed requests",
-            ITL_BUCKETS,
-        )
-        self.client_duration = h(
-            "gen_ai.client.operation.duration",
-            "s",
-            "Client: the call's duration (the client E2E), completed requests",
-            DURATION_BUCKETS,
-        )
-        self.itl = h(
-            "llm.inter_token_latency",
-            "s",
-            "Inter-token latency, every gap between token events of completed requests",
-            ITL_BUCKETS,
-        )
-        self.itl_max = h(
-            "llm.inter_token_latency.max", "s", "Largest inter-token gap per completed request", ITL_BUCKETS
-        )
-        self.front_end = h(
-            "llm.frontend.duration",
-            "s",
-            "Engine front-end time: arrival to queued (rendering, tokenization, the hand-off to the engine core)",
-            TTFT_BUCKETS,
-        )
-        self.queue = h(
-            "llm.queue.duration", "s", "Engine queue time: queued (else arrival) to first scheduled", TTFT_BUCKETS
-        )
-        self.prefill = h(
-            "llm.prefill.duration", "s", "Engine prefill time: first scheduled to first token generated", TTFT_BUCKETS
-        )
-        self.requests = Counter("llm.requests", "{request}", "Requests derived, by status", BM + ("status",))
-        self.good = Counter(
-            "llm.slo.good_requests",
-            "{request}",
-            "Completed requests meeting every bound of the SLO (rate = goodput)",
-            BM + ("slo",),
-        )
-        self.output_tokens = Counter(
-            "llm.usage.output_tokens", "{token}", "Output tokens of derived requests, every status", BM
-        )
-        self.preemptions = Counter("llm.preemptions", "{preemption}", "Preemptions of derived engine requests", BM)
-        self.unread = Counter(
-            "llm.tokens.unread",
-            "{token}",
-            "Engine output tokens of requests whose client gave up before receiving them (work for a reader "
-            "who had gone; paired requests, counted at the engine boundary)",
-            BM,
-        )
-        self.after_abort = Counter(
-            "llm.tokens.after_abort",
-            "{token}",
-            "Tokens engines generated for requests after those were aborted, and dropped (work wasted; "
-            "llm.usage.tokens_after_abort of aborted engine requests)",
-            BM,
-        )
-        self.violations = Counter(
-            "llm.timeline.violations",
-            "{request}",
-            "Derived records whose timeline breaks an ordering that must hold (an event before its arrival, a "
-            "boundary not inside the one around it), by kind (collector.invariants.KINDS); never clamped away",
-            BM + ("kind",),
-        )
-        self.ttft_part = Histogram(
-            "llm.ttft.part",
-            "s",
-            "The client TTFT in its parts (client_send, network_in, api_in, front_end, queue, prefill, api_out, "
-            "network_out with the HTTP server span; to_engine and delivery where it is missing; paired ok "
-            "requests; network_in and delivery span two clocks, uncorrected for their offset)",
-            TTFT_BUCKETS,
-            BM + ("part",),
-        )
-        self.stalls = Counter(
-            "llm.stalls",
-            "{stall}",
-            "Paired requests whose largest client gap between tokens is over the stall threshold, by cause",
-            BM + ("cause",),
-        )
-        self.fluidity_index = h(
-            "llm.fluidity.index",
-            "1",
-            "Fluidity index of completed requests with a token (1 - missed / total token deadlines; "
-            "docs/metrics/fluidity.md), with the deadlines of --fluidity",
-            FLUIDITY_BUCKETS,
-        )
-        self.fluid = Counter(
-            "llm.fluidity.fluid_requests",
-            "{request}",
-            "Completed requests whose fluidity index reached the --fluidity target",
-            BM,
-        )
-        self.stall_seconds = Counter(
-            "llm.stall.seconds",
-            "s",
-            "Seconds of those largest gaps, by cause (delivery, engine:preemption, engine:other)",
-            BM + ("cause",),
-        )
+        for f in FAMILIES:
+            if f.when is None or getattr(self, f.when) is not None:
+                setattr(self, f.attr, f.make())
 
     def _model_label(self, model: str) -> str:
         if model in self._models:
@@ -288,30 +332,8 @@ class MetricsRegistry:
 
     @property
     def families(self) -> list:
-        return [
-            self.ttft,
-            self.tpot,
-            self.duration,
-            self.client_ttfc,
-            self.client_tpoc,
-            self.client_duration,
-            self.itl,
-            self.itl_max,
-            self.front_end,
-            self.queue,
-            self.prefill,
-            self.requests,
-            self.good,
-            self.output_tokens,
-            self.preemptions,
-            self.unread,
-            self.after_abort,
-            self.violations,
-            self.ttft_part,
-            self.stalls,
-            self.stall_seconds,
-            *((self.fluidity_index, self.fluid) if self.fluidity else ()),
-        ]
+        """Every family this registry exports, in :data:`FAMILIES`' order."""
+        return [getattr(self, f.attr) for f in FAMILIES if f.when is None or getattr(self, f.when) is not None]
 
     def record(self, batch: RecordBatch, rm: RequestMetrics) -> None:
         """Add a batch of derived records; ``rm`` is their per-request metrics, same order.
