@@ -187,15 +187,50 @@ def _sent_id(engine_id: str) -> str:
     return m.group(1) if m else engine_id
 
 
-def find_prefix(n: int, sent_ids: list[str]) -> str | None:
-    """The prefix under which most of requests ``0..n-1`` appear among ``sent_ids`` (ids of the
-    form ``<prefix><i>``), None when none appears."""
+def prefix_votes(n: int, sent_ids: list[str]) -> Counter:
+    """For each prefix, how many of requests ``0..n-1`` appear under it among ``sent_ids`` (ids of
+    the form ``<prefix><i>``)."""
     votes: Counter = Counter()
     for s in sent_ids:
         m = re.match(r"^(.*?)(\d+)$", s)
         if m and int(m.group(2)) < n:
             votes[m.group(1)] += 1
-    return votes.most_common(1)[0][0] if votes else None
+    return votes
+
+
+def find_prefix(results: ToolResults, by_sent: dict[str, RequestRecord]) -> str:
+    """The prefix the tool sent its requests under (``<prefix><index>``): the one under which most
+    of them are in the store. Where several runs of the same size are (the same counts under two
+    prefixes), the one whose engine arrivals lie nearest the tool's own send times (median
+    distance, at least 10 times nearer than the next); raises ValueError when none, or when that
+    does not decide."""
+    n = len(results.requests)
+    votes = prefix_votes(n, list(by_sent))
+    if not votes:
+        raise ValueError(
+            f"none of the {n} requests of the {results.tool} results is in the store "
+            "(no engine record with a request id <prefix><index>)"
+        )
+    best = votes.most_common(1)[0][1]
+    tied = sorted(p for p, v in votes.items() if v == best)
+    if len(tied) == 1:
+        return tied[0]
+    shift = _to_unix_ns(results)
+    distance = {}
+    for p in tied:
+        d = [
+            abs(by_sent[f"{p}{t.index}"].submit_ns - (round(t.start_s * 1e9) + shift))
+            for t in results.requests
+            if f"{p}{t.index}" in by_sent
+        ]
+        distance[p] = float(np.median(d))
+    near = sorted(tied, key=distance.get)
+    if distance[near[1]] >= 10 * max(distance[near[0]], 1e6):
+        return near[0]
+    raise ValueError(
+        f"the {results.tool} results' {n} requests are in the store under several prefixes "
+        f"({', '.join(tied)}): say which with --client-id-prefix"
+    )
 
 
 def _to_unix_ns(results: ToolResults) -> int:
@@ -221,12 +256,7 @@ def join_client(results: ToolResults, batch: RecordBatch, prefix: str | None = N
         how = "the response id the server returned"
     else:
         if prefix is None:
-            prefix = find_prefix(n, list(by_sent))
-            if prefix is None:
-                raise ValueError(
-                    f"none of the {n} requests of the {results.tool} results is in the store "
-                    "(no engine record with a request id <prefix><index>)"
-                )
+            prefix = find_prefix(results, by_sent)
         keys = ids = [f"{prefix}{t.index}" for t in results.requests]
         how = f"request id {prefix}<i>"
     found = [(t, by_sent.get(k) if k else None, i) for t, k, i in zip(results.requests, keys, ids)]

@@ -57,3 +57,59 @@ def test_a_file_that_is_not_the_tools_is_refused_with_what_to_run(tmp_path, text
 def test_an_unknown_format_lists_the_known_ones(tmp_path):
     with pytest.raises(ValueError, match="vllm-bench, guidellm"):
         read_results(str(tmp_path / "x.json"), "aiperf")
+
+
+def _engine_records(prefix: str, n: int, t0_ns: int) -> list:
+    """Engine records of n requests vLLM got as ``<prefix><i>``, the i-th arriving at t0 + i ms."""
+    from collector.records import COLUMN_NAMES, RequestRecord
+
+    base = {name: None for name in COLUMN_NAMES}
+    return [
+        RequestRecord(
+            **{
+                **base,
+                "trace_id": f"{prefix}{i:031x}"[-32:],
+                "boundary": "engine",
+                "request_id": f"cmpl-{prefix}{i}-0",
+                "status": "ok",
+                "submit_ns": t0_ns + i * 1_000_000,
+                "end_ns": t0_ns + i * 1_000_000 + 50_000_000,
+                "output_tokens": 2,
+                "ttft": 0.01,
+                "sample_weight": 1.0,
+                "paired": False,
+                "warmup": False,
+                "estimated_tokens": False,
+                "events_summarised": False,
+                "events_rejected": 0,
+            },
+            event_offsets_ns=[10_000_000, 50_000_000],
+            event_tokens=[1, 1],
+        )
+        for i in range(n)
+    ]
+
+
+def test_two_runs_in_one_store_are_told_apart_by_when_they_ran():
+    """vllm bench serve does not save its request id prefix: with two runs of the same size in the
+    store (prefixes A and B, 100 s apart), the results join the run whose arrivals match their own
+    send times; a file whose times decide nothing is refused, naming the option that decides."""
+    from collector.client_results import ToolRequest, ToolResults, join_client
+    from collector.records import RecordBatch
+
+    n, t0 = 5, 1_800_000_000 * 10**9
+    batch = RecordBatch.from_records(_engine_records("A", n, t0) + _engine_records("B", n, t0 + 100 * 10**9))
+
+    def tool(at_ns: int) -> ToolResults:
+        reqs = [ToolRequest(i, (at_ns + i * 1_000_000 - 300_000) / 1e9, 0.011, [0.04], 0.06, 2) for i in range(n)]
+        return ToolResults("vllm bench serve", reqs, "unix")
+
+    for at, prefix in ((t0, "A"), (t0 + 100 * 10**9, "B")):
+        joined, how, missing = join_client(tool(at), batch)
+        assert (how, missing) == (f"request id {prefix}<i>", 0)
+        clients = [r for r in joined.records() if r.boundary == "client"]
+        assert sorted(r.peer_request_id for r in clients) == [f"cmpl-{prefix}{i}-0" for i in range(n)]
+    with pytest.raises(ValueError, match=r"several prefixes \(A, B\): say which with --client-id-prefix"):
+        join_client(tool(t0 + 50 * 10**9), batch)  # halfway between the two runs
+    joined, how, _ = join_client(tool(t0 + 50 * 10**9), batch, prefix="B")  # said: no question
+    assert how == "request id B<i>"
