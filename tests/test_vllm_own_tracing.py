@@ -86,8 +86,11 @@ def test_vllm_own_spans_into_the_collector_agree_with_our_hooks(make_collector, 
         assert t.events_summarised and not m.events_summarised
         assert t.itl_max is None and t.front_end is None and m.itl_max is not None
         assert (t.output_tokens, t.input_tokens) == (m.output_tokens, m.input_tokens) == (16, m.input_tokens)
-        # both: vLLM's arrival time (a float of Unix seconds; our hooks place it on their own clock)
-        assert abs(t.submit_ns - m.submit_ns) < 20_000
+        # both: vLLM's arrival time, a float of Unix seconds. vLLM's span carries it as it is; our
+        # hooks read it as an age and place it on the monotonic clock, exported through an anchor
+        # taken when the process started. The wall clock's slew since then (NTP: up to 500 ppm,
+        # 48 us measured in one CI run) parts the two, so within 2 ms, not to the microsecond.
+        assert abs(t.submit_ns - m.submit_ns) < 2_000_000
         for k in diffs:
             diffs[k].append(abs(getattr(t, k) - getattr(m, k)))
     worst = {k: max(v) for k, v in diffs.items()}
