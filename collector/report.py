@@ -419,13 +419,14 @@ def render_html(d: ReportData, figs: dict[str, object]) -> str:
 
 
 def write_pngs(figs: dict[str, object], directory: str) -> list[str]:
-    """Each figure as ``directory/<id>.png`` (kaleido, through the system's Chromium)."""
+    """Each figure as ``directory/<id>.png`` (kaleido, through the system's Chromium: one browser
+    for all of them, not one a figure)."""
+    import plotly.io as pio
+
     os.makedirs(directory, exist_ok=True)
-    out = []
-    for fid, fig in figs.items():
-        path = os.path.join(directory, f"{fid}.png")
-        fig.write_image(path, width=1400, height=fig.layout.height or 420, scale=1)
-        out.append(path)
+    out = [os.path.join(directory, f"{fid}.png") for fid in figs]
+    heights = [fig.layout.height or 420 for fig in figs.values()]
+    pio.write_images(list(figs.values()), out, width=1400, height=heights, scale=1)
     return out
 
 
