@@ -71,6 +71,7 @@ def test_the_search_answers_the_sustained_rate_not_a_burst(server, start):
     assert end["stopped"] == "bracketed" and hi / cap <= 1 + RES and not end["capacity_is_lower_bound"]
     if start == "64":
         assert not points[0]["passed"]  # the first point was beyond the server
+        return  # the answer's place is checked once, below (a minute of longer points)
     # longer points on either side of the answer: the knee lies within the search's resolution
     below, above = round(cap / (1 + RES) ** 2, 3), round(hi * (1 + RES), 3)
     sweep = bench(

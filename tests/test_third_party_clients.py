@@ -10,10 +10,9 @@ import time
 
 import numpy as np
 import pytest
-from conftest import run_cli, start_vllm_server
+from conftest import run_cli, start_collector, start_vllm_server
 from third_party_clients import guidellm_run, vllm_bench_serve
 
-from collector.assembly import AssemblyConfig
 from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow
@@ -38,16 +37,23 @@ def _check_request(i: int, client_ttft: float, client_tokens: int, server, engin
         assert offs.min() >= 0 and offs.max() <= r.end_ns - r.submit_ns
 
 
-def _traced_server(make_collector, tiny_model):
-    """A collector, and a traced vLLM server sending to it: (collector, server process, base url)."""
-    c = make_collector(assembly=AssemblyConfig(grace_s=0.5, timeout_s=30))
-    otlp = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_LLM_SCHEDULE_DELAY": "100",
-    }
-    server, base_url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp})
-    return c, server, base_url
+@pytest.fixture(scope="module")
+def traced(tiny_model, tmp_path_factory):
+    """One collector and one traced vLLM server sending to it, shared by the module's tests (a
+    server takes about 25 s to start): each test asks for its own request ids and prompts."""
+    c, otlp = start_collector(str(tmp_path_factory.mktemp("third-party") / "store.db"), grace_s=0.5)
+    otlp = {**otlp, "OTEL_LLM_ENABLE": "1", "OTEL_LLM_SCHEDULE_DELAY": "100"}
+    otlp.pop("OTEL_TRACES_EXPORTER")
+    try:
+        server, base_url = start_vllm_server(tiny_model, otlp)
+    except BaseException:
+        c.stop()
+        raise
+    try:
+        yield c, base_url
+    finally:
+        stop_cpu_server(server)
+        c.stop()
 
 
 def _stored(c, n: int) -> dict:
@@ -64,23 +70,22 @@ def _summary(name: str, diffs: list[float]) -> None:
 
 
 @pytest.mark.parametrize("rate", ["8", "inf"], ids=["no-queue", "queues"])
-def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_path, rate):
-    c, server, base_url = _traced_server(make_collector, tiny_model)
-    try:
-        result = vllm_bench_serve(
-            base_url,
-            tiny_model,
-            tmp_path,
-            *("--dataset-name", "random", "--random-input-len", "48", "--random-output-len", "32"),
-            *("--ignore-eos", "--num-prompts", str(N), "--request-rate", rate, "--seed", "1"),
-            *("--request-id-prefix", "X"),
-        )
-    finally:
-        stop_cpu_server(server)
-    records = _stored(c, 2 * N)
+def test_vllm_bench_serve_joins_every_request(traced, tiny_model, tmp_path, rate):
+    c, base_url = traced
+    before = c.store.count()
+    prefix, seed = ("X", "1") if rate == "8" else ("Y", "2")  # its own ids and prompts (no prefix cache hit)
+    result = vllm_bench_serve(
+        base_url,
+        tiny_model,
+        tmp_path,
+        *("--dataset-name", "random", "--random-input-len", "48", "--random-output-len", "32"),
+        *("--ignore-eos", "--num-prompts", str(N), "--request-rate", rate, "--seed", seed),
+        *("--request-id-prefix", prefix),
+    )
+    records = _stored(c, before + 2 * N)
     failures, diffs = [], []
     for i, (ttft, tokens) in enumerate(zip(result["ttfts"], result["output_lens"])):
-        rid = f"cmpl-X{i}-0"  # vLLM's id for x-request-id X<i>, prompt 0
+        rid = f"cmpl-{prefix}{i}-0"  # vLLM's id for x-request-id X<i>, prompt 0
         server_rec, engine_rec = records.get(("server", rid)), records.get(("engine", rid))
         try:
             _check_request(i, ttft, tokens, server_rec, engine_rec)
@@ -91,10 +96,10 @@ def test_vllm_bench_serve_joins_every_request(make_collector, tiny_model, tmp_pa
     assert failures == [], f"{len(failures)} of {N}: {failures[:5]}"
     if rate == "inf":  # 200 requests at once: they wait (in front of the HTTP app more than in the scheduler)
         assert np.median(result["ttfts"]) > 0.05
-    _compare_with_the_tools_results(c.config.store, tmp_path, result)
+    _compare_with_the_tools_results(c.config.store, tmp_path, result, prefix)
 
 
-def _compare_with_the_tools_results(store: str, tmp_path, result: dict) -> None:
+def _compare_with_the_tools_results(store: str, tmp_path, result: dict, prefix: str) -> None:
     """Bring your own load generator: compare takes the client boundary from the tool's own
     per-request results, joined by the request id it sent (the prefix found in the store), and
     splits each request's TTFT, as the tool measured it, into the parts exactly."""
@@ -102,13 +107,13 @@ def _compare_with_the_tools_results(store: str, tmp_path, result: dict) -> None:
 
     (path,) = tmp_path.glob("vllm-bench-*.json")
     out = run_cli("compare", "--store", store, "--client-results", path, "--format", "json")
-    assert f"{N} of {N} requests of vllm bench serve" in out.stderr and "request id X<i>" in out.stderr
+    assert f"{N} of {N} requests of vllm bench serve" in out.stderr and f"request id {prefix}<i>" in out.stderr
     cmp = json.loads(out.stdout)
     rows = {r["id"]: r for r in cmp["requests"]}
     assert cmp["summary"]["requests_paired"] == N == len(rows)
     assert abs(cmp["summary"]["clock_offset"]["theta_s"]) < 1e-3  # one host: the tool's monotonic clock
     for i, ttft in enumerate(result["ttfts"]):
-        r = rows[f"X{i}"]
+        r = rows[f"{prefix}{i}"]
         assert abs(r["client_ttft"] - ttft) < 1e-6  # the tool's own TTFT, in the parts below
         parts = [r[p] for p in ("network_in", "api_in", "front_end", "queue", "prefill", "api_out", "network_out")]
         assert None not in parts and r["client_send"] is None  # the tool does not say when it began writing
@@ -125,22 +130,21 @@ def _compare_with_the_tools_results(store: str, tmp_path, result: dict) -> None:
 
 
 @pytest.mark.parametrize("rate", [8.0, float("inf")], ids=["no-queue", "queues"])
-def test_guidellm_joins_every_request(make_collector, tiny_model, tmp_path, rate):
+def test_guidellm_joins_every_request(traced, tiny_model, tmp_path, rate):
     """guidellm sends no request id: each of its requests is joined by the response id vLLM
     returned to it (``cmpl-<id>``, the engine's ``cmpl-<id>-0``)."""
     import random
 
     n = 100
-    rnd = random.Random(1)  # 48-word prompts in the tiny model's vocabulary (w8..w499: one token each)
+    # 48-word prompts in the tiny model's vocabulary (w8..w499: one token each), not the other test's
+    rnd = random.Random(1 if rate == 8.0 else 2)
     prompts = [" ".join(f"w{rnd.randrange(8, 500)}" for _ in range(48)) for _ in range(n)]
-    c, server, base_url = _traced_server(make_collector, tiny_model)
-    try:
-        report = guidellm_run(base_url, tiny_model, tmp_path, prompts, output_tokens=32, rate=rate)
-    finally:
-        stop_cpu_server(server)
+    c, base_url = traced
+    before = c.store.count()
+    report = guidellm_run(base_url, tiny_model, tmp_path, prompts, output_tokens=32, rate=rate)
     done = report["benchmarks"][0]["requests"]
     assert len(done["successful"]) == n and not done.get("errored"), "guidellm's own run failed"
-    records = _stored(c, 2 * n)
+    records = _stored(c, before + 2 * n)
     failures, diffs = [], []
     for r in done["successful"]:
         rid = r["response_id"] + "-0"

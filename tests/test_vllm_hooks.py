@@ -132,12 +132,16 @@ def test_queue_is_the_schedulers_queue(tmp_path, tiny_model):
     """With vLLM's own tracing on beside ours: each request's llm.queue is vLLM's
     gen_ai.latency.time_in_queue (QUEUED -> first SCHEDULED, the same scheduler timestamps) to well
     under a millisecond, and the front end's own time before it is llm.frontend (arrival ->
-    QUEUED); together they span arrival -> first scheduled."""
-    truth, spans = run_vllm_scenario(tmp_path, "own-tracing", tiny_model)
+    QUEUED); together they span arrival -> first scheduled. At the default detail level, phases
+    (test_detail_levels has the other two): every phase span, no engine-step span."""
+    truth, spans = run_vllm_scenario(tmp_path, "own-tracing", tiny_model, env={"OTEL_LLM_DETAIL": "phases"})
     theirs = truth["time_in_queue"]
     trees = request_trees(spans)
     assert set(theirs) == set(trees) == {r["id"] for r in truth["requests"]}
+    assert not {sc.SPAN_STEP, sc.SPAN_STEPS} & {s.name for s in spans}
     for rid, tree in trees.items():
+        for name in (sc.SPAN_FRONTEND, sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_STREAM):
+            assert len(tree["children"][name]) == 1, name
         (q,) = tree["children"][sc.SPAN_QUEUE]
         (fe,) = tree["children"][sc.SPAN_FRONTEND]
         (pf,) = tree["children"][sc.SPAN_PREFILL]
@@ -146,9 +150,10 @@ def test_queue_is_the_schedulers_queue(tmp_path, tiny_model):
         assert fe.end_ns > fe.start_ns  # rendering and the hand-off take time
 
 
-@pytest.mark.parametrize("detail", ["steps", "phases", "request"])
+@pytest.mark.parametrize("detail", ["steps", "request"])
 def test_detail_levels(tmp_path, tiny_model, detail):
     """OTEL_LLM_DETAIL decides which spans vLLM's front end and engine core emit, and none is lost
+    (the default, phases, is test_queue_is_the_schedulers_queue's: phase spans, no step spans)
     from the engine core's process. vLLM's CPU platform always starts that process with spawn (it
     sets VLLM_WORKER_MULTIPROC_METHOD=spawn whatever was asked); fork is tested on the pipeline
     itself, in tests/test_fork.py."""
@@ -173,9 +178,6 @@ def test_detail_levels(tmp_path, tiny_model, detail):
         return
     assert all(names[p] == 24 for p in phases), names
     steps = [s for s in spans if s.name == sc.SPAN_STEP]
-    if detail == "phases":
-        assert not steps and sc.SPAN_STEPS not in names
-        return
     # steps: the engine core's spans arrived from the child process, all of them: every token
     # generated is in a step (24 prompts prefilled, then decode steps of one token each)
     assert sum(s.attributes[sc.STEP_DECODE_TOKENS] for s in steps) == 24 * 31
