@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .records import COLUMNS, FLAG, RecordBatch
-from .steps import STEP_COLUMNS, StepBatch
+from .steps import STEP_COLUMN_DECL, StepBatch
 
 
 def _arrow_type(kind) -> pa.DataType:
@@ -45,18 +45,10 @@ def records_table(batch: RecordBatch) -> pa.Table:
 
 def steps_table(steps: StepBatch) -> pa.Table:
     rows = steps.rows()
-    cols = list(zip(*rows)) if rows else [()] * len(STEP_COLUMNS)
-    types = [
-        pa.string(),
-        pa.string(),
-        pa.string(),
-        *[pa.int64()] * 7,
-        pa.float64(),
-        pa.int64(),
-        pa.int64(),
-        pa.string(),
-    ]
-    return pa.Table.from_arrays([pa.array(list(c), type=t) for c, t in zip(cols, types)], names=STEP_COLUMNS)
+    cols = list(zip(*rows)) if rows else [()] * len(STEP_COLUMN_DECL)
+    fields = [pa.field(c.name, _arrow_type(c.kind), metadata={"unit": c.unit, "doc": c.doc}) for c in STEP_COLUMN_DECL]
+    arrays = [pa.array(list(v), type=f.type) for v, f in zip(cols, fields)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
 def write_parquet(batch: RecordBatch, steps: StepBatch | None, path: str) -> tuple[int, str, int]:

@@ -50,6 +50,7 @@ TEXT = Kind(None, "TEXT", None)
 INT = Kind(np.int64, "INTEGER", None)  # always known unless the column names an unknown value
 NS = Kind(np.int64, "INTEGER", NO_NS)  # a point in time, Unix ns
 SECONDS = Kind(np.float64, "REAL", math.nan)  # a duration (SQLite stores NaN as NULL)
+FRACTION = Kind(np.float64, "REAL", math.nan)  # a share, 0..1 (unknown: NaN, NULL in SQLite)
 FLAG = Kind(np.bool_, "INTEGER", None)
 WEIGHT = Kind(np.float64, "REAL", None)  # a multiplier, always known: 1 unless something says otherwise
 
@@ -191,9 +192,10 @@ def to_python(col: Column, values, nan_as_none: bool = True) -> list:
         return list(values)
     out = values.tolist()
     missing = col.missing
-    if missing is None or (col.kind is SECONDS and not nan_as_none):
+    nan = col.kind.dtype is np.float64 and missing is not None
+    if missing is None or (nan and not nan_as_none):
         return out
-    if col.kind is SECONDS:
+    if nan:
         return [None if v != v else v for v in out]
     return [None if v == missing else v for v in out]
 

@@ -9,61 +9,52 @@ timeline. Times are Unix ns on the engine's clock; ``service`` says which engine
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import field, fields, make_dataclass
 from operator import itemgetter
 
 import numpy as np
 
 from . import walked_span as sp
+from .records import FRACTION, INT, NS, TEXT, Column, from_python, to_python
 
-STEPS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS steps (
-  rowid INTEGER PRIMARY KEY,
-  trace_id TEXT NOT NULL,
-  span_id TEXT NOT NULL,
-  service TEXT,
-  start_ns INTEGER NOT NULL,
-  end_ns INTEGER NOT NULL,
-  step_index INTEGER,
-  batch_size INTEGER,
-  prefill_tokens INTEGER,
-  decode_tokens INTEGER,
-  preempted INTEGER,
-  kv_usage REAL,
-  gpu_time_ns INTEGER,
-  waiting INTEGER,
-  wait_reason TEXT,
-  UNIQUE (trace_id, span_id)
-);
-CREATE INDEX IF NOT EXISTS steps_by_start ON steps (start_ns);
-"""
+#: The steps table, one column per entry: how each is held in a :class:`StepBatch` and in SQLite,
+#: and what it means. The table, the batch, its rows and the Parquet export are made from it.
+STEP_COLUMN_DECL: tuple[Column, ...] = (
+    Column("trace_id", TEXT, "", "the trace of the step spans' export batch (llm.engine.steps), 32 hex digits"),
+    Column("span_id", TEXT, "", "the llm.engine.step span, 16 hex digits"),
+    Column("service", TEXT, "", "service.name of the engine process (None: not given)"),
+    Column("start_ns", NS, "ns", "the step began, Unix ns on the engine's clock"),
+    Column("end_ns", NS, "ns", "the step ended, Unix ns"),
+    Column("step_index", INT, "", "the engine's iteration number", unknown=-1),
+    Column("batch_size", INT, "", "requests in the step", unknown=-1),
+    Column("prefill_tokens", INT, "tokens", "prompt tokens computed in the step", unknown=-1),
+    Column("decode_tokens", INT, "tokens", "tokens generated in the step", unknown=-1),
+    Column("preempted", INT, "", "requests preempted in the step", unknown=-1),
+    Column("kv_usage", FRACTION, "", "the KV cache's used fraction, 0..1"),
+    Column("gpu_time_ns", INT, "ns", "CUDA-event time of the step (unknown: not measured)", unknown=-1),
+    Column("waiting", INT, "", "requests left waiting after the step", unknown=-1),
+    Column("wait_reason", TEXT, "", "why they waited, as the engine says (None: not said, or none waiting)"),
+)
+STEP_COLUMNS = [c.name for c in STEP_COLUMN_DECL]
+_REQUIRED = ("trace_id", "span_id", "start_ns", "end_ns")  # every step has them
+
+STEPS_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS steps (\n  rowid INTEGER PRIMARY KEY,\n"
+    + "".join(f"  {c.name} {c.kind.sqlite}{' NOT NULL' if c.name in _REQUIRED else ''},\n" for c in STEP_COLUMN_DECL)
+    + "  UNIQUE (trace_id, span_id)\n);\nCREATE INDEX IF NOT EXISTS steps_by_start ON steps (start_ns);\n"
+)
 
 
-@dataclass
-class StepBatch:
-    """Engine steps, column by column (``-1`` / NaN: not given)."""
-
-    trace_id: list[str]
-    span_id: list[str]
-    service: list[str | None]
-    start_ns: np.ndarray  # int64, Unix ns
-    end_ns: np.ndarray  # int64, Unix ns
-    step_index: np.ndarray  # int64
-    batch_size: np.ndarray  # int64: requests in the step
-    prefill_tokens: np.ndarray  # int64: prompt tokens computed in the step
-    decode_tokens: np.ndarray  # int64: tokens generated in the step
-    preempted: np.ndarray  # int64: requests preempted in the step
-    kv_usage: np.ndarray  # float64, fraction 0..1 of the KV cache in use
-    gpu_time_ns: np.ndarray  # int64: CUDA-event time of the step (-1: not measured)
-    waiting: np.ndarray | None = None  # int64: requests left waiting after the step (-1: not said)
-    wait_reason: list | None = None  # why they waited, as the engine says (None: not said, or none waiting)
+class _StepMethods:
+    """Engine steps, column by column: one field per :data:`STEP_COLUMN_DECL` entry (numpy arrays,
+    lists for text; unknown as each column says: -1, NaN, None). A column not given is unknown in
+    every step."""
 
     def __post_init__(self) -> None:
         n = len(self.start_ns)
-        if self.waiting is None:
-            self.waiting = np.full(n, -1, np.int64)
-        if self.wait_reason is None:
-            self.wait_reason = [None] * n
+        for c in STEP_COLUMN_DECL:
+            if getattr(self, c.name) is None:
+                setattr(self, c.name, from_python(c, [None] * n))
 
     def __len__(self) -> int:
         return len(self.start_ns)
@@ -88,13 +79,8 @@ class StepBatch:
         return (self.end_ns - self.start_ns) / 1e9
 
     def rows(self) -> list[tuple]:
-        cols = [getattr(self, f.name) for f in fields(self)]
-        py = [c if isinstance(c, list) else c.tolist() for c in cols]
-        kv = [None if v != v else v for v in py[10]]  # NaN -> NULL
-        ints = lambda xs: [None if v == -1 else v for v in xs]
-        return list(
-            zip(py[0], py[1], py[2], py[3], py[4], *(ints(c) for c in py[5:10]), kv, ints(py[11]), ints(py[12]), py[13])
-        )
+        """The steps as SQLite rows, in :data:`STEP_COLUMNS` order (None where unknown)."""
+        return list(zip(*(to_python(c, getattr(self, c.name)) for c in STEP_COLUMN_DECL)))
 
     @classmethod
     def from_walked(cls, spans: list[tuple]) -> StepBatch:
@@ -137,27 +123,19 @@ class StepBatch:
 
     @classmethod
     def from_rows(cls, rows: list[tuple]) -> StepBatch:
-        cols = list(zip(*rows)) if rows else [()] * len(STEP_COLUMNS)
-        ints = lambda xs: np.array([-1 if v is None else v for v in xs], np.int64)
-        return cls(
-            trace_id=list(cols[0]),
-            span_id=list(cols[1]),
-            service=list(cols[2]),
-            start_ns=np.array(cols[3], np.int64),
-            end_ns=np.array(cols[4], np.int64),
-            step_index=ints(cols[5]),
-            batch_size=ints(cols[6]),
-            prefill_tokens=ints(cols[7]),
-            decode_tokens=ints(cols[8]),
-            preempted=ints(cols[9]),
-            kv_usage=np.array([np.nan if v is None else v for v in cols[10]], np.float64),
-            gpu_time_ns=ints(cols[11]),
-            waiting=ints(cols[12]),
-            wait_reason=[v if type(v) is str else None for v in cols[13]],
-        )
+        """The inverse of :meth:`rows`."""
+        cols = list(zip(*rows)) if rows else [()] * len(STEP_COLUMN_DECL)
+        return cls(**{c.name: from_python(c, v) for c, v in zip(STEP_COLUMN_DECL, cols)})
 
 
-STEP_COLUMNS = [f.name for f in fields(StepBatch)]
+StepBatch = make_dataclass(
+    "StepBatch",
+    [(c.name, list if c.kind.dtype is None else np.ndarray, field(default=None)) for c in STEP_COLUMN_DECL],
+    bases=(_StepMethods,),
+    namespace={"__module__": __name__},
+    eq=False,
+)
+StepBatch.__doc__ = _StepMethods.__doc__
 
 
 def split_steps(spans: list[tuple]) -> tuple[list[tuple], list[tuple]]:

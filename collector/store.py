@@ -27,7 +27,7 @@ from otel_llm.selection import Selection
 from otel_llm.timeline import TimelineBatch
 
 from .records import COLUMN_NAMES, COLUMNS, RecordBatch, RequestRecord, from_python
-from .steps import STEP_COLUMNS, STEPS_SCHEMA, StepBatch
+from .steps import STEP_COLUMN_DECL, STEP_COLUMNS, STEPS_SCHEMA, StepBatch
 
 log = logging.getLogger("collector")
 
@@ -120,9 +120,9 @@ class RequestStore:
         self._select = ", ".join(f'"{c.name}"' if c.name in have else "NULL" for c in COLUMNS)
         step_have = {row[1] for row in self._db.execute("PRAGMA table_info(steps)")} if self._has_steps else set()
         if not readonly and self._has_steps:
-            for name, kind in (("waiting", "INTEGER"), ("wait_reason", "TEXT")):  # columns added since 0.1
-                if name not in step_have:
-                    self._db.execute(f"ALTER TABLE steps ADD COLUMN {name} {kind}")
+            for c in STEP_COLUMN_DECL:  # columns added since the store was made (waiting, wait_reason)
+                if c.name not in step_have:
+                    self._db.execute(f"ALTER TABLE steps ADD COLUMN {c.name} {c.kind.sqlite}")
             step_have = set(STEP_COLUMNS)
         self._step_select = ", ".join(c if c in step_have else "NULL" for c in STEP_COLUMNS)
         self._lock = threading.Lock()

@@ -78,3 +78,30 @@ def test_steps_waiting_for_the_store_are_bounded(make_collector):
     c.accept(step_request(6, base_ns=1_800_000_000 * 10**9))
     assert c.steps_received == 12 and c.steps_dropped == 2
     assert c.self_counters()["engine_steps_dropped"] == 2
+
+
+def test_the_steps_table_batch_and_parquet_come_from_one_declaration(tmp_path):
+    """STEP_COLUMN_DECL makes the SQLite table, the batch's fields and the Parquet schema: a step
+    with every unknown kind (-1 counts, NaN share, None text) goes through the store and back
+    unchanged, and a batch given only the required columns has the rest unknown."""
+    import pyarrow as pa
+
+    from collector.parquet import steps_table
+    from collector.steps import STEP_COLUMN_DECL, STEP_COLUMNS, StepBatch
+
+    store = RequestStore(str(tmp_path / "s.db"))
+    table = [row[1] for row in store._db.execute("PRAGMA table_info(steps)")]
+    assert table == ["rowid", *STEP_COLUMNS] and [f for f in StepBatch.__dataclass_fields__] == STEP_COLUMNS
+    ns = np.array([10, 20], np.int64)
+    given = StepBatch(trace_id=["a" * 32] * 2, span_id=["1" * 16, "2" * 16], start_ns=ns, end_ns=ns + 5)
+    assert given.service == [None, None] and given.batch_size.tolist() == [-1, -1]
+    assert np.isnan(given.kv_usage).all() and given.wait_reason == [None, None]
+    full = StepBatch.from_rows([(*given.rows()[0][:5], 7, 4, 0, 4, 0, 0.5, 1200, 3, "kv_cache"), given.rows()[1]])
+    store.add(full)
+    back = store.steps()
+    assert back.rows() == full.rows()
+    assert back.rows()[1][5:] == (None,) * 9  # every unknown as NULL, whatever its kind
+    t = steps_table(back)
+    assert t.column_names == STEP_COLUMNS and t.schema.field("kv_usage").type == pa.float64()
+    assert {f.name: f.metadata[b"doc"].decode() for f in t.schema} == {c.name: c.doc for c in STEP_COLUMN_DECL}
+    store.close()
