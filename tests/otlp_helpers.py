@@ -1,14 +1,21 @@
-"""Emitting request traces through the official OpenTelemetry SDK, for collector tests."""
+"""Emitting request traces through the official OpenTelemetry SDK, and building export requests by hand
+at the wire level, for collector tests; what the collector derives from them (:func:`records`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, set_span_in_context
 
+from collector.assembly import AssemblyConfig, TraceAssembler
+from collector.derive import derive
+from collector.receivers.decode import decode_payload, parse_request, walk_message
 from engine_hooks.tiny_model import free_port  # noqa: F401 (the helpers' users import it from here)
 from otel_llm import semconv as sc
 
@@ -142,7 +149,7 @@ def http_exporter(port: int, **kw):
     return OTLPSpanExporter(endpoint=f"http://127.0.0.1:{port}/v1/traces", **kw)
 
 
-def sample_request(reqs=None) -> ExportTraceServiceRequest:  # noqa: F821 (imported inside)
+def sample_request(reqs=None) -> ExportTraceServiceRequest:
     """A real export request, as the SDK's encoder builds it."""
     import time
 
@@ -155,3 +162,48 @@ def sample_request(reqs=None) -> ExportTraceServiceRequest:  # noqa: F821 (impor
         emit(tp.get_tracer("t"), r, time.time_ns())
     tp.shutdown()
     return encode_spans(mem.get_finished_spans())
+
+
+# -- spans shaped by hand at the wire level, and what the collector derives from them -------------
+
+
+def _kv(key: str, v) -> KeyValue:
+    if isinstance(v, bool):
+        return KeyValue(key=key, value=AnyValue(bool_value=v))
+    if isinstance(v, int):
+        return KeyValue(key=key, value=AnyValue(int_value=v))
+    if isinstance(v, float):
+        return KeyValue(key=key, value=AnyValue(double_value=v))
+    if isinstance(v, list):
+        return KeyValue(key=key, value=AnyValue(array_value={"values": [AnyValue(int_value=x) for x in v]}))
+    return KeyValue(key=key, value=AnyValue(string_value=v))
+
+
+def span(trace: int, sid: int, name: str, start_ns: int, end_ns: int, attrs: dict, parent: int = 0, kind=2) -> Span:
+    return Span(
+        trace_id=trace.to_bytes(16, "big"),
+        span_id=sid.to_bytes(8, "big"),
+        parent_span_id=parent.to_bytes(8, "big") if parent else b"",
+        name=name,
+        kind=kind,
+        start_time_unix_nano=start_ns,
+        end_time_unix_nano=end_ns,
+        attributes=[_kv(k, v) for k, v in attrs.items()],
+    )
+
+
+def body(*spans: Span, service="vllm.llm_engine") -> bytes:
+    req = ExportTraceServiceRequest()
+    rs = req.resource_spans.add()
+    rs.resource.attributes.append(_kv("service.name", service))
+    rs.scope_spans.add().spans.extend(spans)
+    return req.SerializeToString()
+
+
+def records(*bodies: bytes, walker: str = "c"):
+    asm = TraceAssembler(AssemblyConfig(max_traces=10**6, max_spans_per_trace=10**6))
+    for b in bodies:
+        w = decode_payload(b) if walker == "c" else walk_message(parse_request(b, False))
+        asm.add(w.spans, 0.0)
+    batch, rm = derive(asm.flush())
+    return batch, rm

@@ -96,8 +96,7 @@ def test_no_genai_name_bypasses_the_table():
 
 def test_the_client_boundary_under_the_genai_client_names():
     """gen_ai.client.operation.* hold the client records alone: TTFT, every chunk gap, E2E."""
-    from otlp_helpers import Req, sample_request
-    from test_vllm_spans import records
+    from otlp_helpers import Req, records, sample_request
 
     from collector.exporters.prometheus import render
 

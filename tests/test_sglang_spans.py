@@ -10,9 +10,8 @@ import pytest
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, set_span_in_context
-from otlp_helpers import provider
+from otlp_helpers import provider, records
 from sglang_fixture import MS, SGLangRequest, emit
-from test_vllm_spans import records
 
 from otel_llm import semconv as sc
 

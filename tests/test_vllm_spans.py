@@ -10,29 +10,13 @@ import math
 
 import numpy as np
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
+from otlp_helpers import body, records, span
 
-from collector.assembly import AssemblyConfig, TraceAssembler
-from collector.derive import derive
-from collector.receivers.decode import decode_payload, parse_request, walk_message
 from otel_llm import semconv as sc
 
 T0 = 1_750_000_000_000_000_000
 MS = 1_000_000
-
-
-def _kv(key: str, v) -> KeyValue:
-    if isinstance(v, bool):
-        return KeyValue(key=key, value=AnyValue(bool_value=v))
-    if isinstance(v, int):
-        return KeyValue(key=key, value=AnyValue(int_value=v))
-    if isinstance(v, float):
-        return KeyValue(key=key, value=AnyValue(double_value=v))
-    if isinstance(v, list):
-        return KeyValue(key=key, value=AnyValue(array_value={"values": [AnyValue(int_value=x) for x in v]}))
-    return KeyValue(key=key, value=AnyValue(string_value=v))
 
 
 def vllm_attrs(rid: str, ttft=0.05, e2e=0.25, queue=0.01, prefill=0.03, decode=0.19, prompt=40, completion=9):
@@ -53,41 +37,11 @@ def vllm_attrs(rid: str, ttft=0.05, e2e=0.25, queue=0.01, prefill=0.03, decode=0
     return {k: v for k, v in a.items() if v is not None}
 
 
-def span(trace: int, sid: int, name: str, start_ns: int, end_ns: int, attrs: dict, parent: int = 0, kind=2) -> Span:
-    return Span(
-        trace_id=trace.to_bytes(16, "big"),
-        span_id=sid.to_bytes(8, "big"),
-        parent_span_id=parent.to_bytes(8, "big") if parent else b"",
-        name=name,
-        kind=kind,
-        start_time_unix_nano=start_ns,
-        end_time_unix_nano=end_ns,
-        attributes=[_kv(k, v) for k, v in attrs.items()],
-    )
-
-
-def body(*spans: Span, service="vllm.llm_engine") -> bytes:
-    req = ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    rs.resource.attributes.append(_kv("service.name", service))
-    rs.scope_spans.add().spans.extend(spans)
-    return req.SerializeToString()
-
-
 def vllm_span(trace: int, rid: str, parent: int = 0, start_ns: int = T0, **kw) -> Span:
     a = vllm_attrs(rid, **kw)
     e2e = a.get(sc.VLLM_E2E, 0.25)
     end = start_ns + round(e2e * 1e9) + 300_000  # vLLM ends the span when it has built it
     return span(trace, 0xA0 + trace, sc.VLLM_SPAN_REQUEST, start_ns, end, a, parent=parent)
-
-
-def records(*bodies: bytes, walker: str = "c"):
-    asm = TraceAssembler(AssemblyConfig(max_traces=10**6, max_spans_per_trace=10**6))
-    for b in bodies:
-        w = decode_payload(b) if walker == "c" else walk_message(parse_request(b, False))
-        asm.add(w.spans, 0.0)
-    batch, rm = derive(asm.flush())
-    return batch, rm
 
 
 @pytest.mark.parametrize("walker", ["c", "python"])
