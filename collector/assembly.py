@@ -35,6 +35,7 @@ from typing import Protocol
 
 from . import walked_span as sp
 from .config import AssemblyConfig
+from .genai_client_spans import is_genai_client_span
 
 
 @dataclass
@@ -58,8 +59,18 @@ class AssemblyFull(Exception):
 _CLIENT_BIT, _ENGINE_BIT = 1, 2
 
 
-def _boundary_bit(code: int) -> int:
-    return _CLIENT_BIT if code == sp.CLIENT else _ENGINE_BIT
+def _request_bit(s: tuple) -> int:
+    """The boundary a span makes a record of (0: none, a phase or another span): otel-llm's request
+    spans, and a GenAI client instrumentation's span, derived as a client request span."""
+    code = s[sp.CODE]
+    if code == sp.CLIENT or (code == sp.GENAI_CLIENT and is_genai_client_span(s)):
+        return _CLIENT_BIT
+    return _ENGINE_BIT if code == sp.ENGINE else 0
+
+
+def _boundary_bit(s: tuple) -> int:
+    """The boundary a span belongs to: its record's, else the engine's (a phase span)."""
+    return _request_bit(s) or _ENGINE_BIT
 
 
 class TraceStorage(Protocol):
@@ -178,7 +189,7 @@ class TraceAssembler:
                 e = entries.get(tid)
                 if e is None or e.late:
                     done = released.get(tid)
-                    if done is not None and done & _boundary_bit(s[sp.CODE]):
+                    if done is not None and done & _boundary_bit(s):
                         c.spans_late += 1
                         continue
                 if e is None:
@@ -201,8 +212,9 @@ class TraceAssembler:
                 e.bytes += bytes_per_span
                 self.bytes += bytes_per_span
                 code = s[sp.CODE]
-                if code <= sp.ENGINE:  # a request span: its trace is ready after the grace period
-                    if code == sp.CLIENT:
+                bit = (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s)
+                if bit:  # a request span: its trace is ready after the grace period
+                    if bit == _CLIENT_BIT:
                         e.has_client = True
                     if not e.has_client and s[sp.PARENT_ID] and not e.late:  # the caller's span is on its way
                         e.ready_at = now + peer_wait
@@ -220,8 +232,8 @@ class TraceAssembler:
         bits = 0
         for s in spans:
             code = s[sp.CODE]
-            if code <= sp.ENGINE:  # a boundary is derived where its request span is
-                bits |= _boundary_bit(code)
+            if code <= sp.ENGINE or code == sp.GENAI_CLIENT:  # a boundary is derived where its request span is
+                bits |= _request_bit(s)
         self._released.add(tid, bits)
         c = self.counters
         c.traces_released += 1

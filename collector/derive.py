@@ -33,7 +33,7 @@ import numpy as np
 from otel_llm.request_math import RequestMetrics, request_metrics
 from otel_llm.timeline import STATUS_CODE, clean_events
 
-from . import engine_sources, invariants
+from . import foreign_spans, invariants
 from . import walked_span as sp
 from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch, timeline_batch
@@ -181,7 +181,7 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
     flat = [s for t in traces for s in t.spans]
     codes = np.fromiter(map(_CODE, flat), np.int64, len(flat))
     tix = np.repeat(np.arange(len(traces)), [len(t.spans) for t in traces])
-    adopted = engine_sources.adopt(flat, codes, tix)  # vLLM's and SGLang's own request spans
+    adopted = foreign_spans.adopt(flat, codes, tix)  # vLLM's, SGLang's and GenAI clients' own spans
     flat, codes, tix = adopted.flat, adopted.codes, adopted.tix
     is_root = codes <= sp.ENGINE
     at = np.flatnonzero(is_root)
@@ -252,7 +252,7 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
             k = r[sp.GEN_TOKENS]
             gt = np.frombuffer(k, np.int64) if type(k) is bytes and len(k) == len(g) else None
             generated[e] = (r[sp.START] + np.frombuffer(g, np.int64), gt)
-    if adopted.phases:  # what vLLM's and SGLang's own spans said (collector/engine_sources.py)
+    if adopted.phases:  # what vLLM's and SGLang's own spans said (collector/foreign_spans.py)
         for r, t_sid in enumerate(zip(rec_tix.tolist(), sids)):
             ph = adopted.phases.get(t_sid)
             if ph is None:

@@ -25,6 +25,7 @@ CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP, FRONTEND, SERV
 # SGLang's stage spans (collector/sglang_spans.py)
 SG_TOKENIZE, SG_DISPATCH, SG_REQUEST_PROCESS, SG_PREFILL_WAITING, SG_PREFILL_FORWARD = range(10, 15)
 SG_CHUNKED_PREFILL, SG_DECODE_LOOP = range(15, 17)
+GENAI_CLIENT = 17  # a GenAI client instrumentation's span (collector/genai_client_spans.py)
 CODES = {
     sc.SPAN_CLIENT_REQUEST: CLIENT,
     sc.SPAN_REQUEST: ENGINE,
@@ -45,6 +46,7 @@ CODES = {
     sc.SGLANG_PREFILL_FORWARD: SG_PREFILL_FORWARD,
     sc.SGLANG_CHUNKED_PREFILL: SG_CHUNKED_PREFILL,
     sc.SGLANG_DECODE_LOOP: SG_DECODE_LOOP,
+    **dict.fromkeys(sc.GENAI_CLIENT_SPAN_NAMES, GENAI_CLIENT),  # "chat <model>", ...: prefixes
 }
 #: names that end in "*": every span name beginning with the rest (the C walker does the same)
 PREFIXES = tuple((name[:-1], code) for name, code in CODES.items() if name.endswith("*"))
@@ -107,6 +109,10 @@ _ATTRIBUTES = (
     ("latency_decode", sc.VLLM_DECODE),
     # SGLang's root span (collector/sglang_spans.py)
     ("sglang_rid", sc.SGLANG_RID),
+    # a GenAI client instrumentation's span (collector/genai_client_spans.py)
+    ("operation", sc.OPERATION_NAME),
+    ("time_to_first_chunk", sc.RESPONSE_TIME_TO_FIRST_CHUNK),
+    ("response_id", sc.RESPONSE_ID),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -152,6 +158,9 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     LATENCY_PREFILL,
     LATENCY_DECODE,
     SGLANG_RID,
+    OPERATION,
+    TIME_TO_FIRST_CHUNK,
+    RESPONSE_ID,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

@@ -33,6 +33,12 @@ VLLM_QUEUE = "gen_ai.latency.time_in_queue"  # queued -> first scheduled (engine
 VLLM_PREFILL = "gen_ai.latency.time_in_model_prefill"  # first scheduled -> first token (engine core)
 VLLM_DECODE = "gen_ai.latency.time_in_model_decode"  # first -> last token (engine core)
 
+# A GenAI client instrumentation's span (the OpenTelemetry GenAI conventions: "{gen_ai.operation.name}
+# {gen_ai.request.model}", kind CLIENT), for the operations that generate text. The collector takes
+# one as the client boundary where otel-llm's client span is absent (collector/genai_client_spans.py)
+GENAI_CLIENT_SPAN_NAMES = ("chat *", "text_completion *", "generate_content *")  # prefixes
+GENAI_CLIENT_OPERATIONS = ("chat", "text_completion", "generate_content")
+
 # SGLang's own tracing (--enable-trace, python/sglang/srt/tracing/trace.py): a root span per request
 # named "Req <first 8 characters of the rid>" (attribute rid), a span per thread under it, and a
 # span per stage under those, named by the stage (trace_metric_wrapper.RequestStage), each at a
