@@ -71,11 +71,17 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The quick tests run on two workers (pytest-xdist: they wait on sockets and subprocesses as much
+# as they compute); the slow ones, which measure real engines and servers, one at a time. Both sets
+# run whatever the first gives; either failing fails the target.
 test: venv loadgen prometheus clang chromium valgrind lint
-	$(PY) -m pytest -v --durations=25
+	@status=0; \
+	$(PY) -m pytest -m 'not slow' -n 2 --durations=10 || status=$$?; \
+	$(PY) -m pytest -m slow -v --durations=25 || status=$$?; \
+	exit $$status
 
 test-quick: venv lint
-	$(PY) -m pytest -m 'not slow'
+	$(PY) -m pytest -m 'not slow' -n 2
 
 # the collector's durability soak: SOAK_SCHEDULES seeded crash loops (SIGKILL at random moments
 # with senders connected), each compared acknowledged-against-stored; CI runs two of them

@@ -87,7 +87,8 @@ def test_the_spool_is_emptied_as_traces_are_stored(make_collector, tmp_path):
     c = make_collector(spool=str(tmp_path / "sp"), spool_segment_bytes=8192)
     for i in range(400):  # a segment is closed before the append that finds it full
         c.accept(sample_request([Req(f"q{i}")]).SerializeToString())
-    assert c.spool.segments > 10
+    # more than 10 segments written in all (some may be stored and deleted already on a busy machine)
+    assert c.spool.segments + c.spool.segments_deleted > 10
     deadline = time.monotonic() + 20
     while c.spool.segments > 2 and time.monotonic() < deadline:
         time.sleep(0.1)
