@@ -197,3 +197,9 @@ def prometheus_jobs(tmp_path):
     for p in procs:
         p.terminate()
         p.wait(10)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests that may share the machine (parallel_safe) first, the longest among them
+    leading, so that on make test's two workers they start while the quick tests fill the other."""
+    items.sort(key=lambda item: item.get_closest_marker("parallel_safe") is None)

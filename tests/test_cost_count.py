@@ -107,6 +107,7 @@ def test_the_site_hook_pins_vllms_spinning_and_adds_the_flush(on):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # instructions counted, not time
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (make valgrind)")
 def test_counted_batches_repeat_within_two_tenths_of_a_percent(tmp_path):
     """Plain vLLM and the default detail level under callgrind, a small batch counted twice each:

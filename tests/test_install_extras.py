@@ -18,7 +18,7 @@ import time
 import pytest
 from conftest import ROOT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_safe]  # pip and the CLI: no timing checked
 
 #: what the project's wheel needs to be built from a copy of the tree
 SOURCES = ("pyproject.toml", "setup.py", "README.md", "otel_llm", "engine_hooks", "collector")

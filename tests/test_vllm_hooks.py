@@ -9,7 +9,8 @@ from spantree import check_nesting_and_order, request_trees
 
 from otel_llm import semconv as sc
 
-pytestmark = pytest.mark.slow
+# each scenario in a process of its own, checked against vLLM's own account: no timing measured
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_safe]
 
 
 def test_class_form_with_preemptions(tmp_path, tiny_model):
