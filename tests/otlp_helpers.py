@@ -3,6 +3,7 @@ at the wire level, for collector tests; what the collector derives from them (:f
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -207,3 +208,41 @@ def records(*bodies: bytes, walker: str = "c"):
         asm.add(w.spans, 0.0)
     batch, rm = derive(asm.flush())
     return batch, rm
+
+
+# -- a running collector, fed through the SDK ------------------------------------------------------
+
+
+def wait_for(pred, timeout=10.0, what="condition"):
+    """``pred()`` once it is truthy, polled every 50 ms for ``timeout`` seconds."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def send(exporter, reqs, base_ns=None):
+    """Emit ``reqs`` through the SDK to ``exporter`` and flush; returns the base time (Unix ns)."""
+    base_ns = base_ns or time.time_ns()
+    tp = provider(exporter)
+    tracer = tp.get_tracer("test")
+    for r in reqs:
+        emit(tracer, r, base_ns)
+    tp.shutdown()
+    return base_ns
+
+
+def metrics_text(c) -> str:
+    """The collector's Prometheus scrape."""
+    import urllib.request
+
+    host, port = c.prometheus.address
+    return urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
+
+
+def records_by(c, n, boundary=None):
+    wait_for(lambda: c.store.count(boundary) >= n, what=f"{n} records")
+    return {(r.boundary, r.request_id): r for r in c.store.records(boundary)}

@@ -1,50 +1,16 @@
 """The collector, fed through the official OpenTelemetry SDK exporters over real gRPC and HTTP."""
 
 import json
-import time
 from dataclasses import asdict
 
 import pytest
 from conftest import run_cli
-from otlp_helpers import Req, emit, grpc_exporter, http_exporter, provider
+from otlp_helpers import Req, grpc_exporter, http_exporter, metrics_text, records_by, send, wait_for
 
 from otel_llm import semconv as sc
 from otel_llm.slo import SLO
 
 US = 1e-6  # float Unix seconds resolve about 0.2 us today: compare to the microsecond
-
-
-def wait_for(pred, timeout=10.0, what="condition"):
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def send(exporter, reqs, base_ns=None):
-    base_ns = base_ns or time.time_ns()
-    tp = provider(exporter)
-    tracer = tp.get_tracer("test")
-    for r in reqs:
-        emit(tracer, r, base_ns)
-    tp.shutdown()
-    return base_ns
-
-
-def metrics_text(c) -> str:
-    """The collector's Prometheus scrape."""
-    import urllib.request
-
-    host, port = c.prometheus.address
-    return urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
-
-
-def records_by(c, n, boundary=None):
-    wait_for(lambda: c.store.count(boundary) >= n, what=f"{n} records")
-    return {(r.boundary, r.request_id): r for r in c.store.records(boundary)}
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])

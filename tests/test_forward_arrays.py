@@ -8,8 +8,7 @@ import json
 from itertools import pairwise
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from otlp_helpers import Req, http_exporter, sample_request
-from test_collector import send, wait_for
+from otlp_helpers import Req, http_exporter, sample_request, send, wait_for
 
 from collector.exporters.array_summary import summarise, text_bytes
 from otel_llm import semconv as sc

@@ -9,8 +9,7 @@ import time
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from otlp_helpers import Req, grpc_exporter, http_exporter
-from test_collector import send, wait_for
+from otlp_helpers import Req, grpc_exporter, http_exporter, send, wait_for
 
 from collector.config import CollectorConfig
 from collector.exporters.trace_policy import PolicyForwarder, TracePolicy

@@ -7,8 +7,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from otlp_helpers import Req, sample_request
-from test_collector import metrics_text
+from otlp_helpers import Req, metrics_text, sample_request
 
 from collector.invariants import KINDS
 from engine_hooks.span_factory import _broken_orderings

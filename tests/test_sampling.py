@@ -93,8 +93,7 @@ def test_the_collector_counts_each_request_for_its_weight(make_collector):
     histograms hold the sample."""
     import urllib.request
 
-    from otlp_helpers import Req, grpc_exporter
-    from test_collector import send, wait_for
+    from otlp_helpers import Req, grpc_exporter, send, wait_for
 
     from otel_llm.slo import SLO
 

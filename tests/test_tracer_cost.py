@@ -20,7 +20,7 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from test_collector import metrics_text, wait_for
+from otlp_helpers import metrics_text, wait_for
 
 
 def value(text: str, name: str, **labels) -> float | None:
