@@ -32,7 +32,7 @@ from otel_llm import semconv as sc
 
 from . import walked_span as sp
 from .adopted_spans import Adopted
-from .vllm_spans import duration_ns
+from .vllm_spans import duration_ns, token_count
 
 _KIND_CLIENT = 3  # OTLP Span.SpanKind.SPAN_KIND_CLIENT
 _OPERATIONS = frozenset(sc.GENAI_CLIENT_OPERATIONS)
@@ -43,19 +43,15 @@ def is_genai_client_span(s: tuple) -> bool:
     return s[sp.KIND] == _KIND_CLIENT and s[sp.OPERATION] in _OPERATIONS and s[sp.OFFSETS] is None
 
 
-def _count(v) -> int | None:
-    return v if type(v) is int and 0 <= v < 2**31 else None
-
-
 def as_client_span(s: tuple) -> tuple:
     """The instrumentation's span as one of our client request spans (see the module docstring)."""
     row = list(s)
     row[sp.CODE] = sp.CLIENT
     rid = s[sp.RESPONSE_ID]
     row[sp.REQUEST_ID] = rid if type(rid) is str and rid else s[sp.SPAN_ID].hex()
-    n = _count(s[sp.OUTPUT_TOKENS])
+    n = token_count(s[sp.OUTPUT_TOKENS])
     row[sp.OUTPUT_TOKENS] = n
-    row[sp.INPUT_TOKENS] = _count(s[sp.INPUT_TOKENS])
+    row[sp.INPUT_TOKENS] = token_count(s[sp.INPUT_TOKENS])
     span_ns = s[sp.END] - s[sp.START]
     ttfc = duration_ns(s[sp.TIME_TO_FIRST_CHUNK])
     offsets: list[int] = []

@@ -138,6 +138,10 @@ class Family:
     labels: tuple[str, ...] = ()
     when: str | None = None
 
+    def wanted(self, registry) -> bool:
+        """Whether ``registry`` exports this family (its option, if any, is set)."""
+        return self.when is None or getattr(registry, self.when) is not None
+
     def make(self) -> Histogram | Counter:
         if self.buckets is not None:
             return Histogram(self.name, self.unit, self.help, self.buckets, BM + self.labels)
@@ -317,7 +321,7 @@ class MetricsRegistry:
         self.start_time_ns = time.time_ns()
         self._lock = threading.Lock()
         for f in FAMILIES:
-            if f.when is None or getattr(self, f.when) is not None:
+            if f.wanted(self):
                 setattr(self, f.attr, f.make())
 
     def _model_label(self, model: str) -> str:
@@ -333,7 +337,7 @@ class MetricsRegistry:
     @property
     def families(self) -> list:
         """Every family this registry exports, in :data:`FAMILIES`' order."""
-        return [getattr(self, f.attr) for f in FAMILIES if f.when is None or getattr(self, f.when) is not None]
+        return [getattr(self, f.attr) for f in FAMILIES if f.wanted(self)]
 
     def record(self, batch: RecordBatch, rm: RequestMetrics) -> None:
         """Add a batch of derived records; ``rm`` is their per-request metrics, same order.

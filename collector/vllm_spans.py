@@ -44,7 +44,8 @@ def duration_ns(v) -> int | None:
     return round(v * _NS)
 
 
-def _count(v) -> int | None:
+def token_count(v) -> int | None:
+    """A token count attribute as an int; None where absent, not an int, negative or huge."""
     return v if type(v) is int and 0 <= v < 2**31 else None
 
 
@@ -58,9 +59,9 @@ def as_engine_span(s: tuple) -> tuple:
     if row[sp.MODEL] is None and type(s[sp.RESPONSE_MODEL]) is str:
         row[sp.MODEL] = s[sp.RESPONSE_MODEL]
     if row[sp.INPUT_TOKENS] is None:
-        row[sp.INPUT_TOKENS] = _count(s[sp.PROMPT_TOKENS])
-    n = _count(s[sp.OUTPUT_TOKENS])
-    n = _count(s[sp.COMPLETION_TOKENS]) if n is None else n
+        row[sp.INPUT_TOKENS] = token_count(s[sp.PROMPT_TOKENS])
+    n = token_count(s[sp.OUTPUT_TOKENS])
+    n = token_count(s[sp.COMPLETION_TOKENS]) if n is None else n
     row[sp.OUTPUT_TOKENS] = n
     span_ns = s[sp.END] - s[sp.START]
     e2e = duration_ns(s[sp.LATENCY_E2E])
