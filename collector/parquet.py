@@ -28,13 +28,17 @@ def _arrow_type(kind) -> pa.DataType:
     return pa.float64() if kind.dtype == np.float64 else pa.int64()
 
 
+def _field(c) -> pa.Field:
+    """A declared column (records.Column) as a Parquet field: its type, unit and meaning."""
+    return pa.field(c.name, _arrow_type(c.kind), metadata={"unit": c.unit, "doc": c.doc})
+
+
 def records_table(batch: RecordBatch) -> pa.Table:
     cols = batch.scalar_columns()  # Python values, None where unknown
     fields, arrays = [], []
     for c in COLUMNS:
-        t = _arrow_type(c.kind)
-        fields.append(pa.field(c.name, t, metadata={"unit": c.unit, "doc": c.doc}))
-        arrays.append(pa.array(cols[c.name], type=t))
+        fields.append(_field(c))
+        arrays.append(pa.array(cols[c.name], type=fields[-1].type))
     st = batch.event_start.tolist()
     for name, values in (("event_offsets_ns", batch.event_offsets_ns), ("event_tokens", batch.event_tokens)):
         v = values.tolist()
@@ -46,7 +50,7 @@ def records_table(batch: RecordBatch) -> pa.Table:
 def steps_table(steps: StepBatch) -> pa.Table:
     rows = steps.rows()
     cols = list(zip(*rows)) if rows else [()] * len(STEP_COLUMN_DECL)
-    fields = [pa.field(c.name, _arrow_type(c.kind), metadata={"unit": c.unit, "doc": c.doc}) for c in STEP_COLUMN_DECL]
+    fields = [_field(c) for c in STEP_COLUMN_DECL]
     arrays = [pa.array(list(v), type=f.type) for v, f in zip(cols, fields)]
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
