@@ -200,6 +200,7 @@ def prometheus_jobs(tmp_path):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The slow tests that may share the machine (parallel_safe) first, the longest among them
-    leading, so that on make test's two workers they start while the quick tests fill the other."""
+    """The slow tests that may share the machine (parallel_safe) first, in collection order (the
+    instruction count, the longest, leads), so that on make test's two workers they start while the
+    quick tests fill the other."""
     items.sort(key=lambda item: item.get_closest_marker("parallel_safe") is None)
