@@ -236,6 +236,11 @@ def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint:
         HF_HUB_OFFLINE="1",
         VLLM_LOGGING_LEVEL="WARNING",
     )
+    # vLLM's CPU worker binds its OpenMP threads by default ("auto": core 0 of a 2-core machine,
+    # the other left to the rest): two engines counted at once, or beside a test run, then share
+    # core 0 while core 1 idles (an engine's start took 323 s instead of 208). Where a thread runs
+    # changes no instruction; one thread each, as "auto" gives on two cores.
+    env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
     cmd = [
         "valgrind",
         "--tool=callgrind",

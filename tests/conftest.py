@@ -12,6 +12,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the tests read the engines' step spans (batch sizes, stalls' engine detail): trace every detail
 # level unless told otherwise; tests/test_detail_levels.py checks each level and the default
 os.environ.setdefault("OTEL_LLM_DETAIL", "steps")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # tests side by side (make test's first part): vLLM's CPU worker binds its OpenMP threads to
+    # core 0 by default, so two engines started at once share one core while the other idles. Those
+    # tests measure no time; the serial part keeps vLLM's default binding, as users run it.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def write_jsonl(path: Path, rows) -> Path:
