@@ -220,6 +220,7 @@ def engine_span_of(traces: str, trace_id: int, timeout: float = 10.0) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # what each idiom sends and records, no time measured
 def test_real_vllm_sync_idioms(vllm_server, tiny_model, tp, mem):
     base_url, traces, _ = vllm_server
     c = instrument_openai(openai.OpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)
@@ -246,6 +247,7 @@ def test_real_vllm_sync_idioms(vllm_server, tiny_model, tp, mem):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # what each idiom sends and records, no time measured
 def test_real_vllm_async_break_and_close(vllm_server, tiny_model, tp, mem):
     from engine_hooks.tiny_model import prompt
 
@@ -279,6 +281,7 @@ def test_real_vllm_async_break_and_close(vllm_server, tiny_model, tp, mem):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # what each idiom sends and records, no time measured
 def test_the_server_log_says_once_that_tracing_is_on_and_where_spans_go(vllm_server):
     """Once, in the server's own log: tracing is on, at which detail level, what that level sends and
     leaves out, and where the spans go."""
@@ -312,6 +315,7 @@ def test_several_choices_are_a_span_each(server, tp, mem, usage):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # what each idiom sends and records, no time measured
 def test_real_vllm_two_choices_at_both_boundaries(vllm_server, tiny_model):
     """n=2 through the SDK against vLLM: a record per choice at each boundary, paired by choice."""
     from engine_hooks.tiny_model import prompt
@@ -345,6 +349,7 @@ def test_real_vllm_two_choices_at_both_boundaries(vllm_server, tiny_model):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # what each idiom sends and records, no time measured
 def test_real_vllm_every_sync_idiom(vllm_server, tiny_model, tp, mem):
     from engine_hooks.tiny_model import prompt
 
@@ -371,6 +376,7 @@ def test_real_vllm_every_sync_idiom(vllm_server, tiny_model, tp, mem):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # what each idiom sends and records, no time measured
 def test_real_vllm_every_async_idiom(vllm_server, tiny_model, tp, mem):
     from engine_hooks.tiny_model import prompt
 
@@ -399,6 +405,7 @@ def test_real_vllm_every_async_idiom(vllm_server, tiny_model, tp, mem):
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # what each idiom sends and records, no time measured
 def test_real_vllm_a_refused_request_keeps_its_spans(vllm_server, tiny_model, tp, mem):
     """A prompt longer than the model's context: vLLM refuses it with 400 before its engine sees it.
     The caller gets vLLM's error unchanged; the client span says error, and the HTTP server span in

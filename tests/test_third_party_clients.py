@@ -18,7 +18,7 @@ from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow
 
-N = 200
+N = 100  # vllm bench serve: 12.5 s at 8 requests/s; all at once, they still queue
 
 
 def _check_request(i: int, client_ttft: float, client_tokens: int, server, engine) -> None:
@@ -95,7 +95,7 @@ def test_vllm_bench_serve_joins_every_request(traced, tiny_model, tmp_path, rate
             failures.append(f"{rid}: {exc}")
     _summary(f"vllm bench serve, rate {rate}", diffs)
     assert failures == [], f"{len(failures)} of {N}: {failures[:5]}"
-    if rate == "inf":  # 200 requests at once: they wait (in front of the HTTP app more than in the scheduler)
+    if rate == "inf":  # every request at once: they wait (in front of the HTTP app more than in the scheduler)
         assert np.median(result["ttfts"]) > 0.05
     _compare_with_the_tools_results(c.config.store, tmp_path, result, prefix)
 
