@@ -163,8 +163,8 @@ def raw_rate(bodies: list[bytes], total: int) -> float:
 
 
 def make_collector(store: str, max_traces: int, grace_s: float = 0.0, spool: str | None = None):
-    from collector.assembly import AssemblyConfig
     from collector.config import CollectorConfig
+    from collector.pipeline.assembly import AssemblyConfig
     from collector.service import Collector
     from otel_llm.slo import SLO
 

@@ -6,7 +6,7 @@ Shapes (each trace one request at the client and the engine boundary):
     parent is unknown: the general matching pairs them by request id);
   * server: an HTTP server span between them (engine_hooks.asgi): three boundaries.
 
-Prints, for n = 1k, 10k, 100k traces, the seconds ``collector.derive.derive`` takes and traces/s:
+Prints, for n = 1k, 10k, 100k traces, the seconds ``collector.pipeline.derive.derive`` takes and traces/s:
 derivation must stay linear in spans for every shape (the proxy shape was O(n^2): 8,000 traces
 took 6.7 s).
 
@@ -24,8 +24,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from collector.assembly import ReleasedTrace
-from collector.derive import derive
+from collector.pipeline.assembly import ReleasedTrace
+from collector.pipeline.derive import derive
 from collector.receivers.decode import decode_payload
 from otel_llm import semconv as sc
 

@@ -13,9 +13,9 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from collector.assembly import ReleasedTrace
-from collector.derive import derive
-from collector.walked_span import make_span
+from collector.pipeline.assembly import ReleasedTrace
+from collector.pipeline.derive import derive
+from collector.pipeline.walked_span import make_span
 from otel_llm import semconv as sc
 
 MS = 1_000_000

@@ -25,8 +25,8 @@ from collector_throughput import request_spans  # noqa: E402
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
 from collector.config import CollectorConfig  # noqa: E402
+from collector.pipeline.steps import StepBatch  # noqa: E402
 from collector.service import Collector  # noqa: E402
-from collector.steps import StepBatch  # noqa: E402
 
 
 def build_store(path: str, n: int) -> None:

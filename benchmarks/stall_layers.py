@@ -2,7 +2,7 @@
 
 For every request seen at both boundaries, derivation finds the engine core's and the HTTP
 server's gap over the two tokens that bound the client's largest gap
-(:func:`collector.stalls.stall_layers`). Synthetic pairs of 64 token events, 70% of them with
+(:func:`collector.pipeline.stalls.stall_layers`). Synthetic pairs of 64 token events, 70% of them with
 the engine core's generation times and 70% with the server's body-chunk times (as vLLM with the
 plugin sends them): prints microseconds per pair with the arrays, and without them (the same
 pairs, nothing to look up), from one run.
@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from collector.stalls import stall_layers
+from collector.pipeline.stalls import stall_layers
 
 
 def pairs(n: int, tokens: int, rng: np.random.Generator, with_arrays: bool):

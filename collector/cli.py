@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import signal
 import sys
 import threading
+import time
 
 from otel_llm import environment
 from otel_llm.cli_options import add_selection_options, number, percentile_list, selection_of
@@ -145,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
 def add_stall_options(p: argparse.ArgumentParser) -> None:
     """``--stall`` and ``--stall-factor`` (compare, report): when a client gap is a stall."""
-    from .stalls import DEFAULT_FACTOR, DEFAULT_FLOOR_S
+    from .pipeline.stalls import DEFAULT_FACTOR, DEFAULT_FLOOR_S
 
     p.add_argument(
         "--stall",
@@ -165,7 +168,7 @@ def add_stall_options(p: argparse.ArgumentParser) -> None:
 
 
 def register_compare(sub) -> None:
-    from .client_results import add_client_results_options
+    from .analysis.client_results import add_client_results_options
 
     p = sub.add_parser(
         "compare",
@@ -236,10 +239,10 @@ def run_compare(args: argparse.Namespace) -> int:
 
     from otel_llm.cli_options import CLIError
 
-    from .client_results import apply_client_results
-    from .compare import compare, summarize_comparison, to_json
-    from .compare_format import format_comparison
-    from .store import read_stores
+    from .analysis.client_results import apply_client_results
+    from .analysis.compare import compare, summarize_comparison, to_json
+    from .analysis.compare_format import format_comparison
+    from .storage.store import read_stores
 
     try:
         offset = None if args.clock_offset == "auto" else float(args.clock_offset)
@@ -258,4 +261,158 @@ def run_compare(args: argparse.Namespace) -> int:
         print(json.dumps(to_json(cmp, summary), indent=2))
     else:
         sys.stdout.write(format_comparison(cmp.rows, summary, args.top, markdown=args.format == "markdown"))
+    return 0
+
+
+# -- otel-llm report -------------------------------------------------------------------------------
+
+
+def register_report(sub) -> None:
+    from otel_llm.cli_options import number
+
+    from .analysis.client_results import add_client_results_options
+
+    p = sub.add_parser(
+        "report",
+        help="an HTML report of a run: summary, TTFT decomposition, waterfall, engine steps, ITL, stalls",
+        description="Write one self-contained HTML file (opens offline; interactive zoom) from the collector's "
+        "store or a traces file: the summary at both boundaries, the client TTFT decomposition, a waterfall of "
+        "the slowest requests and a sample with their token events, the engine's steps on the same axis, ITL "
+        "CDFs, TTFT/E2E over time, stall seconds by cause, and (several runs) attainment and latency against load.",
+    )
+    _add_source_options(p)
+    p.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file (default report.html)")
+    p.add_argument("--png", metavar="DIR", help="also write each figure as DIR/<figure>.png (needs Chromium)")
+    p.add_argument("--slo", metavar="BOUNDS", help="goodput SLO, e.g. ttft=1,tpot=0.05")
+    p.add_argument("--slowest", type=number(int, 0), default=20, metavar="N", help="slowest requests shown (20)")
+    p.add_argument("--sample", type=number(int, 0), default=100, metavar="N", help="other requests shown (100)")
+    add_stall_options(p)
+    add_client_results_options(p)
+    p.add_argument("--title", default="otel-llm report")
+    p.set_defaults(func=run_report)
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from otel_llm.cli_options import CLIError, check_output_path, slo_option
+
+    from .analysis.client_results import apply_client_results
+    from .analysis.report import figures, render_html, write_pngs
+    from .analysis.report_data import build_report
+
+    check_output_path(args.output)
+    slo = slo_option(args.slo)
+    t0 = time.perf_counter()
+    batch, steps, source = _load_selected(args, "report")
+    batch = apply_client_results(args, batch)
+    d = build_report(
+        batch,
+        steps,
+        source=source,
+        slo=slo,
+        slowest=args.slowest,
+        sample=args.sample,
+        stall_threshold=args.stall,
+        stall_factor=args.stall_factor,
+        title=args.title,
+    )
+    figs = figures(d)
+    doc = render_html(d, figs)
+    with open(args.output, "w", encoding="utf-8") as fh:
+        fh.write(doc)
+    took = time.perf_counter() - t0
+    print(
+        f"otel-llm report: {args.output} ({os.path.getsize(args.output) / 2**20:.1f} MiB, {len(figs)} figures, "
+        f"{len(batch)} records, written in {took:.1f} s)",
+        file=sys.stderr,
+    )
+    if args.png:
+        try:
+            paths = write_pngs(figs, args.png)
+        except Exception as exc:  # kaleido without a browser, most often
+            raise CLIError(f"--png: {type(exc).__name__}: {exc}") from None
+        print(f"otel-llm report: {len(paths)} PNGs in {args.png}", file=sys.stderr)
+    return 0
+
+
+def _add_source_options(p) -> None:
+    """--store / --traces and the selection options, as report and export take them."""
+    from otel_llm.cli_options import add_selection_options
+
+    p.add_argument("--store", metavar="PATH", action="append", help="the collector's store (repeat, or a glob)")
+    p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines, as OTEL_LLM_TRACES_FILE writes)")
+    add_selection_options(p)
+
+
+def _load_selected(args, command: str):
+    """(records the selection keeps, engine steps, source text); usage errors as CLIError."""
+    from otel_llm.cli_options import CLIError, selection_of
+
+    if (args.store is None) == (args.traces is None):
+        raise CLIError(f"{command}: give one of --store PATH or --traces FILE")
+    try:
+        batch, steps, source = _load(args)
+    except (OSError, ValueError) as exc:
+        raise CLIError(str(exc)) from None
+    batch = batch.selected(selection_of(args))
+    if not len(batch):
+        raise CLIError(f"{source}: no records match the selection")
+    return batch, steps, source
+
+
+def _load(args):
+    if args.store is not None:
+        from .storage.store import read_stores
+
+        batch, steps = read_stores(args.store)
+        return batch, steps, ", ".join(args.store)
+    from .analysis.offline import read_trace_file
+
+    batch, steps = read_trace_file(args.traces)
+    return batch, steps, args.traces
+
+
+# -- otel-llm export ------------------------------------------------------------------------------
+
+
+def register_export(sub) -> None:
+
+    p = sub.add_parser(
+        "export",
+        help="a run in another format: perfetto (Chrome trace event JSON for ui.perfetto.dev), parquet",
+        description="Export records and engine steps from the collector's store or a traces file. "
+        "--format perfetto: one track per request (client span, engine phases, token events as instants, "
+        "preemptions) and one per engine process (its steps, with batch size and KV usage counters); open the "
+        "file in ui.perfetto.dev or chrome://tracing. --format parquet: the records, one row per request and "
+        "boundary with every column of the store (token events as int64 lists), for DuckDB, pandas or Spark; "
+        "the engine steps go to FILE with .steps.parquet (needs pyarrow: pip install 'otel-llm[parquet]').",
+    )
+    _add_source_options(p)
+    p.add_argument("--format", choices=("perfetto", "parquet"), default="perfetto", help="output format")
+    p.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: standard output)")
+    p.set_defaults(func=run_export)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from otel_llm.cli_options import CLIError, check_output_path
+
+    from .analysis.perfetto import trace_events
+
+    check_output_path(args.output)
+    batch, steps, _source = _load_selected(args, "export")
+    if args.format == "parquet":
+        if args.output == "-":
+            raise CLIError("export --format parquet: give -o FILE.parquet")
+        from .analysis.parquet import write_parquet  # pyarrow: the CLI names the extra when it is missing
+
+        rows, steps_path, n_steps = write_parquet(batch, steps, args.output)
+        print(f"otel-llm export: {args.output} ({rows:,} records); {steps_path} ({n_steps:,} steps)", file=sys.stderr)
+        return 0
+    doc = trace_events(batch, steps)
+    text = json.dumps(doc, separators=(",", ":"))
+    if args.output == "-":
+        sys.stdout.write(text + "\n")
+    else:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(f"otel-llm export: {args.output} ({len(doc['traceEvents']):,} events)", file=sys.stderr)
     return 0

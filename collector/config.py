@@ -106,7 +106,7 @@ def _check_minimums(obj) -> None:
 
 @dataclass
 class AssemblyConfig:
-    """Trace assembly (:mod:`collector.assembly`). Seconds are monotonic-clock seconds."""
+    """Trace assembly (:mod:`collector.pipeline.assembly`). Seconds are monotonic-clock seconds."""
 
     grace_s: float = option(
         1.0, "--trace-grace", "S", "wait after a trace's last request span before deriving it", float, 0.0

@@ -17,16 +17,16 @@ import threading
 import time
 from dataclasses import asdict
 
-from .assembly import AssemblyFull, ReleasedTrace, TraceAssembler
 from .config import CollectorConfig, host_port
-from .derive import derive
-from .metrics_registry import MetricsRegistry
+from .pipeline.assembly import AssemblyFull, ReleasedTrace, TraceAssembler
+from .pipeline.derive import derive
+from .pipeline.metrics_registry import MetricsRegistry
+from .pipeline.steps import StepBatch, split_steps
 from .receivers.decode import WalkResult, decode_payload
 from .receivers.intake import AcceptResult, Overloaded, ReceiverCounters
-from .spool import Spool, SpoolFull
-from .steps import StepBatch, split_steps
-from .store import RequestStore
-from .store_writer import StoreWriter
+from .storage.spool import Spool, SpoolFull
+from .storage.store import RequestStore
+from .storage.store_writer import StoreWriter
 
 log = logging.getLogger("collector")
 
@@ -179,7 +179,7 @@ class Collector:
         return self.assembler.bytes + self._backlog_bytes
 
     def _accept_walked(self, w: WalkResult) -> AcceptResult:
-        spans, steps = split_steps(w.spans)  # engine steps bypass assembly (collector.steps)
+        spans, steps = split_steps(w.spans)  # engine steps bypass assembly (collector.pipeline.steps)
         per_span = span_bytes(len(w.body or b""), w.total)
         held, limit = self.inflight_bytes(), self.config.max_inflight_bytes
         if held and held + per_span * len(spans) > limit:  # an empty collector takes any one request
@@ -188,7 +188,7 @@ class Collector:
         try:
             if self.spool is None:
                 evicted = self.assembler.add(spans, time.monotonic(), per_span)
-            else:  # written ahead, then assembled, under one lock (see collector.spool)
+            else:  # written ahead, then assembled, under one lock (see collector.storage.spool)
                 with self.spool.lock:
                     appended = self.spool.append(w.body)
                     try:

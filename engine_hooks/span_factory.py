@@ -44,7 +44,7 @@ def parent_from_headers(headers: Mapping[str, str] | None) -> SpanContext | None
 
 def _broken_orderings(r: FinishedRequest) -> list[str]:
     """The orderings of one request's timeline that its recorded times break (kinds of
-    :data:`collector.invariants.KINDS`): each must hold, and one that does not is said."""
+    :data:`collector.pipeline.invariants.KINDS`): each must hold, and one that does not is said."""
     s0, s1 = r.start_ns, r.end_ns
     out = []
     t = r.out_times_ns  # in the order they were recorded, on a monotonic clock
@@ -142,7 +142,7 @@ class SpanFactory:
             sc.TOKEN_EVENT_OFFSETS: self._offsets(r.out_times_ns, s0),
             sc.TOKEN_EVENT_TOKENS: self._array(out_tokens),
         }
-        if broken:  # said, never clamped away: the collector counts them (collector.invariants)
+        if broken:  # said, never clamped away: the collector counts them (collector.pipeline.invariants)
             attrs[sc.TIMELINE_VIOLATIONS] = ",".join(broken)
         if len(r.gen_times_ns):
             attrs[sc.TOKEN_GENERATED_OFFSETS] = self._offsets(r.gen_times_ns, s0)

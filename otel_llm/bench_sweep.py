@@ -3,7 +3,7 @@
 Each point is a whole run of its own (its run id ``<base>-<knob><value>``, its warm-up, its
 window, its conditions and its ``llm.bench.run`` span), measured at the client and, with
 ``--store``, profiled from the collector's store at every boundary (through the entry point
-``otel_llm.run_profiles``, :mod:`collector.run_profile`). The search itself is
+``otel_llm.run_profiles``, :mod:`collector.analysis.run_profile`). The search itself is
 :class:`otel_llm.capacity.CapacitySearch`; definitions in docs/metrics/capacity.md.
 
 Results: a table (one row per point, then the answer), ``--format json`` (one document), and

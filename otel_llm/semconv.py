@@ -21,7 +21,7 @@ SPAN_BENCH_RUN = "llm.bench.run"
 
 # vLLM's own tracing (``--otlp-traces-endpoint``): one span per request, no child spans, no token
 # events; what it measured as attributes, in seconds (vllm/tracing/utils.py, vLLM 0.32). The
-# collector takes it as an engine boundary where our hooks are not there (collector/vllm_spans.py)
+# collector takes it as an engine boundary where our hooks are not there (collector/pipeline/vllm_spans.py)
 VLLM_SPAN_REQUEST = "llm_request"
 VLLM_REQUEST_ID = "gen_ai.request.id"
 VLLM_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"  # the deprecated name vLLM still sends
@@ -35,14 +35,14 @@ VLLM_DECODE = "gen_ai.latency.time_in_model_decode"  # first -> last token (engi
 
 # A GenAI client instrumentation's span (the OpenTelemetry GenAI conventions: "{gen_ai.operation.name}
 # {gen_ai.request.model}", kind CLIENT), for the operations that generate text. The collector takes
-# one as the client boundary where otel-llm's client span is absent (collector/genai_client_spans.py)
+# one as the client boundary where otel-llm's client span is absent (collector/pipeline/genai_client_spans.py)
 GENAI_CLIENT_SPAN_NAMES = ("chat *", "text_completion *", "generate_content *")  # prefixes
 GENAI_CLIENT_OPERATIONS = ("chat", "text_completion", "generate_content")
 
 # SGLang's own tracing (--enable-trace, python/sglang/srt/tracing/trace.py): a root span per request
 # named "Req <first 8 characters of the rid>" (attribute rid), a span per thread under it, and a
 # span per stage under those, named by the stage (trace_metric_wrapper.RequestStage), each at a
-# trace level (collector/sglang_spans.py)
+# trace level (collector/pipeline/sglang_spans.py)
 SGLANG_SPAN_REQUEST = "Req *"  # a prefix: the walker takes every name that begins with "Req "
 SGLANG_RID = "rid"
 SGLANG_TOKENIZE = "tokenize"  # level 1, the tokenizer manager
@@ -61,7 +61,7 @@ HTTP_RESPONSE_START = "llm.http.response_start_offset_ns"  # int: ns after the s
 # int: ns after the span start (its first byte read) at which the HTTP app was called: HTTP
 # parsing and the wait for the server's event loop
 HTTP_APP_START = "llm.http.app_start_offset_ns"
-# str on llm.request: the orderings the hooks saw broken, comma-separated (collector.invariants.KINDS)
+# str on llm.request: the orderings the hooks saw broken, comma-separated (collector.pipeline.invariants.KINDS)
 TIMELINE_VIOLATIONS = "llm.timeline.violations"
 # int on llm.client.request: ns after the span start (the caller's call) at which the client library
 # began writing the request (httpx/httpcore's send_request_headers.started): what came before is the

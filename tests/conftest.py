@@ -2,6 +2,8 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -95,8 +97,8 @@ def run_vllm_scenario(tmp_path, scenario, model, timeout=400, env=None):
 @pytest.fixture
 def make_collector(tmp_path):
     """Start in-process collectors on free loopback ports; stopped at the end of the test."""
-    from collector.assembly import AssemblyConfig
     from collector.config import CollectorConfig
+    from collector.pipeline.assembly import AssemblyConfig
     from collector.service import Collector
 
     started = []
@@ -128,8 +130,8 @@ def make_collector(tmp_path):
 def start_collector(store: str, grace_s: float = 0.3):
     """An in-process collector on free loopback ports writing ``store``, and the environment that
     sends a process's spans to it over OTLP/HTTP (the caller stops it)."""
-    from collector.assembly import AssemblyConfig
     from collector.config import CollectorConfig
+    from collector.pipeline.assembly import AssemblyConfig
     from collector.service import Collector
 
     cfg = CollectorConfig(
@@ -210,3 +212,18 @@ def pytest_collection_modifyitems(config, items):
     instruction count, the longest, leads), so that on make test's two workers they start while the
     quick tests fill the other."""
     items.sort(key=lambda item: item.get_closest_marker("parallel_safe") is None)
+
+
+def promql(port, q, at=None):
+    params = {"query": q, **({"time": repr(at)} if at is not None else {})}
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=10) as r:
+        d = json.load(r)
+    assert d["status"] == "success", d
+    return d["data"]["result"]
+
+
+@pytest.fixture
+def prometheus(prometheus_jobs):
+    """A real Prometheus scraping one collector's /metrics port every second."""
+    return lambda target_port: prometheus_jobs({"otel-llm-collector": [target_port]})

@@ -4,8 +4,11 @@ at the wire level, for collector tests; what the collector derives from them (:f
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
@@ -14,8 +17,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.trace import SpanKind, set_span_in_context
 
-from collector.assembly import AssemblyConfig, TraceAssembler
-from collector.derive import derive
+from collector.pipeline.assembly import AssemblyConfig, TraceAssembler
+from collector.pipeline.derive import derive
 from collector.receivers.decode import decode_payload, parse_request, walk_message
 from engine_hooks.tiny_model import free_port  # noqa: F401 (the helpers' users import it from here)
 from otel_llm import semconv as sc
@@ -246,3 +249,37 @@ def metrics_text(c) -> str:
 def records_by(c, n, boundary=None):
     wait_for(lambda: c.store.count(boundary) >= n, what=f"{n} records")
     return {(r.boundary, r.request_id): r for r in c.store.records(boundary)}
+
+
+def metrics_body(metrics: list[tuple[str, str, float]], service: str = "svc", pid: int = 7) -> bytes:
+    """An OTLP metrics export from one traced process (``process.pid``), each metric a sum or a gauge
+    of one point on the ``vllm/engine`` pipeline."""
+    req = ExportMetricsServiceRequest()
+    rm = req.resource_metrics.add()
+    for k, v in (("service.name", service), ("process.pid", pid)):
+        a = rm.resource.attributes.add(key=k)
+        if isinstance(v, int):
+            a.value.int_value = v
+        else:
+            a.value.string_value = v
+    sm = rm.scope_metrics.add()
+    for name, kind, v in metrics:
+        m = sm.metrics.add(name=name, unit="s")
+        pts = m.sum.data_points if kind == "sum" else m.gauge.data_points
+        if kind == "sum":
+            m.sum.is_monotonic = True
+            m.sum.aggregation_temporality = 2  # cumulative
+        p = pts.add(as_double=v)
+        p.attributes.add(key="otel_llm.pipeline").value.string_value = "vllm/engine"
+    return req.SerializeToString()
+
+
+def post_metrics(c, body: bytes, ctype: str = "application/x-protobuf", **headers) -> tuple[int, bytes]:
+    """POST an OTLP metrics body to collector ``c``'s /v1/metrics: (status, response body)."""
+    url = f"http://127.0.0.1:{c.receivers[1].address[1]}/v1/metrics"
+    r = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": ctype, **headers})
+    try:
+        with urllib.request.urlopen(r, timeout=10) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()

@@ -139,9 +139,9 @@ def test_a_concurrency_sweep_sees_the_engine_batch(traced):
     assert eight["profile"]["decomposition"]["share"]["queue"] > one["profile"]["decomposition"]["share"]["queue"]
     assert out["conclusion"]["kind"] == "sweep" and "from concurrency 1 to 8" in out["conclusion"]["why"]
     # the report draws each run of the store as a point against its send rate, from the same profile
-    from collector.report import figures
-    from collector.report_data import build_report
-    from collector.store import read_stores
+    from collector.analysis.report import figures
+    from collector.analysis.report_data import build_report
+    from collector.storage.store import read_stores
 
     batch, steps = read_stores(traced["store"])
     d = build_report(batch, steps, source="test", slo=None)
@@ -172,7 +172,7 @@ def test_a_run_replayed_from_the_store(traced):
         "--output",
         rec,
     )
-    from collector.run_profile import records_of_run
+    from collector.analysis.run_profile import records_of_run
 
     t_end = time.monotonic() + 30  # the collector stores a trace once its grace period is over
     while records_of_run(traced["store"], "to-replay")["client"] < 15 and time.monotonic() < t_end:

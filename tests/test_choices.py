@@ -3,9 +3,9 @@ its request id, and each client choice pairs with the engine's child request for
 
 import pytest
 
-from collector.assembly import ReleasedTrace
-from collector.derive import derive
-from collector.walked_span import make_span
+from collector.pipeline.assembly import ReleasedTrace
+from collector.pipeline.derive import derive
+from collector.pipeline.walked_span import make_span
 from otel_llm import semconv as sc
 
 MS = 1_000_000
@@ -102,7 +102,7 @@ def test_each_choice_pairs_with_its_own_engine_request(engine_order, tmp_path):
         assert c.output_tokens == e.output_tokens == n
         assert c.to_engine == pytest.approx((2 + k) / 1000)  # from its own engine request's arrival
     assert recs[("client", "Y")].paired and recs[("client", "Y")].choice is None
-    from collector.store import RequestStore
+    from collector.storage.store import RequestStore
 
     s = RequestStore(str(tmp_path / "c.db"))
     assert s.add(batch) == 6 and s.duplicates == 0  # both choices kept (one was dropped as a duplicate)

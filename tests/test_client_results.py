@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from collector.client_results import read_results
+from collector.analysis.client_results import read_results
 
 
 def _guidellm_request(rid: str, start: float, first: float, last: float, end: float, tokens: int) -> dict:
@@ -61,7 +61,7 @@ def test_an_unknown_format_lists_the_known_ones(tmp_path):
 
 def _engine_records(prefix: str, n: int, t0_ns: int) -> list:
     """Engine records of n requests vLLM got as ``<prefix><i>``, the i-th arriving at t0 + i ms."""
-    from collector.records import COLUMN_NAMES, RequestRecord
+    from collector.pipeline.records import COLUMN_NAMES, RequestRecord
 
     base = {name: None for name in COLUMN_NAMES}
     return [
@@ -94,8 +94,8 @@ def test_two_runs_in_one_store_are_told_apart_by_when_they_ran():
     """vllm bench serve does not save its request id prefix: with two runs of the same size in the
     store (prefixes A and B, 100 s apart), the results join the run whose arrivals match their own
     send times; a file whose times decide nothing is refused, naming the option that decides."""
-    from collector.client_results import ToolRequest, ToolResults, join_client
-    from collector.records import RecordBatch
+    from collector.analysis.client_results import ToolRequest, ToolResults, join_client
+    from collector.pipeline.records import RecordBatch
 
     n, t0 = 5, 1_800_000_000 * 10**9
     batch = RecordBatch.from_records(_engine_records("A", n, t0) + _engine_records("B", n, t0 + 100 * 10**9))

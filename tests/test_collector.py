@@ -235,8 +235,8 @@ def test_tokens_an_engine_made_after_the_abort(make_collector):
 
 
 def test_store_survives_restart_and_appends(make_collector, tmp_path):
-    from collector.records import RecordBatch
-    from collector.store import RequestStore
+    from collector.pipeline.records import RecordBatch
+    from collector.storage.store import RequestStore
 
     path = str(tmp_path / "persist.db")
     c1 = make_collector(store=path)

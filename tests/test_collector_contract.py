@@ -20,11 +20,11 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from otlp_helpers import Req, free_port, sample_request
 
-from collector import walked_span as sp
-from collector.assembly import AssemblyConfig, AssemblyFull, TraceAssembler
-from collector.derive import derive
+from collector.pipeline import walked_span as sp
+from collector.pipeline.assembly import AssemblyConfig, AssemblyFull, TraceAssembler
+from collector.pipeline.derive import derive
+from collector.pipeline.walked_span import make_span
 from collector.receivers.decode import DecodeError, decode_payload
-from collector.walked_span import make_span
 from otel_llm import semconv as sc
 from otel_llm.otlp_json import to_json
 
@@ -195,8 +195,8 @@ def test_fuzz_mutated_payloads(mutations, cut):
     except DecodeError:
         return
     # whatever decodes, the rest of the pipeline takes without crashing
-    from collector.assembly import ReleasedTrace
-    from collector.derive import derive
+    from collector.pipeline.assembly import ReleasedTrace
+    from collector.pipeline.derive import derive
 
     batch, _ = derive([ReleasedTrace(s[sp.TRACE_ID], [s], "flush") for s in walked.spans])
     assert len(batch) <= len(walked.spans)
@@ -327,7 +327,7 @@ def test_sigterm_flushes_accepted_spans_to_the_store(tmp_path):
         proc.kill()
     assert proc.returncode == 0, err
     assert "4 stored" in err
-    from collector.store import RequestStore
+    from collector.storage.store import RequestStore
 
     assert RequestStore(str(store)).count() == 4  # derived at shutdown, long before the 60 s grace
 
@@ -372,7 +372,7 @@ def test_when_full_refuse_applies_backpressure():
 def test_when_full_refuse_answers_503_and_loses_nothing(make_collector):
     """Through the service: with --when-full refuse, the 503s carry Retry-After and every
     acknowledged request is derived (no eviction)."""
-    from collector.store import RequestStore
+    from collector.storage.store import RequestStore
 
     c = make_collector(assembly=AssemblyConfig(grace_s=0.3, timeout_s=5, max_traces=4, on_full="refuse"))
     port = c.receivers[1].address[1]
@@ -417,7 +417,7 @@ def test_a_full_disk_refuses_new_data_and_loses_nothing_acknowledged(make_collec
     again; every request it acknowledged is in the store at the end."""
     import os
 
-    from collector.store import RequestStore
+    from collector.storage.store import RequestStore
 
     c = make_collector(store=str(small_disk / "s.db"))
     c.store_writer.wait_ready(10)
@@ -517,7 +517,7 @@ def test_stop_is_once_whoever_calls_it(make_collector):
     for t in racers:
         t.join(30)
     assert len(done) == 3
-    from collector.store import open_existing
+    from collector.storage.store import open_existing
 
     s = open_existing(c.config.store)
     assert {r.request_id for r in s.records()} == {"once"}

@@ -12,7 +12,7 @@ import time
 import pytest
 from collector_harness import ROOT, Bodies, Collector, Outcome, Senders, missing_or_twice, stored
 
-from collector.spool import Spool
+from collector.storage.spool import Spool
 
 SCHEDULES = int(os.environ.get("OTEL_LLM_SOAK_SCHEDULES", "0"))
 
@@ -171,7 +171,7 @@ def test_a_late_retry_is_not_counted_twice_within_the_documented_window(make_col
     fewer than --remember-traces / 2 traces were released since, the retry is dropped as late and
     neither the metrics nor the store count it again. The default covers the OpenTelemetry
     Collector's default retry window (300 s) at 1,000 requests/s."""
-    from collector.assembly import AssemblyConfig
+    from collector.pipeline.assembly import AssemblyConfig
 
     assert AssemblyConfig().remember_released // 2 >= 300 * 1000
     c = make_collector(assembly=AssemblyConfig(grace_s=0.05, timeout_s=5, remember_released=40))
@@ -199,7 +199,7 @@ def test_a_late_retry_is_not_counted_twice_within_the_documented_window(make_col
 def test_a_retry_later_than_the_window_reaches_the_metrics_again_but_not_the_store(make_collector):
     """The documented limit of --remember-traces, shown: past it the metrics count the retry again,
     and the store's unique key still drops it."""
-    from collector.assembly import AssemblyConfig
+    from collector.pipeline.assembly import AssemblyConfig
 
     c = make_collector(assembly=AssemblyConfig(grace_s=0.05, timeout_s=5, remember_released=4))
     bodies = Bodies(salt=10)
@@ -363,7 +363,7 @@ def test_warmup_requests_are_left_out_of_the_metrics_as_analyze_leaves_them(make
 def test_a_request_larger_than_the_byte_bound_is_taken_when_nothing_is_held(make_collector):
     """--max-inflight-bytes below one request's size refuses nothing forever: an empty collector
     takes any one request (then 503 until it is derived), so a retried request gets in."""
-    from collector.assembly import AssemblyConfig
+    from collector.pipeline.assembly import AssemblyConfig
     from collector.receivers.intake import Overloaded
 
     c = make_collector(assembly=AssemblyConfig(grace_s=1.0, timeout_s=5), max_inflight_bytes=1 << 20)

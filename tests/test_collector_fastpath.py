@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import struct
 
 import numpy as np
 import pytest
@@ -16,16 +15,15 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue, KeyValueList
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from otlp_helpers import Req, sample_request
+from walk_diff import differential, needs_ext, same
 
-from collector import walked_span as sp
-from collector.assembly import ReleasedTrace
-from collector.derive import derive
+from collector.pipeline import walked_span as sp
+from collector.pipeline.assembly import ReleasedTrace
+from collector.pipeline.derive import derive
+from collector.pipeline.walked_span import make_span
 from collector.receivers import decode
 from collector.receivers.decode import DecodeError, parse_request, walk_message
-from collector.walked_span import make_span
 from otel_llm import semconv as sc
-
-needs_ext = pytest.mark.skipif(decode._otlp_walk is None, reason="C accelerator not built (no compiler)")
 
 # -- generated requests ---------------------------------------------------------------------------
 
@@ -81,14 +79,6 @@ def requests(draw):
         for _ in range(draw(st.integers(0, 2))):
             rs.scope_spans.add().spans.extend(draw(st.lists(spans(), max_size=4)))
     return req
-
-
-def same(a, b) -> bool:
-    """Walk results equal, floats compared bit for bit (NaN and -0.0 included)."""
-    norm = lambda v: ("f", struct.pack("<d", v)) if isinstance(v, float) else (type(v).__name__, v)
-    return (a.total, a.rejected, a.first_error) == (b.total, b.rejected, b.first_error) and [
-        tuple(map(norm, s)) for s in a.spans
-    ] == [tuple(map(norm, s)) for s in b.spans]
 
 
 @needs_ext
@@ -247,7 +237,7 @@ def test_derive_cleans_token_events():
     assert list(a.event_offsets_ns) == [10 * ms, 30 * ms] and list(a.event_tokens) == [2, 1]
     assert a.ttft == pytest.approx(0.010) and a.output_tokens == 3
     assert len(b.event_offsets_ns) == 0 and b.ttft is None and len(c.event_offsets_ns) == 0
-    from collector.store import decode_events, event_blobs
+    from collector.storage.store import decode_events, event_blobs
 
     offs, toks = event_blobs(batch)
     assert [len(o) for o in offs] == [16, 0, 0] and [len(k) for k in toks] == [16, 0, 0]
@@ -278,8 +268,8 @@ def _batch(n: int, seed: int):
 
 
 def test_store_writer_process_stores_and_counts(tmp_path):
-    from collector.store import RequestStore
-    from collector.store_writer import StoreWriter
+    from collector.storage.store import RequestStore
+    from collector.storage.store_writer import StoreWriter
 
     path = str(tmp_path / "w.db")
     mine = RequestStore(path)
@@ -303,8 +293,8 @@ def test_store_writer_process_stores_and_counts(tmp_path):
 
 
 def test_store_writer_survives_its_process_dying(tmp_path):
-    from collector.store import RequestStore
-    from collector.store_writer import StoreWriter
+    from collector.storage.store import RequestStore
+    from collector.storage.store_writer import StoreWriter
 
     path = str(tmp_path / "d.db")
     mine = RequestStore(path)
@@ -327,7 +317,7 @@ def test_store_writer_survives_its_process_dying(tmp_path):
 def test_histogram_buckets_agree_for_few_and_many_samples():
     """The two bucketing paths (binary search for a few values, one compare per bound for many)
     put every value in the same bucket: le = the first bound >= the value."""
-    from collector.metrics_registry import ITL_BUCKETS, Histogram
+    from collector.pipeline.metrics_registry import ITL_BUCKETS, Histogram
 
     rnd = np.random.default_rng(7)
     values = np.concatenate([rnd.uniform(0, 0.2, 20_000), np.array(ITL_BUCKETS), [0.0, 11.0, np.nan]])
@@ -415,8 +405,8 @@ def test_derive_span_ids_shared_across_traces():
 def test_compare_uses_the_pairs_derivation_made(tmp_path):
     """Pairs made by ancestry between records with different request ids survive the store:
     compare pairs exactly what derivation paired (each record names its peer)."""
-    from collector.compare import pairs_from_records
-    from collector.store import RequestStore
+    from collector.analysis.compare import pairs_from_records
+    from collector.storage.store import RequestStore
 
     ms = 1_000_000
     t = "ef" * 16
@@ -479,8 +469,8 @@ def test_compare_uses_the_pairs_derivation_made(tmp_path):
 def test_store_written_by_an_earlier_version_gains_new_columns(tmp_path):
     import sqlite3
 
-    from collector import store as st
-    from collector.records import COLUMNS
+    from collector.pipeline.records import COLUMNS
+    from collector.storage import store as st
 
     path = str(tmp_path / "old.db")
     old = [c for c in COLUMNS if c.name != "peer_request_id"]
@@ -604,7 +594,7 @@ def test_token_events_outside_their_span_are_rejected_and_counted(offsets, token
 def test_model_labels_are_capped_and_cut(make_collector):
     """2,000 distinct 1 KB model names (the attack) make at most max_models series, each name cut."""
     from collector.exporters.prometheus import render
-    from collector.metrics_registry import MAX_LABEL_CHARS, OTHER_MODEL, MetricsRegistry
+    from collector.pipeline.metrics_registry import MAX_LABEL_CHARS, OTHER_MODEL, MetricsRegistry
 
     ms = 1_000_000
     spans = [
@@ -676,18 +666,6 @@ def _rewrite_corpus():
     return bodies
 
 
-def _differential(body: bytes):
-    """(protobuf accepted, C deferred); fails if the two disagree."""
-    fast = decode.walk_bytes(body)
-    try:
-        slow = walk_message(parse_request(body))
-    except DecodeError:
-        assert fast is None, "the C walk accepted a payload protobuf rejects"
-        return False, True
-    assert fast is None or same(fast, slow), "the C walk and protobuf disagree"
-    return True, fast is None
-
-
 @needs_ext
 def test_c_walk_on_wire_rewrites():
     """Every rewrite a sender may make at the wire level (tests/wire_mutator.py): 6,000 payloads,
@@ -702,13 +680,13 @@ def test_c_walk_on_wire_rewrites():
     accepted = rejected = 0
     for _ in range(5000):
         body = wm.mutate(rnd.choice(corpus), rnd)
-        ok, _deferred = _differential(body)
+        ok, _deferred = differential(body)
         accepted += ok
         rejected += not ok
     assert accepted > 2000 and rejected > 300  # both sides of the line were exercised
     for _ in range(1000):
         body = wm.mutate(rnd.choice(corpus), rnd, wm.BENIGN)
-        ok, deferred_ = _differential(body)
+        ok, deferred_ = differential(body)
         assert ok and not deferred_, "a benign rewrite made the C walk defer"
 
 
@@ -735,22 +713,22 @@ def test_c_walk_rejects_what_protobuf_rejects():
     s.attributes.add(key="kv").value.kvlist_value.values.add(key="INNER").value.string_value = "x"
     s.events.add(name="EVNAME")
     good = base.SerializeToString()
-    assert _differential(good) == (True, False)
+    assert differential(good) == (True, False)
     for marker in (b"TSTATE", b"SKIPKEY", b"SKIPVAL", b"INNER", b"EVNAME", b"SCOPEV"):
         for bad in wm.BAD_UTF8:
             body = good.replace(marker, bad + marker[len(bad) :] if len(bad) <= len(marker) else marker)
             assert body != good
-            assert _differential(body) == (False, True), (marker, bad)
+            assert differential(body) == (False, True), (marker, bad)
     # a truncated varint inside the skipped kvlist attribute: same length, bytes broken
     i = good.index(b"INNER")
     broken = good[: i - 2] + b"\xff" + good[i - 1 :]
-    assert _differential(broken)[0] is False
+    assert differential(broken)[0] is False
     # nesting: protobuf takes 31 levels of key-value lists under a span attribute and refuses 32
     for depth, ok in ((20, True), (31, True), (32, False), (60, False)):
         tree = wm.parse(good)
         kv = next(f for f, _ in wm._all(tree) if f.msg == wm.KEYVALUE)
         kv.value = [kv.value[0], wm._nested_kvlist(depth)]
-        assert _differential(wm.serialize(tree))[0] is ok, depth
+        assert differential(wm.serialize(tree))[0] is ok, depth
 
 
 @needs_ext
@@ -777,7 +755,7 @@ def test_c_walk_reads_string_value_strindex():
     for a in anys:
         a.value.append(wm.Field(8, 0, 2))
     body2 = wm.serialize(tree)
-    assert _differential(body2) == (True, False)
+    assert differential(body2) == (True, False)
     w = decode.walk_bytes(body2)
     rid_slot, off_slot = sp.ATTRIBUTE_SLOTS[sc.REQUEST_ID], sp.ATTRIBUTE_SLOTS[sc.TOKEN_EVENT_OFFSETS]
     assert w.spans[0][9 + rid_slot] is sp.INVALID and w.spans[0][9 + off_slot] is sp.INVALID
@@ -842,7 +820,7 @@ def test_the_http_server_span_gives_the_seven_parts():
     parts = [c.network_in, c.api_in, c.front_end, c.queue, c.prefill, c.api_out, c.network_out]
     assert sum(parts) == pytest.approx(c.ttft, abs=1e-12) and c.ttft == pytest.approx(0.070)
     assert c.server_received_ns == 3 * ms and c.server_first_chunk_ns == 64 * ms
-    from collector.compare import compare
+    from collector.analysis.compare import compare
 
     (row,) = compare(batch.records()).rows
     assert set(row.parts) == {"network_in", "api_in", "front_end", "queue", "prefill", "api_out", "network_out"}

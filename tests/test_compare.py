@@ -7,7 +7,7 @@ import pytest
 from conftest import run_cli
 from otlp_helpers import Req, emit, grpc_exporter, provider
 
-from collector.compare import compare
+from collector.analysis.compare import compare
 
 US = 1e-6
 
@@ -70,7 +70,7 @@ def test_same_host_decomposition_through_the_cli(make_collector):
 def test_injected_clock_offset_is_bounded_and_corrected(make_collector):
     theta_ms = 2500.0
     store = fill(make_collector, [shifted(varied(k), theta_ms) for k in range(6)])
-    from collector.store import RequestStore
+    from collector.storage.store import RequestStore
 
     recs = RequestStore(store).records()
     rows, off, _pairs, _ = compare(recs)
@@ -155,7 +155,7 @@ def test_offset_survives_abandoned_and_failed_requests(make_collector):
     gave_up.client_events, gave_up.client_end = gave_up.client_events[:2], gave_up.client_events[1][0] + 5
     failed = shifted(Req("x7", status="error"), theta_ms)
     store = fill(make_collector, [*reqs, gave_up, failed])
-    from collector.store import RequestStore
+    from collector.storage.store import RequestStore
 
     recs = RequestStore(store).records()
     rows, off, _pairs, _ = compare(recs)

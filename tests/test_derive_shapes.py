@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from derive_shapes import batch
 
-from collector.derive import derive
+from collector.pipeline.derive import derive
 
 
 def test_every_shape_pairs_each_request_with_its_own_peer():

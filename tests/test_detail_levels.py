@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 from span_records import read_trace_file
 
-from collector.offline import read_trace_file as derive_trace_file
+from collector.analysis.offline import read_trace_file as derive_trace_file
 from engine_hooks import TracingPipeline
 from otel_llm import environment
 from otel_llm import semconv as sc

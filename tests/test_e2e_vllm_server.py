@@ -8,7 +8,7 @@ import time
 import pytest
 from conftest import run_cli, start_vllm_server
 
-from collector.assembly import AssemblyConfig
+from collector.pipeline.assembly import AssemblyConfig
 from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_collector_fastpath import _differential, needs_ext
+from walk_diff import differential, needs_ext
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests" / "fuzz" / "corpus"
@@ -23,7 +23,7 @@ def test_kept_corpus_agrees_with_protobuf():
     bad UTF-8, strindex) gives protobuf's answer."""
     files = sorted(CORPUS.iterdir())
     assert len(files) >= 40
-    outcomes = {_differential(f.read_bytes()) for f in files}
+    outcomes = {differential(f.read_bytes()) for f in files}
     assert (True, False) in outcomes and (False, True) in outcomes  # walked, and refused
 
 

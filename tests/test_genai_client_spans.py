@@ -1,4 +1,4 @@
-"""A GenAI client instrumentation's span as the client boundary (collector/genai_client_spans.py):
+"""A GenAI client instrumentation's span as the client boundary (collector/pipeline/genai_client_spans.py):
 emitted through the OpenTelemetry SDK the way an instrumentation of the openai SDK emits it (name
 "chat <model>", kind CLIENT, the GenAI attributes, the W3C context carried to the engine), and shaped
 by hand at the wire level where its attributes are wrong; through both walkers, assembly and
@@ -14,8 +14,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, Status, StatusCode, set_span_in_context
 from otlp_helpers import body, provider, records, span
 
-from collector.assembly import AssemblyConfig, TraceAssembler
-from collector.derive import derive
+from collector.pipeline.assembly import AssemblyConfig, TraceAssembler
+from collector.pipeline.derive import derive
 from collector.receivers.decode import decode_payload
 from otel_llm import semconv as sc
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.metrics_registry import MetricsRegistry
+from collector.pipeline.metrics_registry import MetricsRegistry
 from otel_llm import semconv as sc
 
 ROOT = Path(__file__).resolve().parents[1]

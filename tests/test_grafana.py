@@ -12,12 +12,10 @@ import time
 
 import jsonschema
 import pytest
-from conftest import ROOT
-from otlp_helpers import Req, sample_request
-from test_prometheus_integration import prometheus, promql  # noqa: F401 (the fixture)
-from test_tracer_cost import export, post
+from conftest import ROOT, promql
+from otlp_helpers import Req, metrics_body, post_metrics, sample_request
 
-from collector.stalls import STALL_CLASSES
+from collector.pipeline.stalls import STALL_CLASSES
 from otel_llm.slo import SLO
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "otel-llm.json"
@@ -152,14 +150,14 @@ def _stall_reqs(prefix: str) -> list[Req]:
 
 
 @pytest.mark.slow
-def test_every_panel_query_returns_data(make_collector, prometheus):  # noqa: F811
+def test_every_panel_query_returns_data(make_collector, prometheus):
     c = make_collector(slos={"fast": SLO(ttft=0.2, tpot=0.05)})
     prom = prometheus(c.prometheus.address[1])
     for k in range(6):  # load across several scrapes, so every rate() has samples to differ
         c.accept(sample_request(_stall_reqs(f"r{k}-")).SerializeToString())
         # and a traced process's report of its own cost, over OTLP/HTTP as the SDK sends it
         costs = ["cpu_time", "spans.exported", "spans.dropped", "events.dropped", "requests.unsampled"]
-        assert post(c, export([(f"otel_llm.tracer.{m}", "sum", 0.5 * k) for m in costs]))[0] == 200
+        assert post_metrics(c, metrics_body([(f"otel_llm.tracer.{m}", "sum", 0.5 * k) for m in costs]))[0] == 200
         time.sleep(1.2)
     time.sleep(1.5)
     for p in dashboard()["panels"]:

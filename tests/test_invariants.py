@@ -9,7 +9,7 @@ import time
 import numpy as np
 from otlp_helpers import Req, metrics_text, sample_request
 
-from collector.invariants import KINDS
+from collector.pipeline.invariants import KINDS
 from engine_hooks.span_factory import _broken_orderings
 from engine_hooks.tracker import FinishedRequest
 from otel_llm import semconv as sc

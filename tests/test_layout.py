@@ -88,6 +88,22 @@ def test_no_import_cycles():
     assert cycles(graph) == []
 
 
+def relative_imports_beyond_the_top(name: str, path: Path) -> list[str]:
+    """Relative imports that climb above the module's top-level package (an ImportError when they
+    run: inside a function, only then)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    depth = package.count(".") + 1
+    return [
+        f"{name}:{node.lineno}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.level > depth
+    ]
+
+
+def test_every_relative_import_stays_inside_its_package():
+    assert [bad for m, p in modules().items() for bad in relative_imports_beyond_the_top(m, p)] == []
+
+
 def test_the_checker_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
@@ -101,3 +117,59 @@ def test_imports_between_packages_point_one_way():
         if t.split(".")[0] != m.split(".")[0] and t.split(".")[0] not in ALLOWED[m.split(".")[0]]
     )
     assert wrong == []
+
+
+#: The collector's stages (docs/architecture.md): what each subpackage may import of the collector
+#: besides itself. ``config`` and ``tls`` (the configuration dataclasses, the listeners' TLS) are
+#: leaves any stage may read; ``service`` and ``cli``, which assemble the stages, none may import.
+COLLECTOR_STAGES = {
+    "pipeline": set(),
+    "storage": {"pipeline"},
+    "receivers": {"pipeline"},
+    "exporters": {"pipeline", "receivers"},
+    "analysis": {"pipeline", "storage", "receivers"},
+}
+COLLECTOR_LEAVES = {"collector.config", "collector.tls"}
+
+
+def collector_arrows_against_the_stages(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a collector stage that its row of COLLECTOR_STAGES does not allow."""
+    wrong = []
+    for m, targets in graph.items():
+        parts = m.split(".")
+        if parts[0] != "collector" or len(parts) < 3 or parts[1] not in COLLECTOR_STAGES:
+            continue
+        for t in targets:
+            tp = t.split(".")
+            if tp[0] != "collector" or t in COLLECTOR_LEAVES or tp[1] == parts[1]:
+                continue
+            if len(tp) < 3 or tp[1] not in COLLECTOR_STAGES[parts[1]]:
+                wrong.append(f"{m} imports {t}")
+    return sorted(wrong)
+
+
+def test_collector_stages_import_only_the_stages_before_them():
+    known = modules()
+    graph = {m: imports(m, p, known) for m, p in known.items()}
+    assert {m.split(".")[1] for m in known if m.count(".") >= 2 and m.startswith("collector.")} >= set(COLLECTOR_STAGES)
+    assert collector_arrows_against_the_stages(graph) == []
+
+
+def test_the_stage_checker_finds_a_wrong_arrow():
+    graph = {
+        "collector.pipeline.derive": {"collector.analysis.compare", "collector.config"},
+        "collector.analysis.report": {"collector.pipeline.records", "collector.cli"},
+        "collector.storage.store": {"collector.pipeline.records"},
+    }
+    assert collector_arrows_against_the_stages(graph) == [
+        "collector.analysis.report imports collector.cli",
+        "collector.pipeline.derive imports collector.analysis.compare",
+    ]
+
+
+def test_the_relative_import_checker_finds_one_beyond_the_top(tmp_path):
+    bad = tmp_path / "cli.py"
+    bad.write_text("def register():\n    from ..cli import add_stall_options\n")
+    assert relative_imports_beyond_the_top("collector.cli", bad) == ["collector.cli:2"]
+    bad.write_text("def register():\n    from .analysis import report\n")
+    assert relative_imports_beyond_the_top("collector.cli", bad) == []

@@ -1,4 +1,4 @@
-"""The collector's metric families are declared once (collector.metrics_registry.FAMILIES): the
+"""The collector's metric families are declared once (collector.pipeline.metrics_registry.FAMILIES): the
 registry exports exactly those, in that order, each as its kind, and the docs name every one of
 them by the name Prometheus shows."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from collector.exporters.prometheus import prom_name
-from collector.metrics_registry import FAMILIES, Counter, Histogram, MetricsRegistry
+from collector.pipeline.metrics_registry import FAMILIES, Counter, Histogram, MetricsRegistry
 from otel_llm.fluidity import FluidityTarget
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -329,7 +329,7 @@ def test_real_vllm_two_choices_at_both_boundaries(vllm_server, tiny_model):
     )
     assert sorted({ch.choices[0].index for ch in stream if ch.choices}) == [0, 1]
     tp.shutdown()
-    from collector.offline import batch_from_trace_file
+    from collector.analysis.offline import batch_from_trace_file
 
     t0 = time.monotonic()
     while time.monotonic() - t0 < 10:

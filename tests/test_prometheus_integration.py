@@ -1,31 +1,14 @@
 """A real Prometheus server (Debian's package) scrapes the collector; PromQL gives goodput."""
 
-import json
 import time
-import urllib.parse
-import urllib.request
 
 import pytest
+from conftest import promql
 from otlp_helpers import Req, emit, grpc_exporter, provider
 
 from otel_llm.slo import SLO
 
 pytestmark = pytest.mark.slow
-
-
-def promql(port, q, at=None):
-    params = {"query": q, **({"time": repr(at)} if at is not None else {})}
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(params)
-    with urllib.request.urlopen(url, timeout=10) as r:
-        d = json.load(r)
-    assert d["status"] == "success", d
-    return d["data"]["result"]
-
-
-@pytest.fixture
-def prometheus(prometheus_jobs):
-    """A real Prometheus scraping one collector's /metrics port every second."""
-    return lambda target_port: prometheus_jobs({"otel-llm-collector": [target_port]})
 
 
 def test_promql_goodput(make_collector, prometheus):

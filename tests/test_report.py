@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from collector.steps import StepBatch
-from collector.store import RequestStore
+from collector.pipeline.steps import StepBatch
+from collector.storage.store import RequestStore
 
 DEMO = ROOT / "tests" / "data" / "demo_store.db"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -139,8 +139,8 @@ def test_the_figures_hold_the_stores_numbers(rich_store):
     """What the report draws is the store's data: the decomposition's parts sum to the client TTFT,
     the waterfall's tokens are the records' events, the steps are the stored steps, the sweep has one
     point per run."""
-    from collector.report_data import build_report
-    from collector.store import open_existing
+    from collector.analysis.report_data import build_report
+    from collector.storage.store import open_existing
 
     s = open_existing(str(rich_store))
     batch, steps = s.batch(), s.steps()
@@ -164,11 +164,11 @@ def test_the_figures_hold_the_stores_numbers(rich_store):
     assert d.summaries["client"].counts.requests == len(client)
 
     # the overall share is compare's: each part's share of the summed TTFT, summing to 1
-    from collector.compare import compare, summarize_comparison
+    from collector.analysis.compare import compare, summarize_comparison
 
     share = summarize_comparison(compare(batch.records())).ttft_share
     assert d.ttft_share == pytest.approx(share) and sum(v for v in d.ttft_share.values() if v) == pytest.approx(1)
-    from collector.report import figures
+    from collector.analysis.report import figures
 
     figs = figures(d)
     bars = {t.name: t.x[0] for t in figs["fig-share"].data}
@@ -212,7 +212,7 @@ def test_perfetto_export_has_a_track_per_request_and_the_steps(rich_store, tmp_p
     """The Chrome trace event file, read back with a JSON reader: one named track per request with
     its client span and engine phases at the stores' times, every token event as an instant, one
     track of the engine's steps with a slice per stored step at its time."""
-    from collector.store import open_existing
+    from collector.storage.store import open_existing
 
     out = tmp_path / "run.json"
     p = subprocess.run(
@@ -274,8 +274,8 @@ def test_each_request_is_one_row_with_its_server_part(make_collector):
 
     from otlp_helpers import Req, sample_request
 
-    from collector.perfetto import trace_events
-    from collector.report_data import build_report
+    from collector.analysis.perfetto import trace_events
+    from collector.analysis.report_data import build_report
 
     c = make_collector()
     reqs = [Req(f"r{i}", server_received=5, server_chunks=[90, 120, 160]) for i in range(6)] + [Req("plain")]
@@ -301,9 +301,9 @@ def test_each_request_is_one_row_with_its_server_part(make_collector):
 def test_a_report_without_engine_steps_says_why_they_are_missing(rich_store):
     """At the default detail level engines send no llm.engine.step spans: the report says so, and
     how to get them, where the step panels would be, instead of dropping them without a word."""
-    from collector.report import NO_STEPS, figures, render_html
-    from collector.report_data import build_report
-    from collector.store import open_existing
+    from collector.analysis.report import NO_STEPS, figures, render_html
+    from collector.analysis.report_data import build_report
+    from collector.storage.store import open_existing
 
     s = open_existing(str(rich_store))
     batch, steps = s.batch(), s.steps()

@@ -46,7 +46,7 @@ def analyze(store, *flags, boundary="client"):
 
 
 def test_records_carry_the_run_and_the_warmup_mark(store):
-    from collector.store import RequestStore
+    from collector.storage.store import RequestStore
 
     path, _ = store
     recs = {(r.boundary, r.request_id): r for r in RequestStore(path).records()}

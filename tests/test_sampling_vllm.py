@@ -23,7 +23,7 @@ P, N = 0.1, 600
 
 
 def test_rates_and_goodput_from_a_ten_percent_sample(tiny_model, tmp_path):
-    from collector.run_profile import records_of_run
+    from collector.analysis.run_profile import records_of_run
 
     c, otlp = start_collector(str(tmp_path / "store.db"))
     env = {**otlp, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(P)}

@@ -1,4 +1,4 @@
-"""SGLang's own tracing as an engine boundary (collector/sglang_spans.py), from spans in exactly
+"""SGLang's own tracing as an engine boundary (collector/pipeline/sglang_spans.py), from spans in exactly
 SGLang's shapes (tests/sglang_fixture.py) at each trace level, through both walkers, assembly and
 derivation; paired with a client whose traceparent SGLang's root inherited."""
 

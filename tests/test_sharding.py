@@ -213,7 +213,7 @@ def _value(v):
 
 
 def test_records_leave_as_otlp_log_records(make_collector):
-    from collector.store import open_existing
+    from collector.storage.store import open_existing
 
     rx = _LogsReceiver()
     c = make_collector(forward_records=f"http://127.0.0.1:{rx.port}", instance_id="c1")
@@ -248,7 +248,7 @@ def test_records_leave_as_otlp_log_records(make_collector):
 def test_parquet_export_equals_the_store(tmp_path):
     import pyarrow.parquet as pq
 
-    from collector.store import open_existing
+    from collector.storage.store import open_existing
 
     store = ROOT / "tests" / "data" / "demo_store.db"
     out = tmp_path / "d.parquet"

@@ -13,8 +13,8 @@ import urllib.request
 from conftest import ROOT
 from otlp_helpers import Req, free_port, sample_request
 
-from collector.spool import Spool
-from collector.store import RequestStore
+from collector.storage.spool import Spool
+from collector.storage.store import RequestStore
 
 
 def _post(port: int, body: bytes) -> int:

@@ -9,7 +9,7 @@ plugin with its HTTP server span) and recognised by the collector and by otel-ll
 * a KV cache too small for the load (vLLM preempts): ``engine:preemption``;
 
 and nothing classified as a stall in a run where none was injected, nor in the streams of each
-scenario that were left alone. The classification is the one of collector/stalls.py and
+scenario that were left alone. The classification is the one of collector/pipeline/stalls.py and
 docs/metrics/breakdown.md ("A cause for every stall")."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli, start_vllm_server
 
-from collector.assembly import AssemblyConfig
+from collector.pipeline.assembly import AssemblyConfig
 from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow
@@ -94,7 +94,7 @@ class Traced:
 
     def rows(self, expect_pairs: int) -> dict[str, dict]:
         """compare's row of every paired request, by id (after the collector stored them all)."""
-        from collector.compare import compare
+        from collector.analysis.compare import compare
 
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

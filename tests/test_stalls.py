@@ -1,4 +1,4 @@
-"""Stall causes (collector/stalls.py), as the docs define them: the client's largest gap between
+"""Stall causes (collector/pipeline/stalls.py), as the docs define them: the client's largest gap between
 token events is a stall when over max(0.1 s, 4 x the median of the request's other gaps). The stall belongs to
 the first layer where at least half of it already shows over the same two tokens: the engine core
 (its generation times; preempted or not), the API server (the engine handed the token out late
@@ -119,7 +119,7 @@ def test_the_threshold_follows_the_requests_own_pace():
 
 def test_compare_gives_the_same_causes(tmp_path):
     """otel-llm compare classifies with the same function: the same request, the same cause."""
-    from collector.compare import compare
+    from collector.analysis.compare import compare
     from collector.config import CollectorConfig as CC
 
     c = Collector(CC(otlp_grpc=None, otlp_http=None, prometheus=None, store=str(tmp_path / "s.db")))
@@ -161,8 +161,8 @@ def test_engine_stalls_are_refined_from_the_steps():
     steps explain by none of these stays engine:other."""
     import numpy as np
 
-    from collector.stalls import engine_gap, refine_engine_stall
-    from collector.steps import StepBatch
+    from collector.pipeline.stalls import engine_gap, refine_engine_stall
+    from collector.pipeline.steps import StepBatch
 
     ms = 1_000_000
 
@@ -205,9 +205,9 @@ def test_hostile_layer_arrays_do_no_harm():
     """Server chunk times out of order, generation times of another length than the token events,
     a generation array of odd bytes: the records are derived, the layers they cannot support are
     unknown, and nothing raises."""
-    from collector.assembly import ReleasedTrace
-    from collector.derive import derive
-    from collector.walked_span import make_span
+    from collector.pipeline.assembly import ReleasedTrace
+    from collector.pipeline.derive import derive
+    from collector.pipeline.walked_span import make_span
     from otel_llm import semconv as sc
 
     t, ms = "cd" * 16, 1_000_000

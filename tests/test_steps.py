@@ -7,8 +7,8 @@ import numpy as np
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp_helpers import Req, sample_request
 
-from collector.offline import read_trace_file
-from collector.store import RequestStore
+from collector.analysis.offline import read_trace_file
+from collector.storage.store import RequestStore
 from otel_llm import semconv as sc
 
 
@@ -86,8 +86,8 @@ def test_the_steps_table_batch_and_parquet_come_from_one_declaration(tmp_path):
     unchanged, and a batch given only the required columns has the rest unknown."""
     import pyarrow as pa
 
-    from collector.parquet import steps_table
-    from collector.steps import STEP_COLUMN_DECL, STEP_COLUMNS, StepBatch
+    from collector.analysis.parquet import steps_table
+    from collector.pipeline.steps import STEP_COLUMN_DECL, STEP_COLUMNS, StepBatch
 
     store = RequestStore(str(tmp_path / "s.db"))
     table = [row[1] for row in store._db.execute("PRAGMA table_info(steps)")]

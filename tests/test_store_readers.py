@@ -43,7 +43,7 @@ def test_analyze_store_percentiles_are_exact_nanoseconds(store):
     converted once: no float64-Unix-seconds rounding (it moved them by up to 0.1 us)."""
     import json
 
-    from collector.store import open_existing
+    from collector.storage.store import open_existing
 
     s = open_existing(store)
     recs = s.batch("client").records()
@@ -65,8 +65,8 @@ def test_compare_prints_what_it_printed_before(store):
 
 
 def test_the_store_round_trips_through_the_batch(store):
-    from collector.records import RecordBatch
-    from collector.store import RequestStore
+    from collector.pipeline.records import RecordBatch
+    from collector.storage.store import RequestStore
 
     s = RequestStore(store)
     batch = s.batch()

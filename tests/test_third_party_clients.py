@@ -24,7 +24,7 @@ N = 100  # vllm bench serve: 12.5 s at 8 requests/s; all at once, they still que
 def _check_request(i: int, client_ttft: float, client_tokens: int, server, engine) -> None:
     """Every invariant the three records of one request can decide (raises AssertionError)."""
     assert server is not None and engine is not None, "a boundary is missing"
-    assert (server.violations, engine.violations) == (None, None)  # collector.invariants found none
+    assert (server.violations, engine.violations) == (None, None)  # collector.pipeline.invariants found none
     assert client_tokens == server.output_tokens == engine.output_tokens
     assert client_ttft >= server.ttft >= engine.ttft > 0
     for part in ("front_end", "queue", "prefill"):

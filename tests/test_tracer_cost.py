@@ -10,17 +10,14 @@ import os
 import re
 import subprocess
 import sys
-import urllib.error
-import urllib.request
 
 import grpc
 import pytest
 from conftest import ROOT
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
-    ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
 )
-from otlp_helpers import metrics_text, wait_for
+from otlp_helpers import metrics_body, metrics_text, post_metrics, wait_for
 
 
 def value(text: str, name: str, **labels) -> float | None:
@@ -58,56 +55,29 @@ def test_a_traced_process_reports_its_tracing_cost_to_the_collector(make_collect
     assert re.search(r'otel_llm_tracer_cpu_time_total\{service="toy",instance="[^"]+",pipeline=', text)
 
 
-def export(metrics: list[tuple[str, str, float]], service: str = "svc", pid: int = 7) -> bytes:
-    req = ExportMetricsServiceRequest()
-    rm = req.resource_metrics.add()
-    for k, v in (("service.name", service), ("process.pid", pid)):
-        a = rm.resource.attributes.add(key=k)
-        if isinstance(v, int):
-            a.value.int_value = v
-        else:
-            a.value.string_value = v
-    sm = rm.scope_metrics.add()
-    for name, kind, v in metrics:
-        m = sm.metrics.add(name=name, unit="s")
-        pts = m.sum.data_points if kind == "sum" else m.gauge.data_points
-        if kind == "sum":
-            m.sum.is_monotonic = True
-            m.sum.aggregation_temporality = 2  # cumulative
-        p = pts.add(as_double=v)
-        p.attributes.add(key="otel_llm.pipeline").value.string_value = "vllm/engine"
-    return req.SerializeToString()
-
-
-def post(c, body: bytes, ctype: str = "application/x-protobuf", **headers) -> tuple[int, bytes]:
-    url = f"http://127.0.0.1:{c.receivers[1].address[1]}/v1/metrics"
-    r = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": ctype, **headers})
-    try:
-        with urllib.request.urlopen(r, timeout=10) as resp:
-            return resp.status, resp.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
 def test_the_receiver_keeps_the_tracer_series_and_only_those(make_collector):
     c = make_collector()
-    body = export([("otel_llm.tracer.cpu_time", "sum", 1.5), ("some.app.metric", "sum", 9.0), ("x", "gauge", 1.0)])
-    code, resp = post(c, body)
+    body = metrics_body(
+        [("otel_llm.tracer.cpu_time", "sum", 1.5), ("some.app.metric", "sum", 9.0), ("x", "gauge", 1.0)]
+    )
+    code, resp = post_metrics(c, body)
     assert code == 200 and ExportMetricsServiceResponse.FromString(resp) == ExportMetricsServiceResponse()
     text = metrics_text(c)
     assert value(text, "otel_llm_tracer_cpu_time_total", service="svc", instance="7", pipeline="vllm/engine") == 1.5
     assert "some_app_metric" not in text and c.tracer_costs.points_ignored == 2
-    post(c, export([("otel_llm.tracer.cpu_time", "sum", 2.5)]))  # cumulative: the latest value
+    post_metrics(c, metrics_body([("otel_llm.tracer.cpu_time", "sum", 2.5)]))  # cumulative: the latest value
     assert value(metrics_text(c), "otel_llm_tracer_cpu_time_total", service="svc", instance="7") == 2.5
     assert (
-        post(c, gzip.compress(export([("otel_llm.tracer.cpu_time", "sum", 3.0)])), **{"Content-Encoding": "gzip"})[0]
+        post_metrics(
+            c, gzip.compress(metrics_body([("otel_llm.tracer.cpu_time", "sum", 3.0)])), **{"Content-Encoding": "gzip"}
+        )[0]
         == 200
     )
     assert value(metrics_text(c), "otel_llm_tracer_cpu_time_total", service="svc", instance="7") == 3.0
     # gRPC's MetricsService/Export, another process
     channel = grpc.insecure_channel(f"127.0.0.1:{c.receivers[0].port}")
     call = channel.unary_unary("/opentelemetry.proto.collector.metrics.v1.MetricsService/Export")
-    assert call(export([("otel_llm.tracer.spans.exported", "sum", 42.0)], pid=8), timeout=10) == b""
+    assert call(metrics_body([("otel_llm.tracer.spans.exported", "sum", 42.0)], pid=8), timeout=10) == b""
     assert value(metrics_text(c), "otel_llm_tracer_spans_exported_total", instance="8") == 42.0
     with pytest.raises(grpc.RpcError) as err:
         call(b"\xff\xff\xff", timeout=10)
@@ -116,8 +86,8 @@ def test_the_receiver_keeps_the_tracer_series_and_only_those(make_collector):
 
 def test_the_receiver_refuses_what_it_cannot_take(make_collector):
     c = make_collector()
-    assert post(c, b"\x0a\xff\xff")[0] == 400  # not a message
-    assert post(c, b"{not json", "application/json")[0] == 400
+    assert post_metrics(c, b"\x0a\xff\xff")[0] == 400  # not a message
+    assert post_metrics(c, b"{not json", "application/json")[0] == 400
     import http.client
 
     conn = http.client.HTTPConnection("127.0.0.1", c.receivers[1].address[1], timeout=10)
@@ -128,7 +98,7 @@ def test_the_receiver_refuses_what_it_cannot_take(make_collector):
     assert conn.getresponse().status == 413
     c.tracer_costs.max_series = 2
     for pid in range(4):
-        post(c, export([("otel_llm.tracer.cpu_time", "sum", 1.0)], pid=pid))
+        post_metrics(c, metrics_body([("otel_llm.tracer.cpu_time", "sum", 1.0)], pid=pid))
     assert c.tracer_costs.series_refused == 2  # bounded: a sender cannot grow the scrape without end
     assert sum(1 for line in metrics_text(c).splitlines() if line.startswith("otel_llm_tracer_cpu_time_total{")) == 2
 
@@ -146,8 +116,8 @@ def test_no_sender_can_break_the_exposition(make_collector, tmp_path):
         "otel_llm.tracer.",
         "otel_llm.tracer." + "z" * 300,
     ]
-    assert post(c, export([(n, "sum", 1.0) for n in hostile], service='s"\n\\'))[0] == 200
-    assert post(c, export([(f"otel_llm.tracer.n{i}", "sum", float(i)) for i in range(2000)]))[0] == 200
+    assert post_metrics(c, metrics_body([(n, "sum", 1.0) for n in hostile], service='s"\n\\'))[0] == 200
+    assert post_metrics(c, metrics_body([(f"otel_llm.tracer.n{i}", "sum", float(i)) for i in range(2000)]))[0] == 200
     text = metrics_text(c)
     assert "evil" not in text and "a/b" not in text
     families = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE otel_llm_tracer_")}

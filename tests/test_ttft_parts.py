@@ -1,4 +1,4 @@
-"""The client TTFT's parts, declared once (collector/ttft_parts.py): the finest-level rule on one
+"""The client TTFT's parts, declared once (collector/pipeline/ttft_parts.py): the finest-level rule on one
 request and over columns agree, and docs/metrics/breakdown.md's and the TTFT page's tables say what the table says."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from collector.ttft_parts import BY_NAME, NAMES, PARTS, finest, shown
+from collector.pipeline.ttft_parts import BY_NAME, NAMES, PARTS, finest, shown
 
 ROOT = Path(__file__).resolve().parent.parent
 FINE = [p.name for p in PARTS if p.name not in {q.coarse for q in PARTS}]  # what a request with every boundary has

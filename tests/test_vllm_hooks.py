@@ -97,7 +97,7 @@ def test_instance_form(tmp_path, tiny_model):
     assert sorted(s.attributes[sc.REQUEST_CHOICE] for s in choices) == [0, 1]
     assert {s.attributes[sc.REQUEST_ID] for s in choices} == {truth["n2"]["id"]}
     assert [s.attributes[sc.OUTPUT_TOKENS] for s in choices] == truth["n2"]["tokens"] == [6, 6]
-    from collector.offline import batch_from_trace_file
+    from collector.analysis.offline import batch_from_trace_file
 
     recs = batch_from_trace_file(str(tmp_path / "instance.jsonl")).records()
     n2 = sorted(r.request_id for r in recs if r.choice is not None)

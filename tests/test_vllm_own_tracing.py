@@ -12,8 +12,8 @@ import urllib.request
 import pytest
 from conftest import run_cli, start_vllm_server
 
-from collector.assembly import AssemblyConfig
-from collector.offline import read_trace_file
+from collector.analysis.offline import read_trace_file
+from collector.pipeline.assembly import AssemblyConfig
 from engine_hooks.tiny_model import stop_cpu_server
 from otel_llm.slo import SLO
 

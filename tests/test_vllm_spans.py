@@ -1,4 +1,4 @@
-"""vLLM's own ``llm_request`` span as an engine boundary (collector/vllm_spans.py): export requests
+"""vLLM's own ``llm_request`` span as an engine boundary (collector/pipeline/vllm_spans.py): export requests
 built by hand at the wire level in exactly the shape vLLM 0.32 sends (vllm/v1/engine/
 output_processor.py ``do_tracing``: kind SERVER, start at arrival, ended a little after the last
 output, latencies as double seconds, token counts as ints, ids as strings), through both walkers,
@@ -136,7 +136,7 @@ def test_attributes_absent_wrong_or_out_of_range_are_unknown(kw, known):
 
 def test_prometheus_histograms_take_vllm_spans_but_no_itl_from_them():
     from collector.exporters.prometheus import render
-    from collector.metrics_registry import MetricsRegistry
+    from collector.pipeline.metrics_registry import MetricsRegistry
 
     reg = MetricsRegistry()
     b, rm = records(*(body(vllm_span(i, f"r{i}", start_ns=T0 + i * MS)) for i in range(1, 5)))

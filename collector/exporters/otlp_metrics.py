@@ -27,7 +27,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from ..metrics_registry import Counter, Histogram
+from ..pipeline.metrics_registry import Counter, Histogram
 
 log = logging.getLogger("collector")
 _SCOPE = InstrumentationScope("otel_llm.collector", "0.1.0")

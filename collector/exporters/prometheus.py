@@ -14,7 +14,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..config import listen
-from ..metrics_registry import Counter, Histogram
+from ..pipeline.metrics_registry import Counter, Histogram
 from ..receivers.intake import token_matches
 from ..tls import HandshakeInThread, is_handshake_failure, wrap_listener
 

@@ -5,7 +5,7 @@ request and boundary, as the store does.
 Each record is one ``LogRecord``: ``event_name`` ``otel_llm.request``, ``time_unix_nano`` the
 record's end (Unix ns), ``trace_id`` its trace (so a backend links it to the trace), ``body`` a
 one-line summary, and an attribute ``otel_llm.<column>`` for every known column of
-:data:`collector.records.COLUMNS` (units as there: seconds, Unix ns, tokens), plus the token
+:data:`collector.pipeline.records.COLUMNS` (units as there: seconds, Unix ns, tokens), plus the token
 events as int arrays ``otel_llm.event_offsets_ns`` and ``otel_llm.event_tokens``. The resource is
 ``service.name=otel-llm-collector`` with the collector's ``service.instance.id``.
 """
@@ -19,7 +19,7 @@ from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsSer
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 
-from ..records import COLUMNS, RecordBatch
+from ..pipeline.records import COLUMNS, RecordBatch
 
 EVENT_NAME = "otel_llm.request"
 PREFIX = "otel_llm."

@@ -1,6 +1,6 @@
 """Decoding OTLP trace payloads (protobuf or JSON, optionally gzip) and walking their spans.
 
-Only the spans the collector derives from are returned, as flat tuples (:mod:`collector.walked_span`):
+Only the spans the collector derives from are returned, as flat tuples (:mod:`collector.pipeline.walked_span`):
 request spans and their phases, with the few attributes derivation reads; every span is counted.
 Spans with invalid ids, an end before their start or past int64 ns (2262) are rejected and counted
 (``partial_success``).
@@ -23,7 +23,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from otel_llm import environment
 from otel_llm.otlp_json import from_json
 
-from .. import walked_span as sp
+from ..pipeline import walked_span as sp
 
 try:
     from . import _otlp_walk
@@ -126,7 +126,7 @@ def parse_request(body: bytes, json_body: bool = False) -> ExportTraceServiceReq
 
 @dataclass
 class WalkResult:
-    spans: list[tuple]  # the walked spans the collector derives from (collector.walked_span layout)
+    spans: list[tuple]  # the walked spans the collector derives from (collector.pipeline.walked_span layout)
     total: int  # every span in the request
     rejected: int
     first_error: str | None = None

@@ -121,7 +121,7 @@ DESCRIPTIONS = {
 
 def families(costs: TracerCosts) -> list:
     """The received series as the registry's counter families (rendered and pushed with the rest)."""
-    from ..metrics_registry import Counter
+    from ..pipeline.metrics_registry import Counter
 
     out = []
     for name, (unit, series) in sorted(costs.snapshot().items()):

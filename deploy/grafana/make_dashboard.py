@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 
-from collector.ttft_parts import PARTS
+from collector.pipeline.ttft_parts import PARTS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "dashboards", "otel-llm.json")

@@ -11,17 +11,17 @@ arguments) and counters for the batch size and the KV cache in use.
 
 Times are microseconds after the run's origin (the earliest client send), server and engine times
 (one host) moved onto the client's clock by the clock offset ``compare`` estimates, as in the
-report (:mod:`collector.report_data`).
+report (:mod:`collector.analysis.report_data`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..pipeline.records import RecordBatch
+from ..pipeline.steps import StepBatch
 from .compare import compare
-from .records import RecordBatch
 from .report_data import request_units, waterfall_rows
-from .steps import StepBatch
 
 REQUESTS_PID, STEPS_PID = 1, 2
 

@@ -18,12 +18,12 @@ from otel_llm.slo import SLO
 from otel_llm.summary import Summary, summarize
 from otel_llm.timeline import BOUNDARIES
 
+from ..pipeline.records import RecordBatch, RequestRecord
+from ..pipeline.stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S
+from ..pipeline.steps import StepBatch
+from ..pipeline.ttft_parts import MEANING
 from .compare import Comparison, compare, ttft_share
-from .records import RecordBatch, RequestRecord
 from .run_profile import profile_run
-from .stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S
-from .steps import StepBatch
-from .ttft_parts import MEANING
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
 PART_MEANING = MEANING
@@ -246,7 +246,7 @@ def decomposition(cmp: Comparison, slowest: int, ps=("50", "90", "99")) -> list[
 
 def sweep_points(batch: RecordBatch, steps: StepBatch | None, slo: SLO | None) -> list[SweepPoint]:
     """One point per run id (nothing for fewer than two runs), in order of arrival rate: the
-    profile of :func:`collector.run_profile.profile_run`, as ``otel-llm bench --sweep`` records it."""
+    profile of :func:`collector.analysis.run_profile.profile_run`, as ``otel-llm bench --sweep`` records it."""
     client = batch.at_boundary("client")
     runs = sorted({r for r in client.run_id if r})
     if len(runs) < 2:

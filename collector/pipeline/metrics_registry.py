@@ -249,7 +249,7 @@ FAMILIES: tuple[Family, ...] = (
         "llm.timeline.violations",
         "{request}",
         "Derived records whose timeline breaks an ordering that must hold (an event before its arrival, a "
-        "boundary not inside the one around it), by kind (collector.invariants.KINDS); never clamped away",
+        "boundary not inside the one around it), by kind (collector.pipeline.invariants.KINDS); never clamped away",
         labels=("kind",),
     ),
     Family(

@@ -1,5 +1,5 @@
 """Derivation: assembled traces -> one record per request and boundary, as a columnar
-:class:`~collector.records.RecordBatch`.
+:class:`~collector.pipeline.records.RecordBatch`.
 
 Per request span (``llm.request``: engine, ``llm.client.request``: client): submit and end from
 the span, token events from ``llm.token_event.offsets_ns`` / ``.tokens`` (int64 bytes from the
@@ -252,7 +252,7 @@ def _requests(traces: list[ReleasedTrace]) -> _Requests:
             k = r[sp.GEN_TOKENS]
             gt = np.frombuffer(k, np.int64) if type(k) is bytes and len(k) == len(g) else None
             generated[e] = (r[sp.START] + np.frombuffer(g, np.int64), gt)
-    if adopted.phases:  # what vLLM's and SGLang's own spans said (collector/foreign_spans.py)
+    if adopted.phases:  # what vLLM's and SGLang's own spans said (collector/pipeline/foreign_spans.py)
         for r, t_sid in enumerate(zip(rec_tix.tolist(), sids)):
             ph = adopted.phases.get(t_sid)
             if ph is None:
@@ -409,7 +409,7 @@ def pair_parts(
     client's call, the moment it began writing the request and its first token (client clock); the
     engine's arrival, first token generated and first output handed out (engine clock); the HTTP
     server's first byte read and the first body chunk it wrote once the engine had a token out
-    (server clock). Parts across two clocks are uncorrected (:mod:`collector.compare` corrects
+    (server clock). Parts across two clocks are uncorrected (:mod:`collector.analysis.compare` corrects
     them); without a send time, ``network_in`` starts at the call."""
     k = len(c_submit)
     out = {name: np.full(k, np.nan) for name in PAIR_PARTS}

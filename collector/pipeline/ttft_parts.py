@@ -12,7 +12,7 @@ not say when it queued the request).
 Everything that names, orders, explains, colours or merges the parts reads this table: the
 records' column docs, derivation's outer parts, ``compare``, the metrics registry's
 ``llm_ttft_part_seconds``, the report and the table in docs/metrics/breakdown.md (checked by a test). Adding a part is
-an entry here, its computation (:func:`collector.derive.pair_parts` for the outer ones), its store
+an entry here, its computation (:func:`collector.pipeline.derive.pair_parts` for the outer ones), its store
 column in ``records.COLUMNS`` (listed there by hand: the store's column order is its schema) and
 its field on ``compare.RequestComparison``.
 """

@@ -4,7 +4,7 @@
 from what the tool saved, in place of otel-llm's client spans, and join it to the server and engine
 records of the store by the request id the tool sent (``x-request-id``; vLLM makes it its request
 id, ``cmpl-<id>-0`` for completions, ``chatcmpl-<id>`` for chat). The parts are computed as for
-otel-llm's own client (:func:`collector.derive.pair_parts`), with the tool's clock as the client's.
+otel-llm's own client (:func:`collector.pipeline.derive.pair_parts`), with the tool's clock as the client's.
 
 Read here:
 
@@ -45,8 +45,8 @@ import numpy as np
 
 from otel_llm.request_math import request_metrics
 
-from .derive import PAIR_PARTS, pair_parts
-from .records import NO_NS, RecordBatch, RequestRecord, timeline_batch
+from ..pipeline.derive import PAIR_PARTS, pair_parts
+from ..pipeline.records import NO_NS, RecordBatch, RequestRecord, timeline_batch
 
 FORMATS = ("vllm-bench", "guidellm")
 

@@ -3,7 +3,7 @@
 A row costs SQLite ~10 us of CPU (two rows a request), as much as decoding, assembling and
 deriving the request together. In a child process it runs on another core under its own GIL
 (in a thread it could not: the rows are bound to the statement holding the GIL, so the two
-threads take turns). The child is ``python -m collector.store_writer PATH``; batches go to it
+threads take turns). The child is ``python -m collector.storage.store_writer PATH``; batches go to it
 pickled over its stdin, one acknowledgement per batch comes back over its stdout. It ignores
 SIGINT/SIGTERM and lives exactly as long as its stdin is open: closing it (:meth:`close`) makes
 it store what it was sent and exit; if the collector dies, the child sees end of file and exits.
@@ -31,8 +31,8 @@ import threading
 import time
 from collections import deque
 
-from .records import RecordBatch
-from .steps import StepBatch
+from ..pipeline.records import RecordBatch
+from ..pipeline.steps import StepBatch
 from .store import RequestStore
 
 log = logging.getLogger("collector")
@@ -53,7 +53,7 @@ class StoreWriter:
         self.store = store
         self.stored = 0
         self.duplicates = 0
-        self.steps_stored = 0  # engine steps (collector.steps), apart from the request records
+        self.steps_stored = 0  # engine steps (collector.pipeline.steps), apart from the request records
         self.failed_batches = 0  # batches a write failed for (kept and written again)
         self.records_lost = 0  # records dropped: over max_unwritten, or lost with the writer process
         self.error: str | None = None  # why the last write failed, while anything is unwritten
@@ -79,7 +79,7 @@ class StoreWriter:
                 root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
                 env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
                 self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "collector.store_writer", store.path],
+                    [sys.executable, "-m", "collector.storage.store_writer", store.path],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     env=env,

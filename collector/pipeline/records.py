@@ -6,10 +6,10 @@ that means "unknown". Everything else is built from it:
 * :class:`RecordBatch`, many records columnar (numpy): what derivation produces and the store,
   the metrics registry and ``compare`` consume;
 * :class:`RequestRecord`, the row view of one record (``None`` where a value is unknown);
-* the store's SQLite columns and its reader (:mod:`collector.store`).
+* the store's SQLite columns and its reader (:mod:`collector.storage.store`).
 
 Adding a derived value is one :class:`Column` here plus its computation in
-:mod:`collector.derive`. Plain data, no I/O (vLLM ``v1/metrics`` style). Points in time are integer
+:mod:`collector.pipeline.derive`. Plain data, no I/O (vLLM ``v1/metrics`` style). Points in time are integer
 Unix **ns** (exact); durations are float **seconds**.
 
 Token events are not columns: record ``i``'s events are ``event_offsets_ns[event_start[i]:
@@ -107,7 +107,7 @@ COLUMNS: tuple[Column, ...] = (
         "violations",
         TEXT,
         "",
-        "the timeline orderings this record breaks, comma-separated (collector.invariants.KINDS); unknown: none",
+        "the timeline orderings this record breaks, comma-separated (invariants.KINDS); unknown: none",
     ),
     # per-request metrics (docs/metrics/spec.md)
     Column("ttft", SECONDS, "s", "first token event - submit; unknown without a token"),
@@ -134,7 +134,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("network_out", SECONDS, "s", MEANING["network_out"]),
     Column("server_received_ns", NS, "ns", "Unix ns, server clock: the HTTP server received the request"),
     Column("server_first_chunk_ns", NS, "ns", "Unix ns, server clock: the first body chunk after the first token"),
-    # the layers of the client's largest gap between token events (collector/stalls.py)
+    # the layers of the client's largest gap between token events (collector/pipeline/stalls.py)
     Column(
         "stall_core_gap",
         SECONDS,

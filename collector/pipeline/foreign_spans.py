@@ -1,8 +1,8 @@
 """Request spans others send, made ours before derivation: vLLM's own ``llm_request``
-(:mod:`collector.vllm_spans`) and SGLang's ``Req <rid>`` with its stage spans
-(:mod:`collector.sglang_spans`) as engine request spans, and a GenAI client instrumentation's span
-(``chat <model>``, :mod:`collector.genai_client_spans`) as a client request span. Each adapter turns
-the sender's span into one of ours and says, in a :class:`~collector.adopted_spans.Phases`, what
+(:mod:`collector.pipeline.vllm_spans`) and SGLang's ``Req <rid>`` with its stage spans
+(:mod:`collector.pipeline.sglang_spans`) as engine request spans, and a GenAI client instrumentation's span
+(``chat <model>``, :mod:`collector.pipeline.genai_client_spans`) as a client request span. Each adapter turns
+the sender's span into one of ours and says, in a :class:`~collector.pipeline.adopted_spans.Phases`, what
 the sender measured that our phase spans would otherwise give. docs/sources.md tables what each
 source gives."""
 

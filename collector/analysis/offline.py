@@ -12,11 +12,11 @@ from otel_llm.selection import Selection
 from otel_llm.timeline import TimelineBatch
 from otel_llm.trace_file import read_trace_requests
 
-from .assembly import AssemblyConfig, TraceAssembler
-from .derive import derive
-from .receivers.decode import walk_message
-from .records import RecordBatch
-from .steps import StepBatch, split_steps
+from ..pipeline.assembly import AssemblyConfig, TraceAssembler
+from ..pipeline.derive import derive
+from ..pipeline.records import RecordBatch
+from ..pipeline.steps import StepBatch, split_steps
+from ..receivers.decode import walk_message
 
 
 def read_trace_file(path: str) -> tuple[RecordBatch, StepBatch]:

@@ -1,4 +1,4 @@
-"""What the adapters of other engines' own spans (:mod:`collector.foreign_spans`) hand derivation:
+"""What the adapters of other engines' own spans (:mod:`collector.pipeline.foreign_spans`) hand derivation:
 the batch's spans after them, and what each engine said of each request beyond its request span."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Trace assembly, after the OpenTelemetry Collector's groupbytrace processor.
 
-Spans (walked span tuples, :mod:`collector.walked_span`) are grouped by trace id in a
+Spans (walked span tuples, :mod:`collector.pipeline.walked_span`) are grouped by trace id in a
 :class:`TraceStorage` (in memory by default). A trace is released to derivation when
 * ``grace_s`` has passed since its last request span (``llm.request`` / ``llm.client.request``)
   arrived: request spans are exported when they end, so their phases and the other boundary have
@@ -33,8 +33,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..config import AssemblyConfig
 from . import walked_span as sp
-from .config import AssemblyConfig
 from .genai_client_spans import is_genai_client_span
 
 

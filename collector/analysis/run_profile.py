@@ -19,10 +19,10 @@ from otel_llm.slo import SLO
 from otel_llm.summary import summarize
 from otel_llm.timeline import BOUNDARIES
 
+from ..pipeline.records import RecordBatch
+from ..pipeline.stalls import ALL_CLASSES
+from ..pipeline.steps import StepBatch
 from .compare import compare, summarize_comparison
-from .records import RecordBatch
-from .stalls import ALL_CLASSES
-from .steps import StepBatch
 
 
 def decomposition(batch: RecordBatch, steps: StepBatch | None) -> dict | None:
@@ -112,7 +112,7 @@ def profile_from_store(
     ps: Sequence[str] = ("50", "90", "99"),
 ) -> dict:
     """Entry point ``otel_llm.run_profiles: store``: :func:`profile_run` over a store (or several)."""
-    from .store import read_stores
+    from ..storage.store import read_stores
 
     batch, steps = read_stores(path)
     return profile_run(batch, steps, run_id, slo, fluidity, ps)
@@ -121,7 +121,7 @@ def profile_from_store(
 def records_of_run(path: str | Sequence[str], run_id: str) -> dict[str, int]:
     """Entry point ``otel_llm.run_profiles: store_counts``: how many records of ``run_id`` (warm-ups
     left out) a store holds at each boundary (a sweep waits for them before profiling a point)."""
-    from .store import open_existing, store_paths
+    from ..storage.store import open_existing, store_paths
 
     out = dict.fromkeys(BOUNDARIES, 0)
     for p in store_paths(path):  # a count in SQL: the sweep asks every half second

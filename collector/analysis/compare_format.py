@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from otel_llm.summary_format import grid
 
+from ..pipeline.stalls import STALL_CLASSES
 from .compare import TTFT_PARTS, ComparisonSummary, RequestComparison
-from .stalls import STALL_CLASSES
 
 
 def _ms(v) -> str:

@@ -31,9 +31,9 @@ import numpy as np
 from otel_llm.request_math import itl_samples
 from otel_llm.summary import Distribution
 
-from .invariants import tally
-from .records import RecordBatch, RequestRecord
-from .stalls import (
+from ..pipeline.invariants import tally
+from ..pipeline.records import RecordBatch, RequestRecord
+from ..pipeline.stalls import (
     ALL_CLASSES,
     DEFAULT_FACTOR,
     DEFAULT_FLOOR_S,
@@ -41,8 +41,8 @@ from .stalls import (
     engine_gap,
     refine_engine_stall,
 )
-from .steps import StepBatch
-from .ttft_parts import NAMES, finest
+from ..pipeline.steps import StepBatch
+from ..pipeline.ttft_parts import NAMES, finest
 
 
 @dataclass
@@ -192,12 +192,12 @@ class RequestComparison:
     engine_tokens: int
     preemptions: int
     preemption_time: float
-    stall: str  # none or one of collector.stalls.ALL_CLASSES
+    stall: str  # none or one of collector.pipeline.stalls.ALL_CLASSES
     stall_gap: float | None  # the client's largest gap, seconds
 
     @property
     def parts(self) -> dict:
-        """This request's TTFT parts at the finest level known (:func:`collector.ttft_parts.finest`)."""
+        """This request's TTFT parts at the finest level known (:func:`collector.pipeline.ttft_parts.finest`)."""
         return finest({n: getattr(self, n) for n in NAMES}) or {}
 
 
@@ -239,7 +239,7 @@ def compare(
 ) -> Comparison:
     """Pair, decompose and classify. With the engine's ``steps`` (a store's), an ``engine:other``
     stall is refined from the steps of the same engine process over the engine's own gap
-    (:func:`collector.stalls.refine_engine_stall`)."""
+    (:func:`collector.pipeline.stalls.refine_engine_stall`)."""
     pairs, alone = pairs_from_records(records)
     off = estimate_offset(pairs, clock_offset)
     c_itl = _itl_by_request([c for c, _ in pairs])
@@ -305,7 +305,7 @@ def compare(
     return Comparison(rows, off, pairs, alone, c_itl, e_itl)
 
 
-#: The parts of the client TTFT, in the order they happen (:mod:`collector.ttft_parts`).
+#: The parts of the client TTFT, in the order they happen (:mod:`collector.pipeline.ttft_parts`).
 TTFT_PARTS = NAMES
 
 
@@ -325,7 +325,7 @@ class ComparisonSummary:
     stalls: dict[str, int]  # STALL_CLASSES -> requests
     ttft_share: dict[str, float] | None  # TTFT_PARTS -> share of the summed client TTFT
     max_abs_parts_sum_error_s: float | None
-    records_with_violations: int = 0  # records compared that break a timeline ordering (collector.invariants)
+    records_with_violations: int = 0  # records compared that break a timeline ordering (collector.pipeline.invariants)
     violations: dict[str, int] = field(default_factory=dict)  # kind -> records
 
     def to_json(self) -> dict:

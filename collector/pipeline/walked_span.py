@@ -4,7 +4,7 @@ A tuple rather than an object because the collector handles hundreds of thousand
 second: the C walker (:mod:`collector.receivers._otlp_walk`) builds them directly, and
 :func:`collector.receivers.decode.walk_message` builds the same tuples from a parsed message.
 Only spans the collector derives from are walked (the request spans and their phases, and the
-engine's step spans, which :mod:`collector.steps` keeps); the attribute slots hold the few
+engine's step spans, which :mod:`collector.pipeline.steps` keeps); the attribute slots hold the few
 attributes those read, ``None`` where absent.
 
 Layout (index constants below): ids are raw bytes (trace 16, span 8, parent 0 or 8); times are
@@ -22,10 +22,10 @@ from otel_llm import semconv as sc
 
 # span codes
 CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP, FRONTEND, SERVER = range(10)
-# SGLang's stage spans (collector/sglang_spans.py)
+# SGLang's stage spans (collector/pipeline/sglang_spans.py)
 SG_TOKENIZE, SG_DISPATCH, SG_REQUEST_PROCESS, SG_PREFILL_WAITING, SG_PREFILL_FORWARD = range(10, 15)
 SG_CHUNKED_PREFILL, SG_DECODE_LOOP = range(15, 17)
-GENAI_CLIENT = 17  # a GenAI client instrumentation's span (collector/genai_client_spans.py)
+GENAI_CLIENT = 17  # a GenAI client instrumentation's span (collector/pipeline/genai_client_spans.py)
 CODES = {
     sc.SPAN_CLIENT_REQUEST: CLIENT,
     sc.SPAN_REQUEST: ENGINE,
@@ -37,8 +37,8 @@ CODES = {
     sc.SPAN_STEP: STEP,
     sc.SPAN_FRONTEND: FRONTEND,
     **dict.fromkeys(sc.SERVER_SPAN_NAMES, SERVER),  # the HTTP server span ("POST /v1/completions", ...)
-    sc.VLLM_SPAN_REQUEST: ENGINE,  # vLLM's own request span: an engine request span (collector/vllm_spans.py)
-    sc.SGLANG_SPAN_REQUEST: ENGINE,  # SGLang's root span, "Req <rid>" (a prefix; collector/sglang_spans.py)
+    sc.VLLM_SPAN_REQUEST: ENGINE,  # vLLM's own request span: an engine request span (collector/pipeline/vllm_spans.py)
+    sc.SGLANG_SPAN_REQUEST: ENGINE,  # SGLang's root span, "Req <rid>" (a prefix; collector/pipeline/sglang_spans.py)
     sc.SGLANG_TOKENIZE: SG_TOKENIZE,
     sc.SGLANG_DISPATCH: SG_DISPATCH,
     sc.SGLANG_REQUEST_PROCESS: SG_REQUEST_PROCESS,
@@ -97,7 +97,7 @@ _ATTRIBUTES = (
     ("violations", sc.TIMELINE_VIOLATIONS),
     ("output_tokens", sc.OUTPUT_TOKENS),
     ("send_offset", sc.CLIENT_SEND_OFFSET),
-    # vLLM's own llm_request span (collector/vllm_spans.py)
+    # vLLM's own llm_request span (collector/pipeline/vllm_spans.py)
     ("gen_ai_request_id", sc.VLLM_REQUEST_ID),
     ("prompt_tokens", sc.VLLM_PROMPT_TOKENS),
     ("completion_tokens", sc.VLLM_COMPLETION_TOKENS),
@@ -107,9 +107,9 @@ _ATTRIBUTES = (
     ("latency_queue", sc.VLLM_QUEUE),
     ("latency_prefill", sc.VLLM_PREFILL),
     ("latency_decode", sc.VLLM_DECODE),
-    # SGLang's root span (collector/sglang_spans.py)
+    # SGLang's root span (collector/pipeline/sglang_spans.py)
     ("sglang_rid", sc.SGLANG_RID),
-    # a GenAI client instrumentation's span (collector/genai_client_spans.py)
+    # a GenAI client instrumentation's span (collector/pipeline/genai_client_spans.py)
     ("operation", sc.OPERATION_NAME),
     ("time_to_first_chunk", sc.RESPONSE_TIME_TO_FIRST_CHUNK),
     ("response_id", sc.RESPONSE_ID),

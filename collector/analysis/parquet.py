@@ -1,10 +1,10 @@
 """``otel-llm export --format parquet``: the store's records as a Parquet table (and the engine's
 steps as a second one), for DuckDB, pandas or Spark.
 
-One row per request and boundary; one column per field of :data:`collector.records.COLUMNS` with
+One row per request and boundary; one column per field of :data:`collector.pipeline.records.COLUMNS` with
 its type (text, int64, float64 seconds, bool; null where unknown) and its unit and meaning in the
 field's metadata, plus ``event_offsets_ns`` and ``event_tokens`` as lists of int64. Steps: one row
-per ``llm.engine.step`` (:mod:`collector.steps`).
+per ``llm.engine.step`` (:mod:`collector.pipeline.steps`).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .records import COLUMNS, FLAG, RecordBatch
-from .steps import STEP_COLUMN_DECL, StepBatch
+from ..pipeline.records import COLUMNS, FLAG, RecordBatch
+from ..pipeline.steps import STEP_COLUMN_DECL, StepBatch
 
 
 def _arrow_type(kind) -> pa.DataType:

@@ -26,8 +26,8 @@ from otel_llm.request_math import segment_sum
 from otel_llm.selection import Selection
 from otel_llm.timeline import TimelineBatch
 
-from .records import COLUMN_NAMES, COLUMNS, RecordBatch, RequestRecord, from_python
-from .steps import STEP_COLUMN_DECL, STEP_COLUMNS, STEPS_SCHEMA, StepBatch
+from ..pipeline.records import COLUMN_NAMES, COLUMNS, RecordBatch, RequestRecord, from_python
+from ..pipeline.steps import STEP_COLUMN_DECL, STEP_COLUMNS, STEPS_SCHEMA, StepBatch
 
 log = logging.getLogger("collector")
 

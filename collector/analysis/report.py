@@ -4,23 +4,21 @@ or a traces file.
 Figures are Plotly (interactive zoom and hover; plotly.js is embedded once, so the file opens
 offline with no network fetch). Each figure is a ``<div class="figure" id="fig-...">``; ``--png DIR``
 also writes each as ``DIR/<id>.png`` through kaleido (which drives the system's Chromium). The data
-comes from :mod:`collector.report_data`; this module only draws and writes.
+comes from :mod:`collector.analysis.report_data`; this module only draws and writes.
 """
 
 from __future__ import annotations
 
-import argparse
 import html
 import json
 import os
-import time
 from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
 
+from ..pipeline.ttft_parts import COLORS as PART_COLORS
 from .report_data import PART_MEANING, ReportData, WaterfallRow
-from .ttft_parts import COLORS as PART_COLORS
 
 COLORS = {
     **PART_COLORS,
@@ -430,165 +428,7 @@ def write_pngs(figs: dict[str, object], directory: str) -> list[str]:
     return out
 
 
-# -- the subcommand -------------------------------------------------------------------------------
-
-
-def register_report(sub) -> None:
-    from otel_llm.cli_options import number
-
-    from .cli import add_stall_options
-    from .client_results import add_client_results_options
-
-    p = sub.add_parser(
-        "report",
-        help="an HTML report of a run: summary, TTFT decomposition, waterfall, engine steps, ITL, stalls",
-        description="Write one self-contained HTML file (opens offline; interactive zoom) from the collector's "
-        "store or a traces file: the summary at both boundaries, the client TTFT decomposition, a waterfall of "
-        "the slowest requests and a sample with their token events, the engine's steps on the same axis, ITL "
-        "CDFs, TTFT/E2E over time, stall seconds by cause, and (several runs) attainment and latency against load.",
-    )
-    _add_source_options(p)
-    p.add_argument("-o", "--output", default="report.html", metavar="FILE", help="the HTML file (default report.html)")
-    p.add_argument("--png", metavar="DIR", help="also write each figure as DIR/<figure>.png (needs Chromium)")
-    p.add_argument("--slo", metavar="BOUNDS", help="goodput SLO, e.g. ttft=1,tpot=0.05")
-    p.add_argument("--slowest", type=number(int, 0), default=20, metavar="N", help="slowest requests shown (20)")
-    p.add_argument("--sample", type=number(int, 0), default=100, metavar="N", help="other requests shown (100)")
-    add_stall_options(p)
-    add_client_results_options(p)
-    p.add_argument("--title", default="otel-llm report")
-    p.set_defaults(func=run_report)
-
-
-def run_report(args: argparse.Namespace) -> int:
-    import sys
-
-    from otel_llm.cli_options import CLIError, check_output_path, slo_option
-
-    from .client_results import apply_client_results
-    from .report_data import build_report
-
-    check_output_path(args.output)
-    slo = slo_option(args.slo)
-    t0 = time.perf_counter()
-    batch, steps, source = _load_selected(args, "report")
-    batch = apply_client_results(args, batch)
-    d = build_report(
-        batch,
-        steps,
-        source=source,
-        slo=slo,
-        slowest=args.slowest,
-        sample=args.sample,
-        stall_threshold=args.stall,
-        stall_factor=args.stall_factor,
-        title=args.title,
-    )
-    figs = figures(d)
-    doc = render_html(d, figs)
-    with open(args.output, "w", encoding="utf-8") as fh:
-        fh.write(doc)
-    took = time.perf_counter() - t0
-    print(
-        f"otel-llm report: {args.output} ({os.path.getsize(args.output) / 2**20:.1f} MiB, {len(figs)} figures, "
-        f"{len(batch)} records, written in {took:.1f} s)",
-        file=sys.stderr,
-    )
-    if args.png:
-        try:
-            paths = write_pngs(figs, args.png)
-        except Exception as exc:  # kaleido without a browser, most often
-            raise CLIError(f"--png: {type(exc).__name__}: {exc}") from None
-        print(f"otel-llm report: {len(paths)} PNGs in {args.png}", file=sys.stderr)
-    return 0
-
-
-def _add_source_options(p) -> None:
-    """--store / --traces and the selection options, as report and export take them."""
-    from otel_llm.cli_options import add_selection_options
-
-    p.add_argument("--store", metavar="PATH", action="append", help="the collector's store (repeat, or a glob)")
-    p.add_argument("--traces", metavar="FILE", help="a traces file (OTLP JSON lines, as OTEL_LLM_TRACES_FILE writes)")
-    add_selection_options(p)
-
-
-def _load_selected(args, command: str):
-    """(records the selection keeps, engine steps, source text); usage errors as CLIError."""
-    from otel_llm.cli_options import CLIError, selection_of
-
-    if (args.store is None) == (args.traces is None):
-        raise CLIError(f"{command}: give one of --store PATH or --traces FILE")
-    try:
-        batch, steps, source = _load(args)
-    except (OSError, ValueError) as exc:
-        raise CLIError(str(exc)) from None
-    batch = batch.selected(selection_of(args))
-    if not len(batch):
-        raise CLIError(f"{source}: no records match the selection")
-    return batch, steps, source
-
-
-def _load(args):
-    if args.store is not None:
-        from .store import read_stores
-
-        batch, steps = read_stores(args.store)
-        return batch, steps, ", ".join(args.store)
-    from .offline import read_trace_file
-
-    batch, steps = read_trace_file(args.traces)
-    return batch, steps, args.traces
-
-
 def _slo_text(slo) -> str:
     if isinstance(slo, dict):
         return ", ".join(f"{k} <= {v:g} s" for k, v in slo.items() if v is not None)
     return str(slo)
-
-
-# -- otel-llm export ------------------------------------------------------------------------------
-
-
-def register_export(sub) -> None:
-
-    p = sub.add_parser(
-        "export",
-        help="a run in another format: perfetto (Chrome trace event JSON for ui.perfetto.dev), parquet",
-        description="Export records and engine steps from the collector's store or a traces file. "
-        "--format perfetto: one track per request (client span, engine phases, token events as instants, "
-        "preemptions) and one per engine process (its steps, with batch size and KV usage counters); open the "
-        "file in ui.perfetto.dev or chrome://tracing. --format parquet: the records, one row per request and "
-        "boundary with every column of the store (token events as int64 lists), for DuckDB, pandas or Spark; "
-        "the engine steps go to FILE with .steps.parquet (needs pyarrow: pip install 'otel-llm[parquet]').",
-    )
-    _add_source_options(p)
-    p.add_argument("--format", choices=("perfetto", "parquet"), default="perfetto", help="output format")
-    p.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: standard output)")
-    p.set_defaults(func=run_export)
-
-
-def run_export(args: argparse.Namespace) -> int:
-    import sys
-
-    from otel_llm.cli_options import CLIError, check_output_path
-
-    from .perfetto import trace_events
-
-    check_output_path(args.output)
-    batch, steps, _source = _load_selected(args, "export")
-    if args.format == "parquet":
-        if args.output == "-":
-            raise CLIError("export --format parquet: give -o FILE.parquet")
-        from .parquet import write_parquet  # pyarrow: the CLI names the extra when it is missing
-
-        rows, steps_path, n_steps = write_parquet(batch, steps, args.output)
-        print(f"otel-llm export: {args.output} ({rows:,} records); {steps_path} ({n_steps:,} steps)", file=sys.stderr)
-        return 0
-    doc = trace_events(batch, steps)
-    text = json.dumps(doc, separators=(",", ":"))
-    if args.output == "-":
-        sys.stdout.write(text + "\n")
-    else:
-        with open(args.output, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        print(f"otel-llm export: {args.output} ({len(doc['traceEvents']):,} events)", file=sys.stderr)
-    return 0
