@@ -22,9 +22,10 @@ what each traced variant adds over plain: front end per request and per output t
 core per step, and the share of plain's total.
 
 Run: ``.venv/bin/python benchmarks/cost_count.py [--variants plain,phases] [--repeat 3]``; ``make
-cost`` runs every variant (``--variants all``). An engine takes about six minutes to start under
-valgrind (two at once, on two cores) and a counted batch of 32 x 64 about two and a half;
-``--jobs`` runs variants side by side.
+cost`` runs every variant (``--variants all``). Two engines starting at once under
+valgrind on two cores take about four and a half minutes, a counted batch of 16 x 32 about 40 s
+(measured); ``--jobs`` runs variants side by side. vLLM's OpenMP binding is off
+(``VLLM_CPU_OMP_THREADS_BIND=nobind``): it pins every engine's worker to core 0.
 ``--check``: exit 1 when a variant's total varies by more than ``--max-spread`` (0.2%) between its
 identical batches; ``--check-budget``: exit 1 when the default level exceeds the budget.
 Needs valgrind (Debian's package; ``make cost`` installs it).
