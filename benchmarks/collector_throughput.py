@@ -166,7 +166,7 @@ def make_collector(store: str, max_traces: int, grace_s: float = 0.0, spool: str
     from collector.config import CollectorConfig
     from collector.pipeline.assembly import AssemblyConfig
     from collector.service import Collector
-    from otel_llm.slo import SLO
+    from otel_llm.metrics.slo import SLO
 
     cfg = CollectorConfig(
         otlp_grpc=None,

@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from otel_llm import SLO, TimelineBatch, request_metrics, summarize
-from otel_llm.timeline_file import read_timelines
+from otel_llm.metrics.timeline_file import read_timelines
 
 
 def synthetic_batch(n: int, seed: int = 0) -> TimelineBatch:

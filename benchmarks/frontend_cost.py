@@ -28,10 +28,10 @@ from engine_hooks.recorder import ARRIVAL, RAW
 from engine_hooks.span_factory import SpanFactory
 from engine_hooks.tracker import RequestTracker
 from engine_hooks.vllm.frontend import expand_outputs
-from otel_llm import otlp_encode
 from otel_llm import semconv as sc
 from otel_llm.clock import monotonic_ns
-from otel_llm.tracing import make_resource
+from otel_llm.otlp import otlp_encode
+from otel_llm.otlp.tracing import make_resource
 
 
 def events(n: int, steps: int) -> list[tuple]:

@@ -26,7 +26,7 @@ sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 
 from otlp_helpers import Req, free_port, sample_request  # noqa: E402
 
-from otel_llm.otlp_json import to_json  # noqa: E402
+from otel_llm.otlp.otlp_json import to_json  # noqa: E402
 
 
 def body_of(mib: float) -> bytes:

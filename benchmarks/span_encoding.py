@@ -18,9 +18,9 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans 
 
 from engine_hooks.span_factory import SpanFactory
 from engine_hooks.tracker import FinishedRequest
-from otel_llm import otlp_encode
-from otel_llm.otlp_json import to_json
-from otel_llm.tracing import make_resource
+from otel_llm.otlp import otlp_encode
+from otel_llm.otlp.otlp_json import to_json
+from otel_llm.otlp.tracing import make_resource
 
 
 def main() -> None:

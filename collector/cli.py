@@ -13,7 +13,7 @@ import time
 
 from otel_llm import environment
 from otel_llm.cli_options import add_selection_options, number, percentile_list, selection_of
-from otel_llm.percentiles import METHODS
+from otel_llm.metrics.percentiles import METHODS
 
 from .config import AssemblyConfig, CollectorConfig, options_of, parse_slos
 

@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from otel_llm.fluidity import FluidityTarget
-from otel_llm.slo import SLO
+from otel_llm.metrics.fluidity import FluidityTarget
+from otel_llm.metrics.slo import SLO
 
 from .exporters.trace_policy import TracePolicy
 

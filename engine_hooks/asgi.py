@@ -143,7 +143,7 @@ class TracingMiddleware:
         self._recorder = recorder
         stamp_first_byte()  # for the requests after this one (Starlette builds middleware on the first)
         self._excluded = environment.excluded_urls()  # health probes, metric scrapes: no span
-        from otel_llm.sdk_internals import configured_sampler
+        from otel_llm.otlp.sdk_internals import configured_sampler
 
         self._sampler = configured_sampler()
 
@@ -164,7 +164,7 @@ class TracingMiddleware:
         from opentelemetry import trace as trace_api
         from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-        from otel_llm.sdk_internals import sampling_probability
+        from otel_llm.otlp.sdk_internals import sampling_probability
 
         tid = int.from_bytes(trace_id, "big")
         ctx = None

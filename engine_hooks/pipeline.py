@@ -22,8 +22,8 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_llm import environment
 from otel_llm.clock import WallAnchor, monotonic_ns
-from otel_llm.export import SafeSpanExporter, exporter_from_env, takes_int_arrays
-from otel_llm.tracing import make_resource
+from otel_llm.otlp.export import SafeSpanExporter, exporter_from_env, takes_int_arrays
+from otel_llm.otlp.tracing import make_resource
 
 from .recorder import Recorder
 from .span_factory import SpanFactory

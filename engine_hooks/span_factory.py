@@ -24,7 +24,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import semconv as sc
-from otel_llm.sdk_internals import configured_sampler, sampling_probability
+from otel_llm.otlp.sdk_internals import configured_sampler, sampling_probability
 
 from .tracker import FinishedRequest, PreemptionRecord, StepRecord
 
@@ -74,7 +74,7 @@ class SpanFactory:
     ):
         self.resource = resource
         # token-event arrays as int64 numpy arrays, for an exporter that takes them (otel_llm's own
-        # encoders: otel_llm.export); lists (what any OpenTelemetry exporter takes) otherwise
+        # encoders: otel_llm.otlp.export); lists (what any OpenTelemetry exporter takes) otherwise
         self.int_arrays = int_arrays
         self.detail = detail  # request: the llm.request span alone (OTEL_LLM_DETAIL)
         # which requests are traced: OTEL_TRACES_SAMPLER's sampler, decided as the SDK's tracer would

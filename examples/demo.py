@@ -77,7 +77,7 @@ def main() -> None:
         env={**ENV, "OTEL_LLM_TRACES_FILE": traces, "OTEL_LLM_DETAIL": "steps"},  # every span kind
         cwd=OUT,
     )
-    from otel_llm.trace_file import read_trace_requests
+    from otel_llm.otlp.trace_file import read_trace_requests
 
     counts = collections.Counter(
         s.name

@@ -4,12 +4,12 @@ The core package: semantic conventions, the timeline model, the metric math of d
 client-side instrumentation and the ``otel-llm`` command.
 """
 
-from .percentiles import percentiles
-from .request_math import RequestMetrics, request_metrics, single_request_metrics
-from .slo import SLO
-from .summary import Summary, summarize
-from .timeline import Timeline, TimelineBatch
-from .window import Window
+from .metrics.percentiles import percentiles
+from .metrics.request_math import RequestMetrics, request_metrics, single_request_metrics
+from .metrics.slo import SLO
+from .metrics.summary import Summary, summarize
+from .metrics.timeline import Timeline, TimelineBatch
+from .metrics.window import Window
 
 __version__ = "0.1.0"
 __all__ = [

@@ -24,8 +24,8 @@ from .cli_options import (
     selection_given,
     selection_of,
 )
-from .timeline import BOUNDARIES
-from .timeline_file import TimelineFormatError, read_timelines
+from .metrics.timeline import BOUNDARIES
+from .metrics.timeline_file import TimelineFormatError, read_timelines
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     _register_analyze(sub)
-    from .bench import register as _register_bench
+    from .bench.command import register as _register_bench
 
     _register_bench(sub)
     for ep in sorted(entry_points(group="otel_llm.commands"), key=lambda e: e.name):

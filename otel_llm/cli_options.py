@@ -7,14 +7,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from .fluidity import FluidityTarget
-from .percentiles import METHODS, as_fraction
-from .selection import Selection, parse_time
-from .slo import SLO
-from .summary import DEFAULT_PERCENTILES, summarize
-from .summary_format import FORMATS, format_summary
-from .timeline import TimelineBatch
-from .window import Window
+from .metrics.fluidity import FluidityTarget
+from .metrics.percentiles import METHODS, as_fraction
+from .metrics.selection import Selection, parse_time
+from .metrics.slo import SLO
+from .metrics.summary import DEFAULT_PERCENTILES, summarize
+from .metrics.summary_format import FORMATS, format_summary
+from .metrics.timeline import TimelineBatch
+from .metrics.window import Window
 
 EXIT_USAGE = 2
 

@@ -148,7 +148,7 @@ BENCH_PREFIX = "llm.bench."
 BENCH_WARMUP = "llm.bench.warmup"  # on llm.client.request: a warm-up request, excluded from results
 BENCH_RUN_ID = "llm.bench.run_id"  # resource and span attribute: which bench run a request belongs to
 
-# The values of llm.request.status are otel_llm.timeline.STATUSES: ok | error | cancelled | rejected.
+# The values of llm.request.status are otel_llm.metrics.timeline.STATUSES: ok | error | cancelled | rejected.
 
 #: Every GenAI semantic-convention name otel-llm emits on its spans, checked against the conventions
 #: (tests/test_genai_names.py): each must be a current name, none one the conventions replaced.

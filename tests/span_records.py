@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
-from otel_llm.trace_file import read_trace_requests
+from otel_llm.otlp.trace_file import read_trace_requests
 
 
 @dataclass(slots=True)

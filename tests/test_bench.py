@@ -11,7 +11,7 @@ import pytest
 from conftest import ROOT, run_cli
 from span_records import read_trace_file
 
-from otel_llm.load import LengthDist, LoadSpec, arrival_offsets
+from otel_llm.bench.load import LengthDist, LoadSpec, arrival_offsets
 
 
 def test_length_distributions():
@@ -190,7 +190,7 @@ def test_a_wrong_url_stops_after_the_first_failures_and_says_what_to_check():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from otel_llm.load import FAIL_FAST
+    from otel_llm.bench.load import FAIL_FAST
 
     seen = []
 

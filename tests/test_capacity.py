@@ -11,7 +11,7 @@ import pytest
 from conftest import run_cli
 from span_records import read_trace_file
 
-from otel_llm.capacity import (
+from otel_llm.bench.capacity import (
     CapacitySearch,
     Sweep,
     first_failed_bound,
@@ -125,7 +125,7 @@ def test_the_search_finds_a_known_capacity_within_its_resolution():
 
 
 def test_a_capacity_that_never_failed_is_said_as_a_lower_bound():
-    from otel_llm.bench_sweep import conclusion_text
+    from otel_llm.bench.bench_sweep import conclusion_text
 
     c = {"kind": "capacity", "slo": {"ttft": 0.2}, "attainment_target": 0.9, "capacity_rate_per_s": 1000.0}
     c |= {"lowest_failing_rate_per_s": None, "stopped": "passed at max rate", "points": 11, "resolution": 0.1}

@@ -16,7 +16,7 @@ import pytest
 from conftest import run_cli, start_collector, start_vllm_server
 
 from engine_hooks.tiny_model import stop_cpu_server
-from otel_llm.capacity import wilson
+from otel_llm.bench.capacity import wilson
 
 pytestmark = pytest.mark.slow
 

@@ -6,8 +6,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm import semconv as sc
-from otel_llm.client import TracedClient, instrument_openai
-from otel_llm.tracing import make_provider
+from otel_llm.client.traced import TracedClient, instrument_openai
+from otel_llm.otlp.tracing import make_provider
 
 
 @pytest.fixture
@@ -194,6 +194,6 @@ def test_the_span_says_when_the_request_began_to_be_written(server, spans):
         else:
             off = s.attributes[sc.CLIENT_SEND_OFFSET]
             assert off >= 0 and s.start_time + off <= req["read_ns"] <= s.end_time
-    from otel_llm.openai_wrapper import _SENDING
+    from otel_llm.client.openai_wrapper import _SENDING
 
     assert not _SENDING  # every call's entry is gone at its end

@@ -8,7 +8,7 @@ from conftest import run_cli
 from otlp_helpers import Req, grpc_exporter, http_exporter, metrics_text, records_by, send, wait_for
 
 from otel_llm import semconv as sc
-from otel_llm.slo import SLO
+from otel_llm.metrics.slo import SLO
 
 US = 1e-6  # float Unix seconds resolve about 0.2 us today: compare to the microsecond
 
@@ -172,7 +172,7 @@ def test_the_fluidity_index_as_metrics(make_collector):
     """--fluidity ttft=0.12,tbt=0.05: a first token at 100 ms is on time (20 ms banked, spent by the
     70 ms gap); one at 150 ms misses 1 + floor(30 / 50) = 1 deadline, the next is on time: index 0.5."""
 
-    from otel_llm.fluidity import FluidityTarget
+    from otel_llm.metrics.fluidity import FluidityTarget
 
     c = make_collector(fluidity=FluidityTarget(0.12, 0.05, target=0.9))
     send(

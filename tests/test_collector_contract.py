@@ -26,7 +26,7 @@ from collector.pipeline.derive import derive
 from collector.pipeline.walked_span import make_span
 from collector.receivers.decode import DecodeError, decode_payload
 from otel_llm import semconv as sc
-from otel_llm.otlp_json import to_json
+from otel_llm.otlp.otlp_json import to_json
 
 EXPORT = "/opentelemetry.proto.collector.trace.v1.TraceService/Export"
 
@@ -488,7 +488,7 @@ def test_spans_per_trace_are_capped():
 def test_json_bodies_are_decoded_a_few_at_a_time(make_collector):
     """--max-json-decodes: with the slots taken, a JSON body waits a second, then gets 503."""
     from collector.receivers.intake import Overloaded
-    from otel_llm.otlp_json import to_json
+    from otel_llm.otlp.otlp_json import to_json
 
     c = make_collector(max_json_decodes=1)
     body = to_json(sample_request([Req("j1")])).encode()

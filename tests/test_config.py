@@ -21,7 +21,7 @@ from collector.exporters.trace_policy import TracePolicy
 from otel_llm import environment
 from otel_llm.cli import build_parser
 from otel_llm.cli_options import CLIError
-from otel_llm.fluidity import FluidityTarget
+from otel_llm.metrics.fluidity import FluidityTarget
 
 
 def _sample(f) -> tuple[str, object]:
@@ -153,7 +153,7 @@ def test_engine_hooks_read_their_own_variables(monkeypatch, caplog):
 
 
 def test_destination_names_where_spans_go(monkeypatch):
-    from otel_llm.export import destination
+    from otel_llm.otlp.export import destination
 
     for v in (
         "OTEL_LLM_TRACES_FILE",

@@ -16,7 +16,7 @@ from collector.analysis.offline import read_trace_file as derive_trace_file
 from engine_hooks import TracingPipeline
 from otel_llm import environment
 from otel_llm import semconv as sc
-from otel_llm.export import FileSpanExporter
+from otel_llm.otlp.export import FileSpanExporter
 
 sys.path.insert(0, str(ROOT / "examples"))
 import toy_engine

@@ -15,7 +15,7 @@ from spantree import check_nesting_and_order, request_trees
 from engine_hooks import EngineHooks, TracingPipeline
 from engine_hooks.gpu_timer import CudaEventTimer
 from otel_llm import semconv as sc
-from otel_llm.export import FileSpanExporter
+from otel_llm.otlp.export import FileSpanExporter
 
 sys.path.insert(0, str(ROOT / "examples"))
 import toy_engine

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 
-from otel_llm.fluidity import FluidityTarget, deadline_misses, fluidity_index
+from otel_llm.metrics.fluidity import FluidityTarget, deadline_misses, fluidity_index
 
 MS = 1_000_000
 EXAMPLE = [
@@ -70,7 +70,7 @@ def test_the_option_says_what_is_wrong(jsonl):
 
 
 def _batch(rows):
-    from otel_llm.timeline import Timeline, TimelineBatch
+    from otel_llm.metrics.timeline import Timeline, TimelineBatch
 
     return TimelineBatch.from_timelines(
         [Timeline(id=str(i), submit=0.0, end=ev[-1], status="ok", events=[(t, 1) for t in ev]) for i, ev in rows]
@@ -80,8 +80,8 @@ def _batch(rows):
 def test_fluid_token_rate_worked_example():
     """docs/metrics/fluidity.md: 5 tokens 50 ms apart after a 100 ms first token, TTFT deadline 200 ms:
     every later token is on time while 4 (50 ms - tbt) <= 100 ms, so tbt* = 25 ms, 40 tokens/s."""
-    from otel_llm.fluidity import FluidityTarget, fluid_token_rate
-    from otel_llm.summary import summarize
+    from otel_llm.metrics.fluidity import FluidityTarget, fluid_token_rate
+    from otel_llm.metrics.summary import summarize
 
     b = _batch([(0, [0.10, 0.15, 0.20, 0.25, 0.30])])
     rate = summarize(b, fluidity=FluidityTarget(0.2, 0.05)).fluidity.fluid_token_rate
@@ -98,8 +98,8 @@ def test_fluid_token_rate_worked_example():
 def test_fluid_token_rate_takes_the_share_of_requests():
     """Two requests, one steady at 50 ms, one with a 300 ms stall: with share 1 the stalled one sets
     the rate; with share 0.5 the steady one does (its own 40 tokens/s, as above)."""
-    from otel_llm.fluidity import FluidityTarget
-    from otel_llm.summary import summarize
+    from otel_llm.metrics.fluidity import FluidityTarget
+    from otel_llm.metrics.summary import summarize
 
     rows = [(0, [0.10, 0.15, 0.20, 0.25, 0.30]), (1, [0.10, 0.15, 0.45, 0.50, 0.55])]
     half = summarize(_batch(rows), fluidity=FluidityTarget(0.2, 0.05, 0.9, 0.5)).fluidity

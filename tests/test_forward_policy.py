@@ -13,7 +13,7 @@ from otlp_helpers import Req, grpc_exporter, http_exporter, send, wait_for
 
 from collector.config import CollectorConfig
 from collector.exporters.trace_policy import PolicyForwarder, TracePolicy
-from otel_llm.slo import SLO
+from otel_llm.metrics.slo import SLO
 
 
 def test_rules_parse_and_the_ratio_is_the_trace_id_rule():

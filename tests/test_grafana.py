@@ -16,7 +16,7 @@ from conftest import ROOT, promql
 from otlp_helpers import Req, metrics_body, post_metrics, sample_request
 
 from collector.pipeline.stalls import STALL_CLASSES
-from otel_llm.slo import SLO
+from otel_llm.metrics.slo import SLO
 
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "otel-llm.json"
 

@@ -15,7 +15,7 @@ from span_records import read_trace_file
 
 from otel_llm import semconv as sc
 
-pytestmark = [pytest.mark.slow, pytest.mark.parallel_safe]  # orderings and parentage, no time measured
+pytestmark = pytest.mark.slow
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

@@ -119,40 +119,57 @@ def test_imports_between_packages_point_one_way():
     assert wrong == []
 
 
-#: The collector's stages (docs/architecture.md): what each subpackage may import of the collector
-#: besides itself. ``config`` and ``tls`` (the configuration dataclasses, the listeners' TLS) are
-#: leaves any stage may read; ``service`` and ``cli``, which assemble the stages, none may import.
-COLLECTOR_STAGES = {
-    "pipeline": set(),
-    "storage": {"pipeline"},
-    "receivers": {"pipeline"},
-    "exporters": {"pipeline", "receivers"},
-    "analysis": {"pipeline", "storage", "receivers"},
+#: Each package's stages (docs/architecture.md): what each subpackage may import of its package
+#: besides itself. The leaves (configuration, conventions, shared options) any stage may read; the
+#: modules that assemble stages (the collector's service and cli, the core's cli) none may import.
+STAGES = {
+    "collector": {
+        "pipeline": set(),
+        "storage": {"pipeline"},
+        "receivers": {"pipeline"},
+        "exporters": {"pipeline", "receivers"},
+        "analysis": {"pipeline", "storage", "receivers"},
+    },
+    "otel_llm": {
+        "metrics": set(),
+        "otlp": set(),
+        "client": {"metrics", "otlp"},
+        "bench": {"metrics", "otlp", "client"},
+    },
 }
-COLLECTOR_LEAVES = {"collector.config", "collector.tls"}
+LEAVES = {
+    "collector.config",
+    "collector.tls",
+    "otel_llm.semconv",
+    "otel_llm.environment",
+    "otel_llm.clock",
+    "otel_llm.cli_options",
+}
 
 
-def collector_arrows_against_the_stages(graph: dict[str, set[str]]) -> list[str]:
-    """Every import of a collector stage that its row of COLLECTOR_STAGES does not allow."""
+def arrows_against_the_stages(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a stage, inside its own package, that its row of STAGES does not allow."""
     wrong = []
     for m, targets in graph.items():
         parts = m.split(".")
-        if parts[0] != "collector" or len(parts) < 3 or parts[1] not in COLLECTOR_STAGES:
+        stages = STAGES.get(parts[0], {})
+        if len(parts) < 3 or parts[1] not in stages:
             continue
         for t in targets:
             tp = t.split(".")
-            if tp[0] != "collector" or t in COLLECTOR_LEAVES or tp[1] == parts[1]:
+            if tp[0] != parts[0] or t in LEAVES or tp[1] == parts[1]:
                 continue
-            if len(tp) < 3 or tp[1] not in COLLECTOR_STAGES[parts[1]]:
+            if len(tp) < 3 or tp[1] not in stages[parts[1]]:
                 wrong.append(f"{m} imports {t}")
     return sorted(wrong)
 
 
-def test_collector_stages_import_only_the_stages_before_them():
+def test_stages_import_only_the_stages_before_them():
     known = modules()
     graph = {m: imports(m, p, known) for m, p in known.items()}
-    assert {m.split(".")[1] for m in known if m.count(".") >= 2 and m.startswith("collector.")} >= set(COLLECTOR_STAGES)
-    assert collector_arrows_against_the_stages(graph) == []
+    for pkg, stages in STAGES.items():  # every stage named is there
+        assert {m.split(".")[1] for m in known if m.count(".") >= 2 and m.startswith(pkg + ".")} >= set(stages)
+    assert arrows_against_the_stages(graph) == []
 
 
 def test_the_stage_checker_finds_a_wrong_arrow():
@@ -160,10 +177,14 @@ def test_the_stage_checker_finds_a_wrong_arrow():
         "collector.pipeline.derive": {"collector.analysis.compare", "collector.config"},
         "collector.analysis.report": {"collector.pipeline.records", "collector.cli"},
         "collector.storage.store": {"collector.pipeline.records"},
+        "otel_llm.metrics.summary": {"otel_llm.client.traced", "otel_llm.semconv"},
+        "otel_llm.bench.load": {"otel_llm.client.traced", "otel_llm.cli"},
     }
-    assert collector_arrows_against_the_stages(graph) == [
+    assert arrows_against_the_stages(graph) == [
         "collector.analysis.report imports collector.cli",
         "collector.pipeline.derive imports collector.analysis.compare",
+        "otel_llm.bench.load imports otel_llm.cli",
+        "otel_llm.metrics.summary imports otel_llm.client.traced",
     ]
 
 

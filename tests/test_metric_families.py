@@ -8,7 +8,7 @@ from pathlib import Path
 
 from collector.exporters.prometheus import prom_name
 from collector.pipeline.metrics_registry import FAMILIES, Counter, Histogram, MetricsRegistry
-from otel_llm.fluidity import FluidityTarget
+from otel_llm.metrics.fluidity import FluidityTarget
 
 ROOT = Path(__file__).resolve().parents[1]
 

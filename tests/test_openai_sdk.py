@@ -14,8 +14,8 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from otel_llm import semconv as sc
-from otel_llm.client import instrument_openai
-from otel_llm.tracing import make_provider
+from otel_llm.client.traced import instrument_openai
+from otel_llm.otlp.tracing import make_provider
 
 openai = pytest.importorskip("openai")
 
@@ -319,7 +319,7 @@ def test_several_choices_are_a_span_each(server, tp, mem, usage):
 def test_real_vllm_two_choices_at_both_boundaries(vllm_server, tiny_model):
     """n=2 through the SDK against vLLM: a record per choice at each boundary, paired by choice."""
     from engine_hooks.tiny_model import prompt
-    from otel_llm.export import FileSpanExporter
+    from otel_llm.otlp.export import FileSpanExporter
 
     base_url, traces, _ = vllm_server
     tp = make_provider(exporter=FileSpanExporter(traces))  # the client's spans beside the engine's

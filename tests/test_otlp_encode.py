@@ -15,9 +15,9 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-from otel_llm import otlp_encode
-from otel_llm.export import exporter_from_env
-from otel_llm.otlp_json import from_dict
+from otel_llm.otlp import otlp_encode
+from otel_llm.otlp.export import exporter_from_env
+from otel_llm.otlp.otlp_json import from_dict
 
 i64 = st.integers(-(2**63), 2**63 - 1)
 values = st.one_of(

@@ -6,7 +6,7 @@ import pytest
 from conftest import promql
 from otlp_helpers import Req, emit, grpc_exporter, provider
 
-from otel_llm.slo import SLO
+from otel_llm.metrics.slo import SLO
 
 pytestmark = pytest.mark.slow
 

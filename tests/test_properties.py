@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from otel_llm import SLO, Timeline, TimelineBatch, Window, percentiles, request_metrics, summarize
-from otel_llm.percentiles import nearest_rank_index
-from otel_llm.timeline import STATUS_CODE, STATUSES
+from otel_llm.metrics.percentiles import nearest_rank_index
+from otel_llm.metrics.timeline import STATUS_CODE, STATUSES
 
 times = st.floats(min_value=0, max_value=100, allow_nan=False, allow_infinity=False)
 

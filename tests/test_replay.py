@@ -11,7 +11,7 @@ import json
 import pytest
 from conftest import run_cli
 
-from otel_llm.replay import Replay, ReplayItem, detect
+from otel_llm.bench.replay import Replay, ReplayItem, detect
 
 
 def bench(server, *args, env=None):

@@ -16,9 +16,9 @@ from span_records import read_trace_file
 from collector.analysis.offline import read_trace_file as derive_trace_file
 from engine_hooks import TracingPipeline
 from otel_llm import semconv as sc
-from otel_llm.export import FileSpanExporter
-from otel_llm.summary import summarize
-from otel_llm.timeline import Timeline, TimelineBatch
+from otel_llm.metrics.summary import summarize
+from otel_llm.metrics.timeline import Timeline, TimelineBatch
+from otel_llm.otlp.export import FileSpanExporter
 
 sys.path.insert(0, str(ROOT / "examples"))
 import toy_engine
@@ -78,7 +78,7 @@ def test_weighted_rates_and_goodput():
     b = TimelineBatch.from_timelines(tls)
     plain = summarize(b)
     b.weight = np.array([2.0, 4.0])
-    from otel_llm.slo import SLO
+    from otel_llm.metrics.slo import SLO
 
     s = summarize(b, slo=SLO(ttft=0.3))
     assert plain.requests_per_s == 2.0 and s.requests_per_s == 6.0
@@ -95,7 +95,7 @@ def test_the_collector_counts_each_request_for_its_weight(make_collector):
 
     from otlp_helpers import Req, grpc_exporter, send, wait_for
 
-    from otel_llm.slo import SLO
+    from otel_llm.metrics.slo import SLO
 
     c = make_collector(slos={"default": SLO(ttft=1.0)})
     send(

@@ -1,4 +1,4 @@
-"""The OpenTelemetry SDK internals otel_llm relies on (otel_llm/sdk_internals.py), each checked by
+"""The OpenTelemetry SDK internals otel_llm relies on (otel_llm/otlp/sdk_internals.py), each checked by
 name: when an SDK release changes one, this file fails and says which, before anything exports
 slowly or wrongly. pyproject.toml bounds the SDK to the versions this passed on."""
 
@@ -8,7 +8,7 @@ from importlib.metadata import version
 import pytest
 from opentelemetry.sdk.resources import Resource
 
-from otel_llm import otlp_encode, sdk_internals
+from otel_llm.otlp import otlp_encode, sdk_internals
 
 SDK = f"opentelemetry-sdk {version('opentelemetry-sdk')}, exporters {version('opentelemetry-exporter-otlp-proto-grpc')}"
 

@@ -22,7 +22,7 @@ from conftest import ROOT, run_cli
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from otlp_helpers import Req, sample_request
 
-from otel_llm.slo import SLO
+from otel_llm.metrics.slo import SLO
 
 HISTOGRAMS = (
     "gen_ai_server_time_to_first_token_seconds",

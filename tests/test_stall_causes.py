@@ -38,8 +38,8 @@ class Traced:
         import openai
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-        from otel_llm.openai_wrapper import instrument
-        from otel_llm.tracing import make_provider
+        from otel_llm.client.openai_wrapper import instrument
+        from otel_llm.otlp.tracing import make_provider
 
         self.c = make_collector(assembly=AssemblyConfig(grace_s=0.5, timeout_s=30), stall_threshold_s=FLOOR)
         ep = f"http://127.0.0.1:{self.c.receivers[1].address[1]}"

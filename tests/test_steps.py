@@ -59,7 +59,7 @@ def test_steps_are_stored_apart_from_requests(make_collector):
 
 
 def test_steps_from_a_traces_file(tmp_path):
-    from otel_llm.otlp_json import to_json
+    from otel_llm.otlp.otlp_json import to_json
 
     path = tmp_path / "t.jsonl"
     req = ExportTraceServiceRequest.FromString(step_request(4))

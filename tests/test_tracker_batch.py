@@ -11,11 +11,11 @@ from engine_hooks import TracingPipeline
 from engine_hooks.recorder import ARRIVAL, FINISH, RAW
 from engine_hooks.span_factory import SpanFactory
 from engine_hooks.tracker import RequestTracker
-from otel_llm import otlp_encode
 from otel_llm import semconv as sc
 from otel_llm.clock import monotonic_ns
-from otel_llm.export import FileSpanExporter, takes_int_arrays
-from otel_llm.tracing import make_resource
+from otel_llm.otlp import otlp_encode
+from otel_llm.otlp.export import FileSpanExporter, takes_int_arrays
+from otel_llm.otlp.tracing import make_resource
 
 # a run: arrivals, steps (which requests got how many tokens) and finishes, in one order
 ops = st.lists(

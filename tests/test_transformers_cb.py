@@ -170,7 +170,7 @@ def test_the_collector_derives_transformers_records_as_vllms(load, tmp_path):
 
     from conftest import run_cli
 
-    from otel_llm.export import FileSpanExporter
+    from otel_llm.otlp.export import FileSpanExporter
 
     model = load()
     path = tmp_path / "t.jsonl"

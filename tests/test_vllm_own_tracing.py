@@ -15,7 +15,7 @@ from conftest import run_cli, start_vllm_server
 from collector.analysis.offline import read_trace_file
 from collector.pipeline.assembly import AssemblyConfig
 from engine_hooks.tiny_model import stop_cpu_server
-from otel_llm.slo import SLO
+from otel_llm.metrics.slo import SLO
 
 pytestmark = pytest.mark.slow
 

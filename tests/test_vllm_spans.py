@@ -159,7 +159,7 @@ def test_prometheus_histograms_take_vllm_spans_but_no_itl_from_them():
 
 
 def test_analyze_counts_them_and_pools_no_itl_from_them():
-    from otel_llm.summary import summarize
+    from otel_llm.metrics.summary import summarize
 
     b, _ = records(*(body(vllm_span(i, f"r{i}", start_ns=T0 + i * MS)) for i in range(1, 4)))
     s = summarize(b.timelines(epoch_ns=0))

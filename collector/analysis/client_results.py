@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from otel_llm.request_math import request_metrics
+from otel_llm.metrics.request_math import request_metrics
 
 from ..pipeline.derive import PAIR_PARTS, pair_parts
 from ..pipeline.records import NO_NS, RecordBatch, RequestRecord, timeline_batch

@@ -28,8 +28,8 @@ from itertools import pairwise
 
 import numpy as np
 
-from otel_llm.request_math import itl_samples
-from otel_llm.summary import Distribution
+from otel_llm.metrics.request_math import itl_samples
+from otel_llm.metrics.summary import Distribution
 
 from ..pipeline.invariants import tally
 from ..pipeline.records import RecordBatch, RequestRecord

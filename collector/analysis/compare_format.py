@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from otel_llm.summary_format import grid
+from otel_llm.metrics.summary_format import grid
 
 from ..pipeline.stalls import STALL_CLASSES
 from .compare import TTFT_PARTS, ComparisonSummary, RequestComparison

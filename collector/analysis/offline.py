@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-from otel_llm.selection import Selection
-from otel_llm.timeline import TimelineBatch
-from otel_llm.trace_file import read_trace_requests
+from otel_llm.metrics.selection import Selection
+from otel_llm.metrics.timeline import TimelineBatch
+from otel_llm.otlp.trace_file import read_trace_requests
 
 from ..pipeline.assembly import AssemblyConfig, TraceAssembler
 from ..pipeline.derive import derive
@@ -21,7 +21,7 @@ from ..receivers.decode import walk_message
 
 def read_trace_file(path: str) -> tuple[RecordBatch, StepBatch]:
     """Every record derived from a traces file, and the engine steps in it. Raises
-    FileNotFoundError, or :class:`~otel_llm.trace_file.TraceFileError` (a ValueError naming the
+    FileNotFoundError, or :class:`~otel_llm.otlp.trace_file.TraceFileError` (a ValueError naming the
     line) for a bad line."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such traces file")

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from otel_llm.percentiles import percentiles
-from otel_llm.slo import SLO
-from otel_llm.summary import Summary, summarize
-from otel_llm.timeline import BOUNDARIES
+from otel_llm.metrics.percentiles import percentiles
+from otel_llm.metrics.slo import SLO
+from otel_llm.metrics.summary import Summary, summarize
+from otel_llm.metrics.timeline import BOUNDARIES
 
 from ..pipeline.records import RecordBatch, RequestRecord
 from ..pipeline.stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from otel_llm.fluidity import FluidityTarget
-from otel_llm.selection import Selection
-from otel_llm.slo import SLO
-from otel_llm.summary import summarize
-from otel_llm.timeline import BOUNDARIES
+from otel_llm.metrics.fluidity import FluidityTarget
+from otel_llm.metrics.selection import Selection
+from otel_llm.metrics.slo import SLO
+from otel_llm.metrics.summary import summarize
+from otel_llm.metrics.timeline import BOUNDARIES
 
 from ..pipeline.records import RecordBatch
 from ..pipeline.stalls import ALL_CLASSES

@@ -228,7 +228,7 @@ def decide(batch, rm, slos: dict, stalled: set[str], policy: TracePolicy) -> dic
     ``stalled``: the trace ids (hex) whose paired request stalled."""
     import numpy as np
 
-    from otel_llm.summary import bound_checks
+    from otel_llm.metrics.summary import bound_checks
 
     keep = np.zeros(len(batch), bool)
     status = np.array(batch.status)

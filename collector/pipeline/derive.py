@@ -5,7 +5,7 @@ Per request span (``llm.request``: engine, ``llm.client.request``: client): subm
 the span, token events from ``llm.token_event.offsets_ns`` / ``.tokens`` (int64 bytes from the
 walk, joined and read for the whole batch at once); engine phases from its child spans (queue,
 prefill, decode, preemptions). Per-request metrics (TTFT, TPOT, E2E, largest ITL) come from the
-core's vectorised :func:`otel_llm.request_math.request_metrics`, one call per batch.
+core's vectorised :func:`otel_llm.metrics.request_math.request_metrics`, one call per batch.
 
 When a trace holds both boundaries of a request, the client TTFT is decomposed exactly, in
 integer ns: ``client_send`` (the client's call -> it began writing the request, where the client
@@ -30,8 +30,8 @@ from itertools import repeat
 
 import numpy as np
 
-from otel_llm.request_math import RequestMetrics, request_metrics
-from otel_llm.timeline import STATUS_CODE, clean_events
+from otel_llm.metrics.request_math import RequestMetrics, request_metrics
+from otel_llm.metrics.timeline import STATUS_CODE, clean_events
 
 from . import foreign_spans, invariants
 from . import walked_span as sp
@@ -340,7 +340,7 @@ MAX_EVENT_TOKENS = 1 << 31
 
 def _events(offsets: tuple, tokens: tuple, duration_ns: np.ndarray) -> tuple[np.ndarray, ...]:
     """Token events of every record from its int64 byte arrays, made valid where they enter
-    derivation (:func:`~otel_llm.timeline.clean_events`). A record whose arrays are unusable
+    derivation (:func:`~otel_llm.metrics.timeline.clean_events`). A record whose arrays are unusable
     (another type, mismatched lengths) keeps none; so does one with an event outside its span
     (offset < 0 or past ``duration_ns``) or with a token count outside [0, MAX_EVENT_TOKENS]: such
     events would make a negative TTFT or a negative token counter. Those records' event counts are

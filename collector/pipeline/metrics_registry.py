@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from otel_llm.fluidity import FluidityTarget, miss_rates
-from otel_llm.request_math import RequestMetrics
-from otel_llm.slo import SLO
-from otel_llm.summary import bound_checks, weighted_sum
+from otel_llm.metrics.fluidity import FluidityTarget, miss_rates
+from otel_llm.metrics.request_math import RequestMetrics
+from otel_llm.metrics.slo import SLO
+from otel_llm.metrics.summary import bound_checks, weighted_sum
 
 from .invariants import tally
 from .records import RecordBatch
@@ -344,7 +344,7 @@ class MetricsRegistry:
         Warm-up requests (``otel-llm bench --warmup``) are left out, as ``analyze`` leaves them."""
         self.last_stalled = set()
         if batch.warmup.any():
-            from otel_llm.request_math import request_metrics
+            from otel_llm.metrics.request_math import request_metrics
 
             batch = batch.take(np.flatnonzero(~batch.warmup))
             rm = request_metrics(batch.timelines())

@@ -15,7 +15,7 @@ Unix **ns** (exact); durations are float **seconds**.
 Token events are not columns: record ``i``'s events are ``event_offsets_ns[event_start[i]:
 event_start[i + 1]]`` (int64 ns after submit, ascending, every event >= 1 token: derivation
 enforces it where events enter) with ``event_tokens`` alike. :meth:`RecordBatch.timelines` is the
-one bridge from records to the metric core (:mod:`otel_llm.request_math`).
+one bridge from records to the metric core (:mod:`otel_llm.metrics.request_math`).
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from otel_llm.selection import Selection
-from otel_llm.timeline import STATUS_CODE, TimelineBatch
+from otel_llm.metrics.selection import Selection
+from otel_llm.metrics.timeline import STATUS_CODE, TimelineBatch
 
 from .ttft_parts import MEANING
 

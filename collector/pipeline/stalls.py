@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from otel_llm.request_math import itl_samples
+from otel_llm.metrics.request_math import itl_samples
 
 from .records import RecordBatch, RequestRecord
 from .steps import StepBatch

@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError as _PBDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from otel_llm import environment
-from otel_llm.otlp_json import from_json
+from otel_llm.otlp.otlp_json import from_json
 
 from ..pipeline import walked_span as sp
 

@@ -22,9 +22,9 @@ from itertools import chain, pairwise
 
 import numpy as np
 
-from otel_llm.request_math import segment_sum
-from otel_llm.selection import Selection
-from otel_llm.timeline import TimelineBatch
+from otel_llm.metrics.request_math import segment_sum
+from otel_llm.metrics.selection import Selection
+from otel_llm.metrics.timeline import TimelineBatch
 
 from ..pipeline.records import COLUMN_NAMES, COLUMNS, RecordBatch, RequestRecord, from_python
 from ..pipeline.steps import STEP_COLUMN_DECL, STEP_COLUMNS, STEPS_SCHEMA, StepBatch

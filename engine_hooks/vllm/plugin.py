@@ -36,7 +36,7 @@ def announce() -> None:
     if _announced:
         return
     _announced = True
-    from otel_llm.export import destination
+    from otel_llm.otlp.export import destination
 
     detail = environment.detail_level()
     logging.getLogger("vllm.otel_llm").info(

@@ -1,4 +1,4 @@
-"""Formatting a :class:`~otel_llm.summary.Summary` for people (table, markdown) or tools (JSON).
+"""Formatting a :class:`~otel_llm.metrics.summary.Summary` for people (table, markdown) or tools (JSON).
 
 JSON is in seconds throughout; the table and markdown show milliseconds, with the percentile method,
 sample count and population next to every percentile.

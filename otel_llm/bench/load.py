@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import semconv as sc
-from .client import ClientResult, TracedClient
+from .. import semconv as sc
+from ..client.traced import ClientResult, TracedClient
+from ..metrics.timeline import STATUSES
 from .replay import Replay
-from .timeline import STATUSES
 
 # -- what the run asks for ----------------------------------------------------------------------
 

@@ -12,10 +12,10 @@ from opentelemetry import trace as trace_api
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from . import environment
-from . import semconv as sc
-from .sdk_internals import tracer_probability
-from .timeline import Timeline
+from .. import environment
+from .. import semconv as sc
+from ..metrics.timeline import Timeline
+from ..otlp.sdk_internals import tracer_probability
 
 PROPAGATOR = TraceContextTextMapPropagator()
 REJECTED_HTTP = (429, 503)

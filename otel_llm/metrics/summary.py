@@ -1,5 +1,5 @@
 """Window statistics over many requests (docs/metrics/spec.md: "Many requests", "Percentiles",
-"Goodput"). Plain dataclasses for what is measured; formatting lives in :mod:`otel_llm.summary_format`.
+"Goodput"). Plain dataclasses for what is measured; formatting lives in :mod:`otel_llm.metrics.summary_format`.
 
 Units: seconds, requests/s, tokens/s; TPOT in seconds per token.
 """

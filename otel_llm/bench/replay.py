@@ -27,9 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .selection import Selection
-from .timeline import TimelineBatch
-from .timeline_file import read_timelines
+from ..metrics.selection import Selection
+from ..metrics.timeline import TimelineBatch
+from ..metrics.timeline_file import read_timelines
 
 FORMATS = ("auto", "store", "traces", "timelines", "mooncake")
 MOONCAKE_BLOCK = 512

@@ -22,13 +22,14 @@ from collections.abc import Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from . import environment, otlp_encode, sdk_internals
+from .. import environment
+from . import otlp_encode, sdk_internals
 
 log = logging.getLogger("otel_llm")
 
 
 def takes_int_arrays(exporter: SpanExporter | None) -> bool:
-    """Whether ``exporter`` encodes with :mod:`otel_llm.otlp_encode`, which takes int64 numpy
+    """Whether ``exporter`` encodes with :mod:`otel_llm.otlp.otlp_encode`, which takes int64 numpy
     arrays as attribute values (engine_hooks then skips making lists of its token-event arrays);
     any other exporter gets the types the OpenTelemetry API allows."""
     while isinstance(exporter, SafeSpanExporter):
@@ -168,7 +169,7 @@ def exporter_from_env() -> SpanExporter | None:
 
 def grpc_exporter(**kwargs) -> SpanExporter:
     """The SDK's OTLP/gRPC span exporter (configured by the standard variables) with the fast
-    encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
+    encoder of :mod:`otel_llm.otlp.otlp_encode` for the token-event arrays."""
     exporter = sdk_internals.grpc_span_exporter(otlp_encode.encode_spans_bytes, **kwargs)
     exporter.takes_int_arrays = True
     return exporter
@@ -176,7 +177,7 @@ def grpc_exporter(**kwargs) -> SpanExporter:
 
 def http_exporter(**kwargs) -> SpanExporter:
     """The SDK's OTLP/HTTP (protobuf) span exporter (standard variables, retries, compression)
-    with the fast encoder of :mod:`otel_llm.otlp_encode` for the token-event arrays."""
+    with the fast encoder of :mod:`otel_llm.otlp.otlp_encode` for the token-event arrays."""
     exporter = sdk_internals.http_span_exporter(otlp_encode.encode_spans_bytes, **kwargs)
     exporter.takes_int_arrays = True
     return exporter

@@ -1,5 +1,5 @@
 """Load sweeps and the capacity search (docs/metrics/capacity.md). Pure functions and plain state;
-the runs themselves are :mod:`otel_llm.bench_sweep`'s.
+the runs themselves are :mod:`otel_llm.bench.bench_sweep`'s.
 
 * :class:`Sweep`: ``rate=1,2,4,8``, ``concurrency=1,4,16`` or a geometric ``rate=geom:1:16:5``.
 * Capacity at an SLO (DistServe's goodput capacity): the largest request rate (requests/s) at which

@@ -12,7 +12,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from . import environment
+from .. import environment
 from .export import SafeSpanExporter, exporter_from_env
 
 log = logging.getLogger("otel_llm")

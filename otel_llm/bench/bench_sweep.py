@@ -4,7 +4,7 @@ Each point is a whole run of its own (its run id ``<base>-<knob><value>``, its w
 window, its conditions and its ``llm.bench.run`` span), measured at the client and, with
 ``--store``, profiled from the collector's store at every boundary (through the entry point
 ``otel_llm.run_profiles``, :mod:`collector.analysis.run_profile`). The search itself is
-:class:`otel_llm.capacity.CapacitySearch`; definitions in docs/metrics/capacity.md.
+:class:`otel_llm.bench.capacity.CapacitySearch`; definitions in docs/metrics/capacity.md.
 
 Results: a table (one row per point, then the answer), ``--format json`` (one document), and
 ``--results FILE``: JSON lines, one object per point as it completes (``"kind": "point"``), then
@@ -21,6 +21,9 @@ import sys
 import time
 from importlib.metadata import entry_points
 
+from ..cli_options import CLIError, fluidity_option, slo_option
+from ..metrics.summary import summarize
+from ..metrics.timeline import TimelineBatch
 from .capacity import (
     CapacitySearch,
     Sweep,
@@ -30,10 +33,7 @@ from .capacity import (
     requests_per_point,
     wilson,
 )
-from .cli_options import CLIError, fluidity_option, slo_option
 from .load import LoadSpec, measured
-from .summary import summarize
-from .timeline import TimelineBatch
 
 
 def run_profiler(name: str):

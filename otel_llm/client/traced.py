@@ -26,7 +26,8 @@ from typing import Any
 
 from opentelemetry import trace as trace_api
 
-from . import semconv as sc
+from .. import semconv as sc
+from ..clock import WallAnchor
 from .client_span import (
     PROPAGATOR,
     REJECTED_HTTP,
@@ -37,7 +38,6 @@ from .client_span import (
     send_tracer,
     start_client_span,
 )
-from .clock import WallAnchor
 
 
 class TracedClient:
@@ -61,7 +61,7 @@ class TracedClient:
     ):
         import httpx
 
-        from .tracing import default_provider
+        from ..otlp.tracing import default_provider
 
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -212,7 +212,7 @@ class TracedClient:
 def instrument_openai(client: Any, *, tracer_provider=None, capture_content: bool | None = None) -> Any:
     """Trace the ``openai`` SDK's ``completions.create`` and ``chat.completions.create`` (sync or
     async client, streaming or not), changing nothing the caller sees; returns the same client.
-    See :mod:`otel_llm.openai_wrapper`."""
+    See :mod:`otel_llm.client.openai_wrapper`."""
     from .openai_wrapper import instrument
 
     return instrument(client, tracer_provider=tracer_provider, capture_content=capture_content)

@@ -2,7 +2,7 @@
 
 All times are in **seconds** on one clock (whatever clock the source used; only differences
 matter). A :class:`Timeline` is one request; a :class:`TimelineBatch` is many requests in
-columnar (numpy) form, which is what the metric math in :mod:`otel_llm.request_math` works on.
+columnar (numpy) form, which is what the metric math in :mod:`otel_llm.metrics.request_math` works on.
 """
 
 from __future__ import annotations

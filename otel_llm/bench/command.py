@@ -1,7 +1,7 @@
 """``otel-llm bench``: drive an OpenAI-compatible server under stated load, traced at the client.
 
 The command: options, their validation, the tracer provider, the run (the load generator is
-:mod:`otel_llm.load`), and what it writes and prints. Warm-up requests run first and are excluded.
+:mod:`otel_llm.bench.load`), and what it writes and prints. Warm-up requests run first and are excluded.
 The conditions of docs/metrics/spec.md travel with the run: as resource attributes of every client
 span, on an ``llm.bench.run`` span, in the summary, and in ``--output``.
 """
@@ -16,16 +16,17 @@ import signal
 import sys
 from urllib.parse import urlsplit
 
-from . import environment, replay
-from . import semconv as sc
+from .. import environment
+from .. import semconv as sc
+from ..cli_options import CLIError, add_analysis_options, analysis_text, check_output_path, number
+from ..client.traced import ClientResult, TracedClient
+from ..metrics.timeline import TimelineBatch
+from ..metrics.timeline_file import timeline_to_json
+from ..otlp.tracing import make_provider
+from . import replay
 from .bench_sweep import Sweeper, points_size, print_results, run_capacity, run_sweep
 from .capacity import CapacitySearch, Sweep
-from .cli_options import CLIError, add_analysis_options, analysis_text, check_output_path, number
-from .client import ClientResult, TracedClient
 from .load import BenchRun, LengthDist, LoadRunner, LoadSpec, Progress, Sent, conditions, measured
-from .timeline import TimelineBatch
-from .timeline_file import timeline_to_json
-from .tracing import make_provider
 
 
 def register(sub) -> None:
@@ -221,7 +222,7 @@ def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDis
         raise CLIError("--max-concurrency caps an open loop (--rate); a closed loop is --concurrency alone")
     rp = None
     if args.replay:
-        from .cli_options import load_source
+        from ..cli_options import load_source
 
         try:
             rp = replay.load(

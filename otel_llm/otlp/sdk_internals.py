@@ -1,7 +1,7 @@
 """Every use of the OpenTelemetry SDK's internals, in one module.
 
 The OTLP exporters encode each attribute value as one protobuf message built in Python, which
-costs a request span with two 256-entry token arrays about 0.7 ms; :mod:`otel_llm.otlp_encode`
+costs a request span with two 256-entry token arrays about 0.7 ms; :mod:`otel_llm.otlp.otlp_encode`
 does it in one vectorised pass. Plugging that encoder into the SDK's own exporters (so that their
 configuration, retries and compression stay the SDK's) takes these, which the SDK does not promise:
 

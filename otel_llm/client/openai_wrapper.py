@@ -28,7 +28,8 @@ from typing import Any
 
 from opentelemetry import trace as trace_api
 
-from . import semconv as sc
+from .. import semconv as sc
+from ..clock import WallAnchor
 from .client_span import (
     PROPAGATOR,
     REJECTED_HTTP,
@@ -39,7 +40,6 @@ from .client_span import (
     send_tracer,
     start_client_span,
 )
-from .clock import WallAnchor
 
 _INSTRUMENTED = "_otel_llm_instrumented"
 _WHY = {
@@ -56,7 +56,7 @@ _SENDING: dict[str, _Call] = {}
 
 def _hook_sends(client: Any, is_async: bool) -> None:
     """Add to the SDK's httpx client a request hook that hands each traced request httpcore's trace
-    extension (:func:`~otel_llm.client_span.send_tracer`), so the span knows when the request began
+    extension (:func:`~otel_llm.client.client_span.send_tracer`), so the span knows when the request began
     to be written. Once per httpx client; a client the SDK was not built on (no ``event_hooks``) is
     left alone, and its spans carry no send time."""
     http = getattr(client, "_client", None)
@@ -260,7 +260,7 @@ def instrument(client: Any, *, tracer_provider=None, capture_content: bool | Non
     instrumented already is returned as it is."""
     if getattr(client, _INSTRUMENTED, False):
         return client
-    from .tracing import default_provider
+    from ..otlp.tracing import default_provider
 
     tracer = (tracer_provider or default_provider()).get_tracer("otel_llm.client", "0.1.0")
     anchor = WallAnchor()
