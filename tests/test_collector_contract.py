@@ -459,15 +459,25 @@ def test_a_full_disk_refuses_new_data_and_loses_nothing_acknowledged(make_collec
 
 def test_shutdown_is_bounded_even_when_the_store_cannot_write(make_collector, small_disk):
     """SIGTERM with the disk full: stop() returns within --shutdown-timeout, says how many records
-    it could not write, and counts them; nothing hangs."""
+    it could not write, and counts them; nothing hangs. Once the store has failed, new payloads are
+    refused, so the sends stop at the first refusal."""
     import os
 
     c = make_collector(store=str(small_disk / "s.db"), shutdown_timeout_s=2.0)
     c.store_writer.wait_ready(10)
     with open(small_disk / "ballast", "wb") as f:
         f.write(b"\0" * (os.statvfs(small_disk).f_bavail * os.statvfs(small_disk).f_frsize))
-    for i in range(40):
-        c.accept(sample_request([Req(f"s{i}")]).SerializeToString())
+    from collector.receivers.intake import Overloaded
+
+    accepted = 0
+    for i in range(40):  # a sender keeps going until the collector refuses (it may, mid-loop)
+        try:
+            c.accept(sample_request([Req(f"s{i}")]).SerializeToString())
+        except Overloaded as exc:
+            assert "store cannot write" in str(exc)
+            break
+        accepted += 1
+    assert accepted > 0
     deadline = time.monotonic() + 10
     while c.store_writer.error is None and time.monotonic() < deadline:
         time.sleep(0.05)
