@@ -1,20 +1,27 @@
 """Derivation: assembled traces -> one record per request and boundary, as a columnar
 :class:`~collector.pipeline.records.RecordBatch`.
 
-Per request span (``llm.request``: engine, ``llm.client.request``: client): submit and end from
-the span, token events from ``llm.token_event.offsets_ns`` / ``.tokens`` (int64 bytes from the
-walk, joined and read for the whole batch at once); engine phases from its child spans (queue,
-prefill, decode, preemptions). Per-request metrics (TTFT, TPOT, E2E, largest ITL) come from the
-core's vectorised :func:`otel_llm.metrics.request_math.request_metrics`, one call per batch.
+Named stages, each a function of what the one before it made (:func:`derive` joins them by keyword):
 
-When a trace holds both boundaries of a request, the client TTFT is decomposed exactly, in
-integer ns: ``client_send`` (the client's call -> it began writing the request, where the client
-says) + ``network_in`` (-> the HTTP server read the first bytes) + ``api_in`` (-> engine arrival) +
-``front_end`` + ``queue`` + ``prefill`` (to the engine's first token *generated*) + ``api_out`` (->
-the server's first chunk after it) + ``network_out`` (-> the client's first token) = client TTFT.
-Without the HTTP server span, ``to_engine`` and ``delivery`` stand for the outer parts; without the
-engine's phases (vLLM stats off), ``delivery`` runs from the engine's first output handed out, and
-``queue``/``prefill`` are unknown.
+1. **group** (:func:`group`): the request spans of the batch (``llm.request``: engine,
+   ``llm.client.request``: client, and the request spans others send, adopted by
+   :mod:`~collector.pipeline.foreign_spans`), one record each, in span order;
+2. **phases** (:func:`engine_phases`): each engine record's front end, queue, prefill, decode and
+   preemptions from its child spans (integer ns), and its own generation times;
+3. **server** (:func:`server_spans`): the HTTP server span between a client and an engine span
+   (``engine_hooks.asgi``): when it read the request and every body chunk it wrote;
+4. **pair** (:func:`pair_records`): which client record and which engine record are one request;
+5. **server records** (:func:`with_server_records`): the server boundary's own record per engine
+   record under a server span;
+6. **per-boundary metrics** (:func:`token_events`, then the core's vectorised
+   :func:`otel_llm.metrics.request_math.request_metrics`): TTFT, TPOT, E2E, the largest ITL;
+7. **decomposition** (:func:`decompose`): the client TTFT's parts (:mod:`~collector.pipeline.ttft_parts`)
+   of each pair, exactly, in integer ns: ``client_send`` + ``network_in`` + ``api_in`` +
+   ``front_end`` + ``queue`` + ``prefill`` + ``api_out`` + ``network_out`` = client TTFT, with
+   ``to_engine`` and ``delivery`` for the outer parts where the HTTP server span is missing;
+8. **stalls** (:func:`~collector.pipeline.stalls.stall_layers`): the layers of each pair's largest gap;
+9. **record batch** (:func:`record_batch`): the columns of ``records.COLUMNS``, with what a pair
+   shares (sampling weight, bench run, tokens the client never read).
 
 Python touches each span once, to pick out the request spans and find each phase's request;
 the rest is numpy over the whole batch.
@@ -35,6 +42,7 @@ from otel_llm.metrics.timeline import STATUS_CODE, clean_events
 
 from . import foreign_spans, invariants
 from . import walked_span as sp
+from .adopted_spans import Adopted
 from .assembly import ReleasedTrace
 from .records import NO_NS, RecordBatch, timeline_batch
 from .stalls import stall_layers
@@ -61,7 +69,9 @@ def _request_id(s: tuple) -> str:
     return rid if c is None else f"{rid}#{c}"
 
 
-def _pair(clients: list[int], engines: list[int], recs: list[tuple], spans: list[tuple]) -> list[tuple[int, int]]:
+def _match_trace(
+    clients: list[int], engines: list[int], recs: list[tuple], spans: list[tuple]
+) -> list[tuple[int, int]]:
     """Match the client and engine records (indices into ``recs``) of one trace: by ancestry (the
     engine span descends from the client span through the injected traceparent, maybe through
     spans in between, at most 64 hops; among several, the one with the client's request id, else
@@ -115,28 +125,6 @@ def _pair(clients: list[int], engines: list[int], recs: list[tuple], spans: list
     return pairs
 
 
-@dataclass
-class _Requests:
-    """The request spans of a batch of traces (in span order) with their engine phases."""
-
-    recs: list[tuple]
-    code: np.ndarray  # CLIENT / ENGINE per record
-    front_end_ns: np.ndarray  # int64, NO_NS unknown
-    queue_ns: np.ndarray  # int64, NO_NS unknown
-    prefill_ns: np.ndarray
-    decode_ns: np.ndarray
-    preemptions: np.ndarray  # int64
-    preempted_ns: np.ndarray  # float64 (a sum)
-    first_scheduled_ns: np.ndarray
-    first_generated_ns: np.ndarray
-    pairs: list[tuple[int, int]]  # (client record, engine record)
-    server_received_ns: np.ndarray  # per record (engine records under an HTTP server span), NO_NS unknown
-    server_chunks: list  # per record: int64 array of the server's body chunks (Unix ns), or None
-    generated: list  # per engine record: (Unix ns, tokens) int64 arrays of its generation events, or None
-    server_of: list[tuple[int, int]]  # (server record, its engine record)
-    summarised: np.ndarray  # bool per record: from vLLM's own span, its token events the first and last only
-
-
 def _owners(key: dict, ids: list[bytes], tix: np.ndarray, rec_tix: np.ndarray, spans_tix) -> np.ndarray:
     """For each span id in ``ids`` (the parents of spans of traces ``tix``), the record whose span
     has that id in the same trace, else -1. Looked up by span id alone, in C (``map``), then
@@ -174,171 +162,271 @@ def _server_record(engine: tuple, server: tuple, chunks: np.ndarray) -> tuple:
     return tuple(row)
 
 
-def _requests(traces: list[ReleasedTrace]) -> _Requests:
-    """Request spans, their phases and pairs, for the whole batch at once: Python touches each
-    span once (to pick it out); phase values are numpy scatters. First scheduled is the start of
-    the prefill span (else the end of a complete queue span); a phase given twice: the later wins."""
+@dataclass
+class RequestSpans:
+    """Stage 1: the request spans of a batch of traces, one record each, in span order, and the
+    spans around them (every span of the batch after adoption)."""
+
+    recs: list[tuple]  # the request spans, as walked
+    code: np.ndarray  # CLIENT / ENGINE per record
+    trace: np.ndarray  # the record's trace, an index into the batch
+    summarised: np.ndarray  # bool: from vLLM's own span, its token events the first and last only
+    spans: list[tuple]  # every span of the batch
+    span_code: np.ndarray
+    span_trace: np.ndarray
+    by_span_id: dict  # span id -> record
+    by_trace_span: dict  # (trace, span id) -> record, where a span id is used twice in the batch
+    foreign: Adopted  # what vLLM's and SGLang's own spans said of their phases
+
+    def owners(self, ids: list[bytes], trace: np.ndarray) -> np.ndarray:
+        """For each span id in ``ids`` (the parents of spans of traces ``trace``), the record whose
+        span has that id in the same trace, else -1."""
+        return _owners(self.by_span_id, ids, trace, self.trace, self.by_trace_span)
+
+
+def group(traces: list[ReleasedTrace]) -> RequestSpans:
+    """The request spans of ``traces``: Python touches each span once, to read its code."""
     flat = [s for t in traces for s in t.spans]
     codes = np.fromiter(map(_CODE, flat), np.int64, len(flat))
     tix = np.repeat(np.arange(len(traces)), [len(t.spans) for t in traces])
     adopted = foreign_spans.adopt(flat, codes, tix)  # vLLM's, SGLang's and GenAI clients' own spans
-    flat, codes, tix = adopted.flat, adopted.codes, adopted.tix
-    is_root = codes <= sp.ENGINE
-    at = np.flatnonzero(is_root)
-    recs = [flat[i] for i in at.tolist()]
-    n = len(recs)
-    code, rec_tix, summarised = codes[at], tix[at], adopted.summarised[at]
+    at = np.flatnonzero(adopted.codes <= sp.ENGINE)
+    recs = [adopted.flat[i] for i in at.tolist()]
+    rec_tix = adopted.tix[at]
     sids = list(map(_SID, recs))
-    key = dict(zip(sids, range(n)))
-    if len(key) < n:  # a span id used twice (across traces, or within one): a key per trace too
-        per_trace = {(t, s): r for r, (t, s) in enumerate(zip(rec_tix.tolist(), sids))}
-    else:
-        per_trace = {}
-    # phases: child spans of engine request spans
-    kids = [flat[i] for i in np.flatnonzero(~is_root).tolist()]
-    own = _owners(key, list(map(_PARENT, kids)), tix[~is_root], rec_tix, per_trace)
-    kc = codes[~is_root]
+    key = dict(zip(sids, range(len(recs))))
+    # a span id used twice (across traces, or within one): a key per trace too
+    per_trace = {(t, s): r for r, (t, s) in enumerate(zip(rec_tix.tolist(), sids))} if len(key) < len(recs) else {}
+    return RequestSpans(
+        recs=recs,
+        code=adopted.codes[at],
+        trace=rec_tix,
+        summarised=adopted.summarised[at],
+        spans=adopted.flat,
+        span_code=adopted.codes,
+        span_trace=adopted.tix,
+        by_span_id=key,
+        by_trace_span=per_trace,
+        foreign=adopted,
+    )
+
+
+@dataclass
+class EnginePhases:
+    """Stage 2: each record's engine phases, in ns (int64, ``NO_NS`` unknown) unless said."""
+
+    front_end: np.ndarray
+    queue: np.ndarray
+    prefill: np.ndarray
+    decode: np.ndarray
+    first_scheduled: np.ndarray  # Unix ns, engine clock
+    first_generated: np.ndarray  # Unix ns, engine clock
+    preemptions: np.ndarray  # int64, a count
+    preempted: np.ndarray  # float64 ns, a sum
+    generated: list  # per engine record: (Unix ns, tokens or None) of its generation events, else None
+
+    def padded(self, m: int) -> EnginePhases:
+        """The same with ``m`` records appended that have no engine phases."""
+        more = lambda a, v: np.concatenate([a, np.full(m, v, a.dtype)])
+        return EnginePhases(
+            **{f: more(getattr(self, f), NO_NS) for f in _NS_PHASES},
+            preemptions=more(self.preemptions, 0),
+            preempted=more(self.preempted, 0.0),
+            generated=self.generated + [None] * m,
+        )
+
+
+_NS_PHASES = ("front_end", "queue", "prefill", "decode", "first_scheduled", "first_generated")
+
+
+def engine_phases(rs: RequestSpans) -> EnginePhases:
+    """The phases of each engine record from its child spans, as numpy scatters. First scheduled is
+    the start of the prefill span (else the end of a complete queue span); a phase given twice: the
+    later wins. What an engine's own request span said (``rs.foreign``) fills in after."""
+    n = len(rs.recs)
+    child = np.flatnonzero(rs.span_code > sp.ENGINE)
+    kids = [rs.spans[i] for i in child.tolist()]
+    own = rs.owners(list(map(_PARENT, kids)), rs.span_trace[child])
+    kind = rs.span_code[child]
     ok = own >= 0
-    ok[ok] = code[own[ok]] == sp.ENGINE
+    ok[ok] = rs.code[own[ok]] == sp.ENGINE
     kstart = np.fromiter(map(_START, kids), np.int64, len(kids))
     kend = np.fromiter(map(_END, kids), np.int64, len(kids))
     dur = kend - kstart
-    front_end, queue, prefill, decode = (np.full(n, NO_NS, np.int64) for _ in range(4))
-    m = ok & (kc == sp.FRONTEND)
-    front_end[own[m]] = dur[m]
-    first_sched, first_gen = np.full(n, NO_NS, np.int64), np.full(n, NO_NS, np.int64)
-    m = ok & (kc == sp.QUEUE)
-    if m.any():
-        qi = np.flatnonzero(m)
-        m[qi] = [not kids[j][sp.INCOMPLETE] for j in qi.tolist()]  # the engine never scheduled it
-        queue[own[m]] = dur[m]
-        first_sched[own[m]] = kend[m]
-    m = ok & (kc == sp.PREFILL)
-    prefill[own[m]] = dur[m]
-    first_sched[own[m]] = kstart[m]
-    first_gen[own[m]] = kend[m]
-    m = ok & (kc == sp.DECODE)
-    decode[own[m]] = dur[m]
-    m = ok & (kc == sp.PREEMPTION)
-    preemptions = np.bincount(own[m], minlength=n).astype(np.int64)
-    preempted = np.bincount(own[m], weights=dur[m].astype(np.float64), minlength=n)
-    # the HTTP server span between a client span and the engine's (engine_hooks.asgi): the engine
-    # record gets its times, and pairs with the server span's parent
-    eng = np.flatnonzero(code == sp.ENGINE)
-    parents = [recs[e][sp.PARENT_ID] for e in eng.tolist()]
-    server_received = np.full(n, NO_NS, np.int64)
-    server_chunks: list = [None] * n
-    server_span: dict[int, tuple] = {}
-    srv_at = np.flatnonzero(codes == sp.SERVER)
-    if len(srv_at):
-        srv = {(int(tix[i]), flat[i][sp.SPAN_ID]): flat[i] for i in srv_at.tolist()}
-        for j, e in enumerate(eng.tolist()):
-            s = srv.get((int(rec_tix[e]), parents[j]))
-            if s is None:
+    ph = {f: np.full(n, NO_NS, np.int64) for f in _NS_PHASES}
+    at = ok & (kind == sp.FRONTEND)
+    ph["front_end"][own[at]] = dur[at]
+    at = ok & (kind == sp.QUEUE)
+    if at.any():
+        qi = np.flatnonzero(at)
+        at[qi] = [not kids[j][sp.INCOMPLETE] for j in qi.tolist()]  # the engine never scheduled it
+        ph["queue"][own[at]] = dur[at]
+        ph["first_scheduled"][own[at]] = kend[at]
+    at = ok & (kind == sp.PREFILL)
+    ph["prefill"][own[at]] = dur[at]
+    ph["first_scheduled"][own[at]] = kstart[at]
+    ph["first_generated"][own[at]] = kend[at]
+    at = ok & (kind == sp.DECODE)
+    ph["decode"][own[at]] = dur[at]
+    at = ok & (kind == sp.PREEMPTION)
+    phases = EnginePhases(
+        **ph,
+        preemptions=np.bincount(own[at], minlength=n).astype(np.int64),
+        preempted=np.bincount(own[at], weights=dur[at].astype(np.float64), minlength=n),
+        generated=_generation_times(rs),
+    )
+    if rs.foreign.phases:  # what vLLM's and SGLang's own spans said (collector/pipeline/foreign_spans.py)
+        for r, t_sid in enumerate(zip(rs.trace.tolist(), map(_SID, rs.recs))):
+            said = rs.foreign.phases.get(t_sid)
+            if said is None:
                 continue
-            parents[j] = s[sp.PARENT_ID]
-            server_received[e] = s[sp.START]
-            ch = s[sp.CHUNK_OFFSETS]
-            if type(ch) is bytes and len(ch) % 8 == 0:
-                # sorted: chunks are written in order, and a sender that says otherwise must not
-                # turn the lookups below into nonsense
-                server_chunks[e] = np.sort(s[sp.START] + np.frombuffer(ch, np.int64))
-                server_span[e] = s
-    generated: list = [None] * n  # the engine's own generation times, apart from its token events
-    for e in eng.tolist():
-        r = recs[e]
+            for f in _NS_PHASES:
+                v = getattr(said, f)
+                if v is not None:
+                    getattr(phases, f)[r] = v
+            if said.generated is not None:
+                phases.generated[r] = (said.generated, None)
+    return phases
+
+
+def _generation_times(rs: RequestSpans) -> list:
+    """The engine's own generation times, apart from its token events (``llm.token_generated.*``)."""
+    generated: list = [None] * len(rs.recs)
+    for e in np.flatnonzero(rs.code == sp.ENGINE).tolist():
+        r = rs.recs[e]
         g = r[sp.GEN_OFFSETS]
         if type(g) is bytes and g and len(g) % 8 == 0:
             k = r[sp.GEN_TOKENS]
             gt = np.frombuffer(k, np.int64) if type(k) is bytes and len(k) == len(g) else None
             generated[e] = (r[sp.START] + np.frombuffer(g, np.int64), gt)
-    if adopted.phases:  # what vLLM's and SGLang's own spans said (collector/pipeline/foreign_spans.py)
-        for r, t_sid in enumerate(zip(rec_tix.tolist(), sids)):
-            ph = adopted.phases.get(t_sid)
-            if ph is None:
+    return generated
+
+
+@dataclass
+class ServerSpans:
+    """Stage 3: the HTTP server span above each engine record (``engine_hooks.asgi``), where one is."""
+
+    engine_parent: list[bytes]  # per engine record (in record order): its parent span id, past the server span
+    received: np.ndarray  # per record: Unix ns, server clock, the server read the request; NO_NS unknown
+    chunks: list  # per record: int64 array of the body chunks it wrote (Unix ns, sorted), or None
+    span: dict[int, tuple]  # engine record -> its server span (with chunk times)
+
+    def padded(self, m: int) -> ServerSpans:
+        received = np.concatenate([self.received, np.full(m, NO_NS, np.int64)])
+        return ServerSpans(self.engine_parent, received, self.chunks + [None] * m, self.span)
+
+
+def server_spans(rs: RequestSpans) -> ServerSpans:
+    """The server span between a client span and the engine's: the engine record gets its times,
+    and pairs with the server span's parent."""
+    n = len(rs.recs)
+    eng = np.flatnonzero(rs.code == sp.ENGINE)
+    parents = [rs.recs[e][sp.PARENT_ID] for e in eng.tolist()]
+    received = np.full(n, NO_NS, np.int64)
+    chunks: list = [None] * n
+    span: dict[int, tuple] = {}
+    srv_at = np.flatnonzero(rs.span_code == sp.SERVER)
+    if len(srv_at):
+        srv = {(int(rs.span_trace[i]), rs.spans[i][sp.SPAN_ID]): rs.spans[i] for i in srv_at.tolist()}
+        for j, e in enumerate(eng.tolist()):
+            s = srv.get((int(rs.trace[e]), parents[j]))
+            if s is None:
                 continue
-            for col, v in (
-                (front_end, ph.front_end), (queue, ph.queue), (prefill, ph.prefill), (decode, ph.decode),
-                (first_sched, ph.first_scheduled), (first_gen, ph.first_generated),
-            ):  # fmt: skip
-                if v is not None:
-                    col[r] = v
-            if ph.generated is not None:
-                generated[r] = (ph.generated, None)
-    # pairs: an engine request span whose parent is a client request span of its trace (or the
-    # HTTP server span under it); traces where that does not pair everything it could go through
-    # the general matching
-    cl = _owners(key, parents, rec_tix[eng], rec_tix, per_trace)
-    good = cl >= 0
-    good[good] = code[cl[good]] == sp.CLIENT
-    ci, ei = cl[good], eng[good]
+            parents[j] = s[sp.PARENT_ID]
+            received[e] = s[sp.START]
+            ch = s[sp.CHUNK_OFFSETS]
+            if type(ch) is bytes and len(ch) % 8 == 0:
+                # sorted: chunks are written in order, and a sender that says otherwise must not
+                # turn the lookups below into nonsense
+                chunks[e] = np.sort(s[sp.START] + np.frombuffer(ch, np.int64))
+                span[e] = s
+    return ServerSpans(parents, received, chunks, span)
+
+
+def pair_records(rs: RequestSpans, server: ServerSpans, traces: list[ReleasedTrace]) -> list[tuple[int, int]]:
+    """Stage 4: (client record, engine record) of each request seen at both. The fast way: an
+    engine request span whose parent is a client request span of its trace (or the HTTP server span
+    under it); the traces where that does not pair everything it could go through the general
+    matching (:func:`_match_trace`)."""
+    eng = np.flatnonzero(rs.code == sp.ENGINE)
+    cl = rs.owners(server.engine_parent, rs.trace[eng])
+    direct = cl >= 0
+    direct[direct] = rs.code[cl[direct]] == sp.CLIENT
+    ci, ei = cl[direct], eng[direct]
     if len(np.unique(ci)) < len(ci):  # a client span claimed twice (n > 1): the general matching decides
         values, counts_ = np.unique(ci, return_counts=True)
         once = ~np.isin(ci, values[counts_ > 1])
         ci, ei = ci[once], ei[once]
     nt = len(traces)
-    clients = np.bincount(rec_tix[code == sp.CLIENT], minlength=nt)
-    engines = np.bincount(rec_tix[code == sp.ENGINE], minlength=nt)
-    paired = np.bincount(rec_tix[ci], minlength=nt)
+    clients = np.bincount(rs.trace[rs.code == sp.CLIENT], minlength=nt)
+    engines = np.bincount(rs.trace[rs.code == sp.ENGINE], minlength=nt)
+    paired = np.bincount(rs.trace[ci], minlength=nt)
     redo = np.flatnonzero(paired < np.minimum(clients, engines))
     pairs = list(zip(ci.tolist(), ei.tolist()))
     if len(redo):
         redo_set = set(redo.tolist())
-        rt = rec_tix.tolist()
+        rt = rs.trace.tolist()
         pairs = [(c, e) for c, e in pairs if rt[c] not in redo_set]
         # each redone trace's records, found once for the batch (a scan per trace was O(n^2): a
         # batch of 8,000 traces behind a traced proxy took 6.7 s)
-        order = np.argsort(rec_tix, kind="stable")
-        starts = np.searchsorted(rec_tix[order], redo)
-        ends = np.searchsorted(rec_tix[order], redo, side="right")
+        order = np.argsort(rs.trace, kind="stable")
+        starts = np.searchsorted(rs.trace[order], redo)
+        ends = np.searchsorted(rs.trace[order], redo, side="right")
         for t, a, b in zip(redo.tolist(), starts.tolist(), ends.tolist()):
             mine = order[a:b].tolist()
-            pairs += _pair(
-                [r for r in mine if code[r] == sp.CLIENT],
-                [r for r in mine if code[r] == sp.ENGINE],
-                recs,
+            pairs += _match_trace(
+                [r for r in mine if rs.code[r] == sp.CLIENT],
+                [r for r in mine if rs.code[r] == sp.ENGINE],
+                rs.recs,
                 traces[t].spans,
             )
-    server_of: list[tuple[int, int]] = []
-    if server_span:  # the server boundary: a record of its own per engine record under a server span
-        extra = [_server_record(recs[e], server_span[e], server_chunks[e]) for e in server_span]
-        m = len(extra)
-        server_of = list(zip(range(n, n + m), server_span))
-        recs = recs + extra
-        code = np.concatenate([code, np.full(m, sp.SERVER, code.dtype)])
-        unknown = lambda a, v: np.concatenate([a, np.full(m, v, a.dtype)])
-        front_end, queue, prefill, decode = (unknown(a, NO_NS) for a in (front_end, queue, prefill, decode))
-        first_sched, first_gen = unknown(first_sched, NO_NS), unknown(first_gen, NO_NS)
-        server_received = unknown(server_received, NO_NS)
-        preemptions, preempted = unknown(preemptions, 0), unknown(preempted, 0.0)
-        server_chunks = server_chunks + [None] * m
-        generated = generated + [None] * m
-        summarised = np.concatenate([summarised, summarised[list(server_span)]])  # the server's copy of its events
-    return _Requests(
-        recs,
-        code,
-        front_end,
-        queue,
-        prefill,
-        decode,
-        preemptions,
-        preempted,
-        first_sched,
-        first_gen,
-        pairs,
-        server_received,
-        server_chunks,
-        generated,
-        server_of,
-        summarised,
+    return pairs
+
+
+@dataclass
+class Requests:
+    """Stages 1 to 5: every record of the batch (the server boundary's last), with what derivation
+    reads of it."""
+
+    recs: list[tuple]
+    code: np.ndarray  # CLIENT / ENGINE / SERVER per record
+    summarised: np.ndarray
+    phases: EnginePhases
+    server: ServerSpans
+    pairs: list[tuple[int, int]]  # (client record, engine record)
+    server_of: list[tuple[int, int]]  # (server record, its engine record)
+
+
+def with_server_records(rs: RequestSpans, phases: EnginePhases, server: ServerSpans, pairs: list) -> Requests:
+    """Stage 5: a record of its own for the server boundary, per engine record under a server span
+    (appended after the others, with no engine phases of its own)."""
+    if not server.span:
+        return Requests(rs.recs, rs.code, rs.summarised, phases, server, pairs, [])
+    n, m = len(rs.recs), len(server.span)
+    extra = [_server_record(rs.recs[e], s, server.chunks[e]) for e, s in server.span.items()]
+    return Requests(
+        recs=rs.recs + extra,
+        code=np.concatenate([rs.code, np.full(m, sp.SERVER, rs.code.dtype)]),
+        summarised=np.concatenate([rs.summarised, rs.summarised[list(server.span)]]),  # the server's copy
+        phases=phases.padded(m),
+        server=server.padded(m),
+        pairs=pairs,
+        server_of=list(zip(range(n, n + m), server.span)),
     )
+
+
+def requests(traces: list[ReleasedTrace]) -> Requests:
+    """Stages 1 to 5 over a batch of traces."""
+    rs = group(traces)
+    server = server_spans(rs)
+    return with_server_records(rs, engine_phases(rs), server, pair_records(rs, server, traces))
 
 
 #: More tokens than this in one event is not an output chunk: the event is invalid.
 MAX_EVENT_TOKENS = 1 << 31
 
 
-def _events(offsets: tuple, tokens: tuple, duration_ns: np.ndarray) -> tuple[np.ndarray, ...]:
+def token_events(offsets: tuple, tokens: tuple, duration_ns: np.ndarray) -> tuple[np.ndarray, ...]:
     """Token events of every record from its int64 byte arrays, made valid where they enter
     derivation (:func:`~otel_llm.metrics.timeline.clean_events`). A record whose arrays are unusable
     (another type, mismatched lengths) keeps none; so does one with an event outside its span
@@ -429,102 +517,186 @@ def pair_parts(
     return out
 
 
-def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics]:
-    """Records of every request span in ``traces``, with their per-request metrics (the pooled
-    ITL samples too, for the exporters)."""
-    rq = _requests(traces if isinstance(traces, list) else list(traces))
-    recs = rq.recs
-    n = len(recs)
-    cols = list(zip(*recs)) if n else [()] * sp.WIDTH
-    submit = np.array(cols[sp.START], np.int64)
-    end = np.array(cols[sp.END], np.int64)
-    start, offs, toks, rejected = _events(cols[sp.OFFSETS], cols[sp.TOKENS], end - submit)
-    counts = np.diff(start)
-    has = counts > 0
-    first_event = np.full(n, NO_NS, np.int64)  # Unix ns of each record's first token event
-    first_event[has] = submit[has] + offs[start[:-1][has]]
-    queue, prefill, decode = _seconds(rq.queue_ns), _seconds(rq.prefill_ns), _seconds(rq.decode_ns)
-    front_end = _seconds(rq.front_end_ns)
-    preemptions, preemption_time = rq.preemptions, rq.preempted_ns / _NS
-    first_sched, first_gen = rq.first_scheduled_ns, rq.first_generated_ns
+@dataclass
+class TokenEvents:
+    """Every record's token events, valid (:func:`token_events`), and its span's times (Unix ns)."""
+
+    submit: np.ndarray
+    end: np.ndarray
+    start: np.ndarray  # record i's events are [start[i], start[i + 1])
+    offsets: np.ndarray  # ns after submit
+    tokens: np.ndarray
+    rejected: np.ndarray  # per record: events dropped as invalid
+
+    @property
+    def has(self) -> np.ndarray:
+        return np.diff(self.start) > 0
+
+    @property
+    def first_ns(self) -> np.ndarray:
+        """Unix ns of each record's first token event, ``NO_NS`` without one."""
+        has = self.has
+        first = np.full(len(self.submit), NO_NS, np.int64)
+        first[has] = self.submit[has] + self.offsets[self.start[:-1][has]]
+        return first
+
+
+def boundary_metrics(
+    fields: list,
+    events: TokenEvents,
+    request_id: list[str],
+    status: list[str],
+    input_tokens: np.ndarray,
+    summarised: np.ndarray,
+) -> RequestMetrics:
+    """Stage 6: each record's TTFT, TPOT, E2E and largest ITL at its own boundary (and the pooled
+    ITL samples, for the exporters). A response not streamed has no token events: its tokens are its
+    usage, observed at its end."""
+    n = len(request_id)
+    usage = np.fromiter(
+        (v if type(v) is int and 0 < v < MAX_EVENT_TOKENS else 0 for v in fields[sp.OUTPUT_TOKENS]), np.int64, n
+    )
+    untimed = np.where(np.diff(events.start) == 0, usage, 0)
+    return request_metrics(
+        timeline_batch(
+            request_id, events.submit, events.end, status, events.start, events.offsets, events.tokens,
+            input_tokens, untimed_tokens=untimed, summarised=summarised,
+        )
+    )  # fmt: skip
+
+
+#: The engine's columns a paired client record takes from its engine record.
+_FROM_ENGINE = (
+    "front_end", "queue", "prefill", "decode", "preemptions", "preemption_time", "engine_delivery",
+    "first_scheduled_ns", "first_generated_ns", "server_received_ns", "server_first_chunk_ns",
+)  # fmt: skip
+
+
+def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.ndarray]:
+    """Stage 7: the engine phases of every record in ``records.COLUMNS``' units (seconds, NaN
+    unknown; Unix ns, ``NO_NS`` unknown), the server's first chunk once the engine had a token out,
+    and the client TTFT's outer parts of each pair (:func:`pair_parts`); a paired client record takes
+    its engine record's engine columns. Keyed by column name."""
+    n = len(rq.recs)
+    ph, server = rq.phases, rq.server
+    has, first_event = events.has, events.first_ns
     engine_delivery = np.full(n, np.nan)
-    m = has & (first_gen != NO_NS)
-    engine_delivery[m] = (first_event[m] - first_gen[m]) / _NS
-    outer = {name: np.full(n, np.nan) for name in PAIR_PARTS}  # the client records' outer TTFT parts
-    stall_core, stall_server = np.full(n, np.nan), np.full(n, np.nan)
-    server_received, server_first = rq.server_received_ns, np.full(n, NO_NS, np.int64)
-    with_server = np.flatnonzero(server_received != NO_NS).tolist() if len(rq.server_chunks) else []
-    for e in with_server:  # the first chunk written once the engine had a token out
-        ch = rq.server_chunks[e]
+    at = has & (ph.first_generated != NO_NS)
+    engine_delivery[at] = (first_event[at] - ph.first_generated[at]) / _NS
+    server_first = np.full(n, NO_NS, np.int64)
+    for e in np.flatnonzero(
+        server.received != NO_NS
+    ).tolist():  # the first chunk written once the engine had a token out
+        ch = server.chunks[e]
         if ch is not None and has[e] and len(ch):
             k = int(np.searchsorted(ch, first_event[e], side="left"))
             if k < len(ch):
                 server_first[e] = ch[k]
-    paired = np.zeros(n, bool)
+    out = {
+        "front_end": _seconds(ph.front_end),
+        "queue": _seconds(ph.queue),
+        "prefill": _seconds(ph.prefill),
+        "decode": _seconds(ph.decode),
+        "preemptions": ph.preemptions,
+        "preemption_time": ph.preempted / _NS,
+        "first_scheduled_ns": ph.first_scheduled,
+        "first_generated_ns": ph.first_generated,
+        "engine_delivery": engine_delivery,
+        **{name: np.full(n, np.nan) for name in PAIR_PARTS},
+        "server_received_ns": server.received,
+        "server_first_chunk_ns": server_first,
+    }
     if rq.pairs:
         ci, ei = np.array(rq.pairs, np.int64).T
-        paired[ci] = paired[ei] = True
-        off = np.fromiter((v if type(v) is int else -1 for v in cols[sp.SEND_OFFSET]), np.int64, n)
+        submit, end = events.submit, events.end
+        off = np.fromiter((v if type(v) is int else -1 for v in fields[sp.SEND_OFFSET]), np.int64, n)
         sent = np.where((off >= 0) & (off <= end - submit), submit + off, NO_NS)
         for name, v in pair_parts(
-            submit[ci], sent[ci], first_event[ci], submit[ei], first_gen[ei], first_event[ei],
-            server_received[ei], server_first[ei],
+            submit[ci], sent[ci], first_event[ci], submit[ei], ph.first_generated[ei], first_event[ei],
+            server.received[ei], server_first[ei],
         ).items():  # fmt: skip
-            outer[name][ci] = v
-        for col in (front_end, queue, prefill, decode, preemption_time, engine_delivery, preemptions):
-            col[ci] = col[ei]
-        for col in (first_sched, first_gen, server_received, server_first):
-            col[ci] = col[ei]
-        stall_core, stall_server = stall_layers(ci, ei, submit, start, offs, toks, rq.generated, rq.server_chunks)
-    # one object per distinct value (each span brings its own copy): less to hold, pickle, compare
-    same: dict = {}
-    status = [
-        same.setdefault(x, x) if x in _STATUS_OK else _status(x, c)
-        for x, c in zip(cols[sp.STATUS], cols[sp.STATUS_CODE])
-    ]
-    request_id = [
-        r if type(r) is str and r and c is None else _request_id(s)
-        for r, c, s in zip(cols[sp.REQUEST_ID], cols[sp.CHOICE], recs)
-    ]
-    choice = np.fromiter((c if type(c) is int else -1 for c in cols[sp.CHOICE]), np.int64, n)
-    input_tokens = np.array([v if type(v) is int else -1 for v in cols[sp.INPUT_TOKENS]], np.int64)
-    # a response not streamed has no token events: its tokens are its usage, observed at its end
-    usage = np.fromiter(
-        (v if type(v) is int and 0 < v < MAX_EVENT_TOKENS else 0 for v in cols[sp.OUTPUT_TOKENS]), np.int64, n
-    )
-    untimed = np.where(counts == 0, usage, 0)
-    rm = request_metrics(
-        timeline_batch(
-            request_id, submit, end, status, start, offs, toks, input_tokens,
-            untimed_tokens=untimed, summarised=rq.summarised,
-        )
-    )  # fmt: skip
-    # sampling: each record counts for 1 / the probability it was kept with; an engine or server
-    # record whose own span does not say takes its client's (the sampler decided there), else each other's.
-    # Below MIN_SAMPLING_P a probability is not taken (a sender could make one span count for 1e300)
+            out[name][ci] = v
+        for name in _FROM_ENGINE:
+            out[name][ci] = out[name][ei]
+    return out
+
+
+def sample_weights(fields: list, pairs: list[tuple[int, int]], server_of: list[tuple[int, int]]) -> np.ndarray:
+    """Each record counts for 1 / the probability it was kept with; an engine or server record whose
+    own span does not say takes its client's (the sampler decided there), else each other's. Below
+    :data:`MIN_SAMPLING_P` a probability is not taken (a sender could make one span count for 1e300)."""
     prob = np.fromiter(
-        (float(v) if type(v) in (float, int) and MIN_SAMPLING_P <= v <= 1 else np.nan for v in cols[sp.SAMPLING_P]),
+        (float(v) if type(v) in (float, int) and MIN_SAMPLING_P <= v <= 1 else np.nan for v in fields[sp.SAMPLING_P]),
         np.float64,
-        n,
+        len(fields[sp.SAMPLING_P]),
     )
-    for c, e in rq.pairs:
+    for c, e in pairs:
         if prob[e] != prob[e]:
             prob[e] = prob[c]
-    for sv, e in rq.server_of:
+    for sv, e in server_of:
         if prob[e] != prob[e]:
             prob[e] = prob[sv]
         if prob[sv] != prob[sv]:
             prob[sv] = prob[e]
-    weight = np.where(np.isfinite(prob), 1.0 / prob, 1.0)
-    unread = np.full(n, -1, np.int64)
+    return np.where(np.isfinite(prob), 1.0 / prob, 1.0)
+
+
+def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics]:
+    """Records of every request span in ``traces``, with their per-request metrics (the pooled
+    ITL samples too, for the exporters): the stages of this module, in order."""
+    rq = requests(traces if isinstance(traces, list) else list(traces))
+    n = len(rq.recs)
+    fields = list(zip(*rq.recs)) if n else [()] * sp.WIDTH  # the walked spans' fields, as columns
+    submit = np.array(fields[sp.START], np.int64)
+    end = np.array(fields[sp.END], np.int64)
+    events = TokenEvents(submit, end, *token_events(fields[sp.OFFSETS], fields[sp.TOKENS], end - submit))
+    same: dict = {}  # one object per distinct value (each span brings its own copy): less to hold, pickle, compare
+    status = [
+        same.setdefault(x, x) if x in _STATUS_OK else _status(x, c)
+        for x, c in zip(fields[sp.STATUS], fields[sp.STATUS_CODE])
+    ]
+    request_id = [
+        r if type(r) is str and r and c is None else _request_id(s)
+        for r, c, s in zip(fields[sp.REQUEST_ID], fields[sp.CHOICE], rq.recs)
+    ]
+    input_tokens = np.array([v if type(v) is int else -1 for v in fields[sp.INPUT_TOKENS]], np.int64)
+    metrics = boundary_metrics(fields, events, request_id, status, input_tokens, rq.summarised)
+    columns = decompose(rq, fields, events)
+    stall_core, stall_server = np.full(n, np.nan), np.full(n, np.nan)
     if rq.pairs:
         ci, ei = np.array(rq.pairs, np.int64).T
+        stall_core, stall_server = stall_layers(
+            ci, ei, submit, events.start, events.offsets, events.tokens, rq.phases.generated, rq.server.chunks
+        )
+    columns.update(stall_core_gap=stall_core, stall_server_gap=stall_server, input_tokens=input_tokens)
+    return record_batch(rq, fields, events, metrics, columns, status, request_id, same), metrics
+
+
+def record_batch(
+    rq: Requests,
+    fields: list,
+    events: TokenEvents,
+    metrics: RequestMetrics,
+    columns: dict[str, np.ndarray],
+    status: list[str],
+    request_id: list[str],
+    same: dict,
+) -> RecordBatch:
+    """Stage 9: the columns of ``records.COLUMNS`` for every record: the span's own, the earlier
+    stages' (``columns``: by name), what a pair shares (the client's bench run, the tokens its
+    client never read, each other's request id), the sampling weight and the timeline's violations."""
+    n = len(rq.recs)
+    unread = np.full(n, -1, np.int64)
+    paired = np.zeros(n, bool)
+    if rq.pairs:
+        ci, ei = np.array(rq.pairs, np.int64).T
+        paired[ci] = paired[ei] = True
         gone = np.fromiter((status[c] == "cancelled" for c in ci.tolist()), bool, len(ci))
-        lost = np.maximum(rm.output_tokens[ei] - rm.output_tokens[ci], 0)
+        lost = np.maximum(metrics.output_tokens[ei] - metrics.output_tokens[ci], 0)
         unread[ci[gone]] = unread[ei[gone]] = lost[gone]
     peer: list = [None] * n
-    run_id = [same.setdefault(v, v) if type(v) is str and v else None for v in cols[sp.RUN_ID]]
-    warmup = np.fromiter((v is True for v in cols[sp.WARMUP]), bool, n)
+    run_id = [same.setdefault(v, v) if type(v) is str and v else None for v in fields[sp.RUN_ID]]
+    warmup = np.fromiter((v is True for v in fields[sp.WARMUP]), bool, n)
     for c, e in rq.pairs:
         peer[c], peer[e] = request_id[e], request_id[c]
         if run_id[e] is None:  # the engine does not know the bench run: its client does
@@ -535,69 +707,54 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         warmup[sv] = warmup[e]
     violations = invariants.check(
         rq.code,
-        submit,
-        rq.first_scheduled_ns,
-        rq.first_generated_ns,
-        first_event,
-        rm.ttft,
-        rm.output_tokens,
-        rejected,
-        rq.server_received_ns,
+        events.submit,
+        columns["first_scheduled_ns"],
+        columns["first_generated_ns"],
+        events.first_ns,
+        metrics.ttft,
+        metrics.output_tokens,
+        events.rejected,
+        columns["server_received_ns"],
         rq.pairs,
         rq.server_of,
-        cols[sp.VIOLATIONS] if n else [],
+        fields[sp.VIOLATIONS] if n else [],
     )
     batch = RecordBatch(
-        trace_id=[same.setdefault(t, t.hex()) for t in cols[sp.TRACE_ID]],
-        boundary=[sp.BOUNDARY_OF[c] for c in cols[sp.CODE]],
+        trace_id=[same.setdefault(t, t.hex()) for t in fields[sp.TRACE_ID]],
+        boundary=[sp.BOUNDARY_OF[c] for c in fields[sp.CODE]],
         request_id=request_id,
         model=[
             same.setdefault(m, m) if type(m) is str and m else _model(m, svc)
-            for m, svc in zip(cols[sp.MODEL], cols[sp.SERVICE])
+            for m, svc in zip(fields[sp.MODEL], fields[sp.SERVICE])
         ],
-        service=[same.setdefault(v, v) if type(v) is str and v else None for v in cols[sp.SERVICE]],
+        service=[same.setdefault(v, v) if type(v) is str and v else None for v in fields[sp.SERVICE]],
         status=status,
         run_id=run_id,
         warmup=warmup,
-        choice=choice,
-        events_rejected=rejected,
+        choice=np.fromiter((c if type(c) is int else -1 for c in fields[sp.CHOICE]), np.int64, n),
+        events_rejected=events.rejected,
         violations=violations,
-        submit_ns=submit,
-        end_ns=end,
-        event_start=start,
-        event_offsets_ns=offs,
-        event_tokens=toks,
-        input_tokens=input_tokens,
-        output_tokens=rm.output_tokens,
-        estimated_tokens=np.array([bool(e) and e is not sp.INVALID for e in cols[sp.ESTIMATED]], bool),
+        submit_ns=events.submit,
+        end_ns=events.end,
+        event_start=events.start,
+        event_offsets_ns=events.offsets,
+        event_tokens=events.tokens,
+        output_tokens=metrics.output_tokens,
+        estimated_tokens=np.array([bool(e) and e is not sp.INVALID for e in fields[sp.ESTIMATED]], bool),
         events_summarised=rq.summarised,
-        ttft=rm.ttft,
-        tpot=rm.tpot,
-        e2e=rm.e2e,
-        itl_max=rm.itl_max,
-        front_end=front_end,
-        queue=queue,
-        prefill=prefill,
-        decode=decode,
-        preemptions=preemptions,
-        preemption_time=preemption_time,
-        first_scheduled_ns=first_sched,
-        first_generated_ns=first_gen,
-        engine_delivery=engine_delivery,
-        **outer,
-        server_received_ns=server_received,
-        server_first_chunk_ns=server_first,
-        stall_core_gap=stall_core,
-        stall_server_gap=stall_server,
+        ttft=metrics.ttft,
+        tpot=metrics.tpot,
+        e2e=metrics.e2e,
+        itl_max=metrics.itl_max,
+        **columns,
         tokens_unread=unread,
         tokens_after_abort=np.fromiter(
-            (v if type(v) is int and 0 <= v < 2**62 else -1 for v in cols[sp.AFTER_ABORT]), np.int64, n
+            (v if type(v) is int and 0 <= v < 2**62 else -1 for v in fields[sp.AFTER_ABORT]), np.int64, n
         ),
-        sample_weight=weight,
+        sample_weight=sample_weights(fields, rq.pairs, rq.server_of),
         paired=paired,
         peer_request_id=peer,
     )
     if rq.pairs:
-        pci, pei = np.array(rq.pairs, np.int64).T
-        batch.pairs = (pci, pei)
-    return batch, rm
+        batch.pairs = (ci, ei)
+    return batch
