@@ -169,13 +169,14 @@ def add_stall_options(p: argparse.ArgumentParser) -> None:
 
 def register_compare(sub) -> None:
     from .analysis.client_results import add_client_results_options
+    from .pipeline.ttft_parts import COARSE, sum_text
 
     p = sub.add_parser(
         "compare",
         help="client vs engine per request: where the client's TTFT went",
         description="From the collector's store: per request and as distributions, the client TTFT in its "
-        "parts ([client_send +] network_in + api_in + front_end + queue + prefill + api_out + network_out with "
-        "the HTTP server span; to_engine and delivery where it is missing); client vs engine ITL; the cause of "
+        f"parts ({sum_text()} with the HTTP server span; {' and '.join(COARSE)} where it is missing); client "
+        "vs engine ITL; the cause of "
         "each stall (the layer where it first shows: engine (preemption, a batch-mate's prefill, a growing "
         "batch, idle), API server, network/client). Bounds the clock offset between client and "
         "engine hosts per pair and corrects the two-clock parts by it.",

@@ -23,7 +23,7 @@ hands out each token and finishes before the client sees them (``theta >= e_i - 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, make_dataclass
 from itertools import pairwise
 
 import numpy as np
@@ -42,7 +42,7 @@ from ..pipeline.stalls import (
     refine_engine_stall,
 )
 from ..pipeline.steps import StepBatch
-from ..pipeline.ttft_parts import NAMES, finest
+from ..pipeline.ttft_parts import NAMES, PARTS, finest
 
 
 @dataclass
@@ -168,37 +168,37 @@ def estimate_offset(pairs: list[tuple[RequestRecord, RequestRecord]], given: flo
     return OffsetEstimate(lo, hi, (lo + hi) / 2, "midpoint of the bounds", used, excluded)
 
 
-@dataclass
-class RequestComparison:
-    id: str
-    trace_id: str
-    status: str
-    client_ttft: float | None
-    engine_ttft: float | None
-    to_engine: float | None  # client call -> engine arrival (= [client_send +] network_in + api_in)
-    client_send: float | None  # client call -> it began writing the request (None: the client did not say)
-    network_in: float | None  # the client's send -> HTTP server received (None: no server span)
-    api_in: float | None  # HTTP server received -> engine arrival
-    front_end: float | None  # None: the engine did not say when it queued the request (the queue holds it)
-    queue: float | None
-    prefill: float | None
-    api_out: float | None  # first token generated -> the server's first chunk after it
-    network_out: float | None  # that chunk -> the client's first token
-    delivery: float | None  # first token generated -> client first token (= api_out + network_out)
-    parts_sum_minus_ttft: float | None  # how far the parts miss the client TTFT (0 when all known)
-    client_itl_max: float | None
-    engine_itl_max: float | None
-    client_tokens: int
-    engine_tokens: int
-    preemptions: int
-    preemption_time: float
-    stall: str  # none or one of collector.pipeline.stalls.ALL_CLASSES
-    stall_gap: float | None  # the client's largest gap, seconds
+def _parts_of(self) -> dict:
+    """This request's TTFT parts at the finest level known (:func:`collector.pipeline.ttft_parts.finest`)."""
+    return finest({n: getattr(self, n) for n in NAMES}) or {}
 
-    @property
-    def parts(self) -> dict:
-        """This request's TTFT parts at the finest level known (:func:`collector.pipeline.ttft_parts.finest`)."""
-        return finest({n: getattr(self, n) for n in NAMES}) or {}
+
+#: One paired request as ``compare`` sees it: its TTFT at each boundary, its TTFT parts (one field
+#: per part of :mod:`collector.pipeline.ttft_parts`, seconds, None unknown; the two-clock parts
+#: corrected by the clock offset), how far the parts miss the client TTFT (0 when all known), ITL,
+#: tokens, preemptions and the stall (none or one of ``collector.pipeline.stalls.ALL_CLASSES``, with
+#: the client's largest gap in seconds).
+RequestComparison = make_dataclass(
+    "RequestComparison",
+    [
+        ("id", str),
+        ("trace_id", str),
+        ("status", str),
+        ("client_ttft", float | None),
+        ("engine_ttft", float | None),
+        *((name, float | None) for name in NAMES),
+        ("parts_sum_minus_ttft", float | None),
+        ("client_itl_max", float | None),
+        ("engine_itl_max", float | None),
+        ("client_tokens", int),
+        ("engine_tokens", int),
+        ("preemptions", int),
+        ("preemption_time", float),
+        ("stall", str),
+        ("stall_gap", float | None),
+    ],
+    namespace={"parts": property(_parts_of), "__module__": __name__},
+)
 
 
 def _itl_by_request(records: Sequence[RequestRecord]) -> list[np.ndarray]:
@@ -263,14 +263,12 @@ def compare(
             g = engine_gap(c, e)
             if own is not None and g is not None:
                 stall = refine_engine_stall(g, *own)
-        to_engine, network_in = c.to_engine, c.network_in
-        if to_engine is None and network_in is not None and c.api_in is None:  # a store before the server span
-            to_engine, network_in = network_in, None
-        shift = lambda v, sign: None if v is None else v + sign * off.theta
-        to_engine, network_in = shift(to_engine, -1), shift(network_in, -1)
-        dly, network_out = shift(c.delivery, +1), shift(c.network_out, +1)
         values = {n: getattr(c, n) for n in NAMES}
-        values.update(to_engine=to_engine, network_in=network_in, network_out=network_out, delivery=dly)
+        if values["to_engine"] is None and values["network_in"] is not None and c.api_in is None:
+            values["to_engine"], values["network_in"] = values["network_in"], None  # a store before the server span
+        for p in PARTS:  # the two-clock parts, on one clock
+            if p.clock_shift and values[p.name] is not None:
+                values[p.name] += p.clock_shift * off.theta
         row_parts = finest(values)
         known = row_parts is not None and c.ttft is not None
         miss = sum(v or 0.0 for v in row_parts.values()) - c.ttft if known else None
@@ -281,16 +279,7 @@ def compare(
                 status=c.status,
                 client_ttft=c.ttft,
                 engine_ttft=e.ttft,
-                to_engine=to_engine,
-                client_send=c.client_send,
-                network_in=network_in,
-                api_in=c.api_in,
-                front_end=c.front_end,
-                queue=c.queue,
-                prefill=c.prefill,
-                api_out=c.api_out,
-                network_out=network_out,
-                delivery=dly,
+                **values,
                 parts_sum_minus_ttft=miss,
                 client_itl_max=c.itl_max,
                 engine_itl_max=e.itl_max,

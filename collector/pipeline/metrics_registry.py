@@ -29,8 +29,8 @@ from otel_llm.metrics.summary import bound_checks, weighted_sum
 from .invariants import tally
 from .records import RecordBatch
 from .stalls import DEFAULT_FACTOR, DEFAULT_FLOOR_S, STALL_CLASSES, classify_stalls
+from .ttft_parts import COARSE, FINE, TWO_CLOCKS, shown
 from .ttft_parts import NAMES as TTFT_PARTS
-from .ttft_parts import shown
 
 # GenAI semantic conventions, advisory explicit bucket boundaries (seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
@@ -256,9 +256,9 @@ FAMILIES: tuple[Family, ...] = (
         "ttft_part",
         "llm.ttft.part",
         "s",
-        "The client TTFT in its parts (client_send, network_in, api_in, front_end, queue, prefill, api_out, "
-        "network_out with the HTTP server span; to_engine and delivery where it is missing; paired ok "
-        "requests; network_in and delivery span two clocks, uncorrected for their offset)",
+        f"The client TTFT in its parts ({', '.join(FINE)} with the HTTP server span; {' and '.join(COARSE)} "
+        f"where it is missing; paired ok requests; {', '.join(TWO_CLOCKS)} span two clocks, uncorrected for "
+        "their offset)",
         TTFT_BUCKETS,
         labels=("part",),
     ),

@@ -31,7 +31,8 @@ import numpy as np
 from otel_llm.metrics.selection import Selection
 from otel_llm.metrics.timeline import STATUS_CODE, TimelineBatch
 
-from .ttft_parts import MEANING
+from .ttft_parts import ENGINE as ENGINE_PARTS
+from .ttft_parts import MEANING, OUTER_BY_COARSE
 
 NO_NS = np.iinfo(np.int64).min  # an unknown point in time in an int64 ns column
 
@@ -115,9 +116,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("e2e", SECONDS, "s", "end - submit"),
     Column("itl_max", SECONDS, "s", "the largest gap between token events; unknown for fewer than two"),
     # engine internals (engine records; copied onto the paired client record)
-    Column("front_end", SECONDS, "s", MEANING["front_end"]),
-    Column("queue", SECONDS, "s", MEANING["queue"]),
-    Column("prefill", SECONDS, "s", MEANING["prefill"]),
+    *(Column(name, SECONDS, "s", MEANING[name]) for name in ENGINE_PARTS),  # front_end, queue, prefill
     Column("decode", SECONDS, "s", "llm.decode: first token -> last token generated"),
     Column("preemptions", INT, "", "llm.preemption spans"),
     Column("preemption_time", SECONDS, "s", "total time preempted (0 without a preemption)"),
@@ -125,13 +124,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("first_generated_ns", NS, "ns", "Unix ns, engine clock: first token generated (end of prefill)"),
     Column("engine_delivery", SECONDS, "s", "first token generated -> first output handed out"),
     # client TTFT decomposition (client records paired with an engine record)
-    Column("to_engine", SECONDS, "s", MEANING["to_engine"]),
-    Column("client_send", SECONDS, "s", MEANING["client_send"]),
-    Column("network_in", SECONDS, "s", MEANING["network_in"]),
-    Column("api_in", SECONDS, "s", MEANING["api_in"]),
-    Column("delivery", SECONDS, "s", MEANING["delivery"]),
-    Column("api_out", SECONDS, "s", MEANING["api_out"]),
-    Column("network_out", SECONDS, "s", MEANING["network_out"]),
+    *(Column(name, SECONDS, "s", MEANING[name]) for name in OUTER_BY_COARSE),  # to_engine, its parts, delivery, ...
     Column("server_received_ns", NS, "ns", "Unix ns, server clock: the HTTP server received the request"),
     Column("server_first_chunk_ns", NS, "ns", "Unix ns, server clock: the first body chunk after the first token"),
     # the layers of the client's largest gap between token events (collector/pipeline/stalls.py)

@@ -9,12 +9,13 @@ neighbour is known; the neighbour then holds its time (``client_send`` in ``netw
 client that does not say when it began writing; ``front_end`` in ``queue`` for an engine that does
 not say when it queued the request).
 
-Everything that names, orders, explains, colours or merges the parts reads this table: the
-records' column docs, derivation's outer parts, ``compare``, the metrics registry's
-``llm_ttft_part_seconds``, the report and the table in docs/metrics/breakdown.md (checked by a test). Adding a part is
-an entry here, its computation (:func:`collector.pipeline.derive.pair_parts` for the outer ones), its store
-column in ``records.COLUMNS`` (listed there by hand: the store's column order is its schema) and
-its field on ``compare.RequestComparison``.
+Everything that names, orders, explains, colours, merges or corrects the parts reads this table:
+the records' columns (``records.COLUMNS``: the store's), derivation's outer parts, ``compare`` (its
+per-request fields and its clock-offset correction), the metrics registry's ``llm_ttft_part_seconds``
+and its help, the command line's help, the report, Grafana and the table in
+docs/metrics/breakdown.md (checked by a test). Adding a part is an entry here and its computation:
+:func:`collector.pipeline.derive.pair_parts` for an outer one, the engine's phases
+(:func:`collector.pipeline.derive.engine_phases`) for one of the engine's.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class Part:
     coarse: str | None = None  # the part that holds it where the boundary it needs is missing
     held_by: str | None = None  # the neighbour that holds it where it alone is unknown
     outer: bool = False  # computed from the pair of records (client and engine), not the engine's own spans
+    #: the clocks it spans: -1 from the client's to the server's or the engine's, +1 back, 0 one clock.
+    #: ``compare`` adds ``clock_shift`` x the estimated offset (engine - client) to correct it.
+    clock_shift: int = 0
 
     @property
     def meaning(self) -> str:
@@ -62,6 +66,7 @@ PARTS: tuple[Part, ...] = (
         "#8c8c8c",
         coarse="to_engine",
         outer=True,
+        clock_shift=-1,
     ),
     Part(
         "api_in",
@@ -80,6 +85,7 @@ PARTS: tuple[Part, ...] = (
         "the client library, the network and the HTTP server in (two clocks); = client_send + network_in + api_in",
         "#8c8c8c",
         outer=True,
+        clock_shift=-1,
     ),
     Part(
         "front_end",
@@ -115,6 +121,7 @@ PARTS: tuple[Part, ...] = (
         "#36cfc9",
         coarse="delivery",
         outer=True,
+        clock_shift=1,
     ),
     Part(
         "delivery",
@@ -123,6 +130,7 @@ PARTS: tuple[Part, ...] = (
         "the API server and the network (two clocks); = api_out + network_out",
         "#b37feb",
         outer=True,
+        clock_shift=1,
     ),
 )
 
@@ -131,6 +139,8 @@ BY_NAME: dict[str, Part] = {p.name: p for p in PARTS}
 OUTER: tuple[str, ...] = tuple(p.name for p in PARTS if p.outer)
 COLORS: dict[str, str] = {p.name: p.color for p in PARTS}
 MEANING: dict[str, str] = {p.name: p.meaning for p in PARTS}
+#: The engine's own parts (from its phase spans), in order.
+ENGINE: tuple[str, ...] = tuple(p.name for p in PARTS if not p.outer)
 
 
 def _fine(coarse: str) -> tuple[Part, ...]:
@@ -138,6 +148,18 @@ def _fine(coarse: str) -> tuple[Part, ...]:
 
 
 _COARSE = tuple(dict.fromkeys(p.coarse for p in PARTS if p.coarse))  # to_engine, delivery
+#: The parts the HTTP server span gives (the finest level), and those that stand for them without it.
+FINE: tuple[str, ...] = tuple(p.name for p in PARTS if p.name not in _COARSE)
+COARSE: tuple[str, ...] = _COARSE
+#: The outer parts, each coarse part followed by the fine ones it holds (the store's column order).
+OUTER_BY_COARSE: tuple[str, ...] = tuple(n for c in _COARSE for n in (c, *(f.name for f in _fine(c))))
+TWO_CLOCKS: tuple[str, ...] = tuple(p.name for p in PARTS if p.clock_shift)
+
+
+def sum_text(names: tuple[str, ...] = FINE) -> str:
+    """``a + b + ...``, with a part that a neighbour may hold in brackets: how the docs and the help
+    write the decomposition."""
+    return " + ".join(f"[{n}]" if BY_NAME[n].held_by and BY_NAME[n].outer else n for n in names)
 
 
 def finest(values: Mapping[str, float | None]) -> dict[str, float | None] | None:
