@@ -246,3 +246,18 @@ def test_hostile_layer_arrays_do_no_harm():
     assert c.stall_core_gap is None  # two generations for six token events: not a mapping
     assert c.stall_server_gap is not None and c.stall_server_gap >= 0  # the chunks, sorted, still say something
     assert list(recs["server"].event_offsets_ns) == sorted(recs["server"].event_offsets_ns)
+
+
+def test_the_breakdown_page_lists_every_cause_as_declared():
+    """docs/metrics/breakdown.md's table of causes is stalls.CAUSES: the same causes, each with what
+    its row says of where it shows and what it holds."""
+    from pathlib import Path
+
+    from collector.pipeline.stalls import CAUSES
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "metrics" / "breakdown.md").read_text()
+    section = text[text.index("## A cause for every stall") :]
+    table = section[section.index("| cause |") : section.index("\n\n", section.index("| cause |"))]
+    cells = [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in table.splitlines()[2:]]
+    rows = {name.strip("`"): (shows, holds) for name, shows, holds in cells}
+    assert rows == {c.name: (c.shows, c.holds) for c in CAUSES}

@@ -273,7 +273,7 @@ FAMILIES: tuple[Family, ...] = (
         "stall_seconds",
         "llm.stall.seconds",
         "s",
-        "Seconds of those largest gaps, by cause (delivery, engine:preemption, engine:other)",
+        f"Seconds of those largest gaps, by cause ({', '.join(STALL_CLASSES)})",
         labels=("cause",),
     ),
     Family(

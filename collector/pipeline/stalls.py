@@ -22,6 +22,8 @@ stall counters; :func:`stall_layers` computes the per-layer gaps where requests 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from otel_llm.metrics.request_math import itl_samples
@@ -30,11 +32,62 @@ from .records import RecordBatch, RequestRecord
 from .steps import StepBatch
 
 NONE = "none"
-STALL_CLASSES = ("network/client", "api_server", "delivery", "engine:preemption", "engine:other")
-#: What ``engine:other`` becomes when the engine's steps are known (``otel-llm compare`` on a store
-#: with steps): from the steps of the same engine process that overlap the engine's own gap.
-ENGINE_DETAIL = ("engine:prefill", "engine:batch", "engine:idle")
-ALL_CLASSES = ("network/client", "api_server", "delivery", "engine:preemption", *ENGINE_DETAIL, "engine:other")
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One cause a stall can have: where half of the gap first shows, and what it holds
+    (docs/metrics/breakdown.md's table, checked by a test). ``from_steps``: told apart from
+    ``engine:other`` only with the engine's steps (``otel-llm compare`` on a store with steps, from
+    the steps of the same engine process that overlap the engine's own gap); the collector's
+    counters, which do not hold the steps while they derive, leave those out."""
+
+    name: str
+    shows: str
+    holds: str
+    from_steps: bool = False
+
+
+#: Every stall cause, declared once, in the order the outputs list them. Adding one is an entry here
+#: and its computation (:func:`classify_stalls`, or :func:`refine_engine_stall` for one from the steps).
+CAUSES: tuple[Cause, ...] = (
+    Cause(
+        "network/client",
+        "nowhere before the client: the server wrote both tokens on time",
+        "the network, socket buffers, the client reading slowly",
+    ),
+    Cause(
+        "api_server",
+        "the engine handed the token out late though the core had it, or the HTTP server wrote it late",
+        "detokenizing and vLLM's output processor, the API server's event loop busy with other work",
+    ),
+    Cause("delivery", "after the engine, without the HTTP server span to split it", "`api_server` + `network/client`"),
+    Cause(
+        "engine:preemption",
+        "the engine core's generation times (`llm.token_generated.offsets_ns`; an engine without them: its "
+        "token events), and the request was preempted",
+        "recomputing the evicted request",
+    ),
+    Cause(
+        "engine:prefill",
+        "the core, and a step in the gap computed prompt tokens and took at least twice the median step",
+        "a batch-mate's prefill",
+        from_steps=True,
+    ),
+    Cause("engine:batch", "the core, and the batch grew during the gap", "more requests sharing each step", True),
+    Cause(
+        "engine:idle",
+        "the core, and steps cover less than half the gap",
+        "no step ran: nothing scheduled, the host busy",
+        from_steps=True,
+    ),
+    Cause("engine:other", "the core, none of the above (or the steps are not known: the collector's counters)", ""),
+)
+BY_NAME: dict[str, Cause] = {c.name: c for c in CAUSES}
+#: Every cause, and those the collector counts (without the engine's steps).
+ALL_CLASSES: tuple[str, ...] = tuple(c.name for c in CAUSES)
+STALL_CLASSES: tuple[str, ...] = tuple(c.name for c in CAUSES if not c.from_steps)
+ENGINE_DETAIL: tuple[str, ...] = tuple(c.name for c in CAUSES if c.from_steps)
 #: A gap is a stall over max(floor, factor * the median of the request's other gaps): the floor keeps a fast
 #: stream's ordinary jitter out, the factor scales with the request's own pace.
 DEFAULT_FLOOR_S = 0.1
