@@ -37,6 +37,17 @@ def prom_name(name: str, unit: str, counter: bool = False) -> str:
     return base
 
 
+def family_name(name: str, unit: str, histogram: bool) -> str:
+    """The exposed name of a derived family: a histogram's with its unit's suffix, a counter's with
+    ``_total`` (its unit is in its OpenTelemetry name where it has one)."""
+    return prom_name(name, unit) if histogram else prom_name(name, "", counter=True)
+
+
+def own_name(key: str, gauge: bool = False) -> str:
+    """The exposed name of one of the collector's own counters (``_total``) or levels."""
+    return "otel_llm_collector_" + key + ("" if gauge else "_total")
+
+
 def _esc(v: str) -> str:
     return str(v).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
@@ -73,7 +84,7 @@ def render(
     join = lambda *xs: ",".join(x for x in xs if x)
     for f in families:
         if isinstance(f, Histogram):
-            n = prom_name(f.name, f.unit)
+            n = family_name(f.name, f.unit, histogram=True)
             out.append(f"# HELP {n} {_help(f.description)}")
             out.append(f"# TYPE {n} histogram")
             for labels, s in sorted(f.series.items()):
@@ -85,7 +96,7 @@ def render(
                 out.append(f"{n}_sum{_labels(f.label_names, labels, inst)} {_num(s.sum)}")
                 out.append(f"{n}_count{_labels(f.label_names, labels, inst)} {s.count}")
         elif isinstance(f, Counter):
-            n = prom_name(f.name, "", counter=True)
+            n = family_name(f.name, f.unit, histogram=False)
             out.append(f"# HELP {n} {_help(f.description)}")
             out.append(f"# TYPE {n} counter")
             for labels, v in sorted(f.series.items()):
@@ -93,7 +104,7 @@ def render(
     own = [(k, v, False) for k, v in (self_counters or {}).items()]
     own += [(k, v, True) for k, v in (self_levels or {}).items()]
     for key, v, gauge in sorted(own):  # the collector's own health
-        n = "otel_llm_collector_" + key + ("" if gauge else "_total")
+        n = own_name(key, gauge)
         out.append(f"# HELP {n} the collector's own {key.replace('_', ' ')} ({'a level' if gauge else 'a count'})")
         out.append(f"# TYPE {n} {'gauge' if gauge else 'counter'}")
         out.append(f"{n}{_labels((), (), inst)} {_num(v)}")

@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import os
 
+from collector.exporters.prometheus import family_name, own_name
+from collector.pipeline.metrics_registry import FAMILIES
+from collector.pipeline.stalls import STALL_CLASSES
 from collector.pipeline.ttft_parts import PARTS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -19,6 +22,11 @@ OUT = os.path.join(HERE, "dashboards", "otel-llm.json")
 DS = {"type": "prometheus", "uid": "${datasource}"}
 M = 'model=~"$model"'
 R = "$__rate_interval"
+
+#: The exposed name of each derived family (metrics_registry.FAMILIES), by its registry attribute.
+N = {f.attr: family_name(f.name, f.unit, f.buckets is not None) for f in FAMILIES}
+#: The collector's own series; a level (gauge) where True.
+OWN = lambda key, gauge=False: own_name(key, gauge)
 
 _panels: list[dict] = []
 _y = 0
@@ -80,24 +88,24 @@ def build() -> dict:
     _y = 0
     panel(
         "Time to first token",
-        _quantiles("gen_ai_server_time_to_first_token_seconds"),
+        _quantiles(N["ttft"]),
         "s",
         description="TTFT quantiles at each boundary (client: what the caller saw; engine: arrival to first output)",
     )
-    panel("Time per output token", _quantiles("gen_ai_server_time_per_output_token_seconds"), "s")
+    panel("Time per output token", _quantiles(N["tpot"]), "s")
     panel(
         "Inter-token latency",
-        _quantiles("llm_inter_token_latency_seconds"),
+        _quantiles(N["itl"]),
         "s",
         description="every gap between token events of completed requests, pooled",
     )
-    panel("End-to-end latency", _quantiles("gen_ai_server_request_duration_seconds"), "s")
+    panel("End-to-end latency", _quantiles(N["duration"]), "s")
     panel(
         "Client TTFT in its parts (mean per request)",
         [
             (
-                f"sum by (part) (rate(llm_ttft_part_seconds_sum{{{M}}}[{R}])) / sum by (part) "
-                f"(rate(llm_ttft_part_seconds_count{{{M}}}[{R}]))",
+                f"sum by (part) (rate({N['ttft_part']}_sum{{{M}}}[{R}])) / sum by (part) "
+                f"(rate({N['ttft_part']}_count{{{M}}}[{R}]))",
                 "{{part}}",
             )
         ],
@@ -108,23 +116,24 @@ def build() -> dict:
     )
     panel(
         "Stall seconds by cause (per second)",
-        [(f"sum by (cause) (rate(llm_stall_seconds_total{{{M}}}[{R}]))", "{{cause}}")],
+        [(f"sum by (cause) (rate({N['stall_seconds']}{{{M}}}[{R}]))", "{{cause}}")],
         "s",
         stack=True,
         description="each paired request's largest client gap over the stall threshold, by the layer where it "
-        "first shows: engine:preemption, engine:other, api_server, network/client (delivery: no server span)",
+        f"first shows: {', '.join(STALL_CLASSES)} (delivery: api_server or network/client, without the server "
+        "span to tell them apart)",
     )
     panel(
         "Goodput per SLO",
-        [(f"sum by (slo, boundary) (rate(llm_slo_good_requests_total{{{M}}}[{R}]))", "{{slo}} {{boundary}}")],
+        [(f"sum by (slo, boundary) (rate({N['good']}{{{M}}}[{R}]))", "{{slo}} {{boundary}}")],
         "reqps",
     )
     panel(
         "SLO attainment",
         [
             (
-                f"sum by (slo, boundary) (rate(llm_slo_good_requests_total{{{M}}}[{R}])) / ignoring(slo) group_left "
-                f'sum by (boundary) (rate(llm_requests_total{{{M},status="ok"}}[{R}]))',
+                f"sum by (slo, boundary) (rate({N['good']}{{{M}}}[{R}])) / ignoring(slo) group_left "
+                f'sum by (boundary) (rate({N["requests"]}{{{M},status="ok"}}[{R}]))',
                 "{{slo}} {{boundary}}",
             )
         ],
@@ -132,23 +141,23 @@ def build() -> dict:
     )
     panel(
         "Requests by status",
-        [(f"sum by (status, boundary) (rate(llm_requests_total{{{M}}}[{R}]))", "{{status}} {{boundary}}")],
+        [(f"sum by (status, boundary) (rate({N['requests']}{{{M}}}[{R}]))", "{{status}} {{boundary}}")],
         "reqps",
         stack=True,
     )
     panel(
         "Output tokens per second",
-        [(f"sum by (boundary) (rate(llm_usage_output_tokens_total{{{M}}}[{R}]))", "{{boundary}}")],
+        [(f"sum by (boundary) (rate({N['output_tokens']}{{{M}}}[{R}]))", "{{boundary}}")],
         "short",
     )
     panel(
         "Collector: spans in, rejected, evicted, late",
         [
-            (f"sum(rate(otel_llm_collector_receiver_spans_total[{R}]))", "spans in"),
-            (f"sum(rate(otel_llm_collector_receiver_spans_rejected_total[{R}]))", "rejected"),
-            (f"sum(rate(otel_llm_collector_assembly_traces_evicted_total[{R}]))", "traces evicted"),
-            (f"sum(rate(otel_llm_collector_assembly_spans_late_total[{R}]))", "late spans dropped"),
-            (f"sum(rate(otel_llm_collector_receiver_payloads_refused_overload_total[{R}]))", "requests refused (503)"),
+            (f"sum(rate({OWN('receiver_spans')}[{R}]))", "spans in"),
+            (f"sum(rate({OWN('receiver_spans_rejected')}[{R}]))", "rejected"),
+            (f"sum(rate({OWN('assembly_traces_evicted')}[{R}]))", "traces evicted"),
+            (f"sum(rate({OWN('assembly_spans_late')}[{R}]))", "late spans dropped"),
+            (f"sum(rate({OWN('receiver_payloads_refused_overload')}[{R}]))", "requests refused (503)"),
         ],
         "short",
     )
@@ -156,14 +165,14 @@ def build() -> dict:
         "Collector: store lag and buffers",
         [
             (
-                "sum(otel_llm_collector_records_derived_total) - sum(otel_llm_collector_store_records_total)",
+                f"sum({OWN('records_derived')}) - sum({OWN('store_records')})",
                 "records derived, not yet stored",
             ),
             (
-                "sum(otel_llm_collector_assembly_traces_in_flight) / sum(otel_llm_collector_assembly_traces_limit)",
+                f"sum({OWN('assembly_traces_in_flight', True)}) / sum({OWN('assembly_traces_limit', True)})",
                 "traces in flight / --max-traces",
             ),
-            ("sum(otel_llm_collector_derivation_backlog_traces)", "derivation backlog"),
+            (f"sum({OWN('derivation_backlog_traces', True)})", "derivation backlog"),
         ],
         "short",
     )
@@ -226,8 +235,8 @@ def build() -> dict:
                     "label": "model",
                     "type": "query",
                     "datasource": DS,
-                    "query": {"query": "label_values(llm_requests_total, model)", "refId": "model"},
-                    "definition": "label_values(llm_requests_total, model)",
+                    "query": {"query": f"label_values({N['requests']}, model)", "refId": "model"},
+                    "definition": f"label_values({N['requests']}, model)",
                     "includeAll": True,
                     "allValue": ".*",
                     "multi": True,
