@@ -32,7 +32,6 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))  # span_records: the full-walk baseline
 
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
@@ -140,7 +139,7 @@ def _parse_rate(bodies: list[bytes], total: int, walk) -> float:
 def full_walk_rate(bodies: list[bytes], total: int) -> float:
     """Parse + every span with its attribute values through protobuf's Python API (what a
     straightforward OTLP reader pays to see the token arrays at all)."""
-    from span_records import spans_from_request
+    from otel_llm.otlp.span_records import spans_from_request
 
     return _parse_rate(bodies, total, lambda req: sum(1 for _ in spans_from_request(req)))
 

@@ -77,7 +77,7 @@ def tiny_model(tmp_path_factory):
 
 def run_vllm_scenario(tmp_path, scenario, model, timeout=400, env=None):
     """Run one scenario of tests/vllm_scenarios.py in its own process; returns (truth, spans)."""
-    from span_records import read_trace_file
+    from otel_llm.otlp.span_records import read_trace_file
 
     traces = tmp_path / f"{scenario}.jsonl"
     out = tmp_path / f"{scenario}.json"

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from span_records import SpanRecord
-
 from otel_llm import semconv as sc
+from otel_llm.otlp.span_records import SpanRecord
 
 PHASES = (sc.SPAN_FRONTEND, sc.SPAN_QUEUE, sc.SPAN_PREFILL, sc.SPAN_DECODE, sc.SPAN_PREEMPTION, sc.SPAN_STREAM)
 

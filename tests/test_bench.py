@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 from conftest import ROOT, run_cli
-from span_records import read_trace_file
 
 from otel_llm.bench.load import LengthDist, LoadSpec, arrival_offsets
+from otel_llm.otlp.span_records import read_trace_file
 
 
 def test_length_distributions():

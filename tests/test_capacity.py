@@ -9,7 +9,6 @@ import json
 import numpy as np
 import pytest
 from conftest import run_cli
-from span_records import read_trace_file
 
 from otel_llm.bench.capacity import (
     CapacitySearch,
@@ -21,6 +20,7 @@ from otel_llm.bench.capacity import (
     wilson,
     wilson_half_width,
 )
+from otel_llm.otlp.span_records import read_trace_file
 
 
 def test_sweep_forms():

@@ -10,13 +10,13 @@ import sys
 
 import pytest
 from conftest import ROOT
-from span_records import read_trace_file
 
 from collector.analysis.offline import read_trace_file as derive_trace_file
 from engine_hooks import TracingPipeline
 from otel_llm import environment
 from otel_llm import semconv as sc
 from otel_llm.otlp.export import FileSpanExporter
+from otel_llm.otlp.span_records import read_trace_file
 
 sys.path.insert(0, str(ROOT / "examples"))
 import toy_engine

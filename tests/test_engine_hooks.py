@@ -9,13 +9,13 @@ import time
 import pytest
 from conftest import ROOT
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from span_records import read_trace_file
 from spantree import check_nesting_and_order, request_trees
 
 from engine_hooks import EngineHooks, TracingPipeline
 from engine_hooks.gpu_timer import CudaEventTimer
 from otel_llm import semconv as sc
 from otel_llm.otlp.export import FileSpanExporter
+from otel_llm.otlp.span_records import read_trace_file
 
 sys.path.insert(0, str(ROOT / "examples"))
 import toy_engine

@@ -8,9 +8,9 @@ import multiprocessing
 import os
 
 import pytest
-from span_records import read_trace_file
 
 from otel_llm import semconv as sc
+from otel_llm.otlp.span_records import read_trace_file
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
 

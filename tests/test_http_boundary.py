@@ -11,9 +11,9 @@ import urllib.parse
 
 import pytest
 from conftest import start_vllm_server
-from span_records import read_trace_file
 
 from otel_llm import semconv as sc
+from otel_llm.otlp.span_records import read_trace_file
 
 pytestmark = pytest.mark.slow
 

@@ -206,7 +206,7 @@ def vllm_server(tiny_model, tmp_path_factory):
 
 def engine_span_of(traces: str, trace_id: int, timeout: float = 10.0) -> dict:
     """The engine's llm.request span in the given trace, from the server's trace file."""
-    from span_records import read_trace_file
+    from otel_llm.otlp.span_records import read_trace_file
 
     want = format(trace_id, "032x")
     t0 = time.monotonic()
@@ -410,9 +410,8 @@ def test_real_vllm_a_refused_request_keeps_its_spans(vllm_server, tiny_model, tp
     """A prompt longer than the model's context: vLLM refuses it with 400 before its engine sees it.
     The caller gets vLLM's error unchanged; the client span says error, and the HTTP server span in
     the same trace says 400 (vLLM's own tracing has no span for it at all)."""
-    from span_records import read_trace_file
-
     from engine_hooks.tiny_model import prompt
+    from otel_llm.otlp.span_records import read_trace_file
 
     base_url, traces, _ = vllm_server
     c = instrument_openai(openai.OpenAI(base_url=base_url, api_key="x", max_retries=0), tracer_provider=tp)

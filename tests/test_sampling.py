@@ -11,7 +11,6 @@ import sys
 import numpy as np
 import pytest
 from conftest import ROOT
-from span_records import read_trace_file
 
 from collector.analysis.offline import read_trace_file as derive_trace_file
 from engine_hooks import TracingPipeline
@@ -19,6 +18,7 @@ from otel_llm import semconv as sc
 from otel_llm.metrics.summary import summarize
 from otel_llm.metrics.timeline import Timeline, TimelineBatch
 from otel_llm.otlp.export import FileSpanExporter
+from otel_llm.otlp.span_records import read_trace_file
 
 sys.path.insert(0, str(ROOT / "examples"))
 import toy_engine

@@ -236,7 +236,7 @@ def test_held_aborted_requests_are_bounded_and_flushed(tmp_path):
     p.process()
     assert not path.exists() or not path.read_text()  # held for the grace
     p.flush()
-    from span_records import read_trace_file
+    from otel_llm.otlp.span_records import read_trace_file
 
     (span,) = read_trace_file(path)
     assert span.attributes[sc.TOKENS_AFTER_ABORT] == 4 and span.attributes[sc.STATUS] == "cancelled"
