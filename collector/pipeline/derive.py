@@ -32,7 +32,7 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 
 import numpy as np
@@ -527,18 +527,13 @@ class TokenEvents:
     offsets: np.ndarray  # ns after submit
     tokens: np.ndarray
     rejected: np.ndarray  # per record: events dropped as invalid
+    has: np.ndarray = field(init=False)  # per record: at least one event
+    first_ns: np.ndarray = field(init=False)  # Unix ns of each record's first token event, NO_NS without one
 
-    @property
-    def has(self) -> np.ndarray:
-        return np.diff(self.start) > 0
-
-    @property
-    def first_ns(self) -> np.ndarray:
-        """Unix ns of each record's first token event, ``NO_NS`` without one."""
-        has = self.has
-        first = np.full(len(self.submit), NO_NS, np.int64)
-        first[has] = self.submit[has] + self.offsets[self.start[:-1][has]]
-        return first
+    def __post_init__(self) -> None:
+        self.has = has = np.diff(self.start) > 0
+        self.first_ns = np.full(len(self.submit), NO_NS, np.int64)
+        self.first_ns[has] = self.submit[has] + self.offsets[self.start[:-1][has]]
 
 
 def boundary_metrics(
@@ -556,7 +551,7 @@ def boundary_metrics(
     usage = np.fromiter(
         (v if type(v) is int and 0 < v < MAX_EVENT_TOKENS else 0 for v in fields[sp.OUTPUT_TOKENS]), np.int64, n
     )
-    untimed = np.where(np.diff(events.start) == 0, usage, 0)
+    untimed = np.where(events.has, 0, usage)
     return request_metrics(
         timeline_batch(
             request_id, events.submit, events.end, status, events.start, events.offsets, events.tokens,

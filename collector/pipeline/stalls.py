@@ -83,7 +83,6 @@ CAUSES: tuple[Cause, ...] = (
     ),
     Cause("engine:other", "the core, none of the above (or the steps are not known: the collector's counters)", ""),
 )
-BY_NAME: dict[str, Cause] = {c.name: c for c in CAUSES}
 #: Every cause, and those the collector counts (without the engine's steps).
 ALL_CLASSES: tuple[str, ...] = tuple(c.name for c in CAUSES)
 STALL_CLASSES: tuple[str, ...] = tuple(c.name for c in CAUSES if not c.from_steps)

@@ -25,8 +25,6 @@ R = "$__rate_interval"
 
 #: The exposed name of each derived family (metrics_registry.FAMILIES), by its registry attribute.
 N = {f.attr: family_name(f.name, f.unit, f.buckets is not None) for f in FAMILIES}
-#: The collector's own series; a level (gauge) where True.
-OWN = lambda key, gauge=False: own_name(key, gauge)
 
 _panels: list[dict] = []
 _y = 0
@@ -153,11 +151,11 @@ def build() -> dict:
     panel(
         "Collector: spans in, rejected, evicted, late",
         [
-            (f"sum(rate({OWN('receiver_spans')}[{R}]))", "spans in"),
-            (f"sum(rate({OWN('receiver_spans_rejected')}[{R}]))", "rejected"),
-            (f"sum(rate({OWN('assembly_traces_evicted')}[{R}]))", "traces evicted"),
-            (f"sum(rate({OWN('assembly_spans_late')}[{R}]))", "late spans dropped"),
-            (f"sum(rate({OWN('receiver_payloads_refused_overload')}[{R}]))", "requests refused (503)"),
+            (f"sum(rate({own_name('receiver_spans')}[{R}]))", "spans in"),
+            (f"sum(rate({own_name('receiver_spans_rejected')}[{R}]))", "rejected"),
+            (f"sum(rate({own_name('assembly_traces_evicted')}[{R}]))", "traces evicted"),
+            (f"sum(rate({own_name('assembly_spans_late')}[{R}]))", "late spans dropped"),
+            (f"sum(rate({own_name('receiver_payloads_refused_overload')}[{R}]))", "requests refused (503)"),
         ],
         "short",
     )
@@ -165,14 +163,14 @@ def build() -> dict:
         "Collector: store lag and buffers",
         [
             (
-                f"sum({OWN('records_derived')}) - sum({OWN('store_records')})",
+                f"sum({own_name('records_derived')}) - sum({own_name('store_records')})",
                 "records derived, not yet stored",
             ),
             (
-                f"sum({OWN('assembly_traces_in_flight', True)}) / sum({OWN('assembly_traces_limit', True)})",
+                f"sum({own_name('assembly_traces_in_flight', True)}) / sum({own_name('assembly_traces_limit', True)})",
                 "traces in flight / --max-traces",
             ),
-            (f"sum({OWN('derivation_backlog_traces', True)})", "derivation backlog"),
+            (f"sum({own_name('derivation_backlog_traces', True)})", "derivation backlog"),
         ],
         "short",
     )
