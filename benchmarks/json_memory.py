@@ -21,21 +21,31 @@ import time
 import urllib.error
 import urllib.request
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, "..")
+sys.path[:0] = [ROOT, HERE]
 
-from otlp_helpers import Req, free_port, sample_request  # noqa: E402
+from collector_throughput import payloads  # noqa: E402
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest  # noqa: E402
 
+from engine_hooks.tiny_model import free_port  # noqa: E402
 from otel_llm.otlp.otlp_json import to_json  # noqa: E402
+
+
+def _json_body(n: int) -> bytes:
+    """One OTLP/JSON export request of ``n`` requests (6 spans each: both boundaries and the phases)."""
+    (body,), _ = payloads(n, spans_per_payload=6 * n)
+    req = ExportTraceServiceRequest()
+    req.ParseFromString(body)
+    return to_json(req).encode()
 
 
 def body_of(mib: float) -> bytes:
     """An OTLP/JSON export request of about ``mib`` MiB (many requests at both boundaries)."""
     n = 100
     for _ in range(2):  # sized from a sample, then corrected once
-        size = len(to_json(sample_request([Req(f"r{i}") for i in range(n)])).encode())
-        n = max(1, int(n * mib * 2**20 / size))
-    return to_json(sample_request([Req(f"r{i}") for i in range(n)])).encode()
+        n = max(1, int(n * mib * 2**20 / len(_json_body(n))))
+    return _json_body(n)
 
 
 def vm_hwm(pid: int) -> int:
