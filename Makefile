@@ -88,7 +88,7 @@ test-quick: venv lint
 # with senders connected), each compared acknowledged-against-stored; CI runs two of them
 SOAK_SCHEDULES ?= 20
 soak: venv
-	OTEL_LLM_SOAK_SCHEDULES=$(SOAK_SCHEDULES) $(PY) -m pytest -q -s tests/test_collector_durability.py -k soak
+	OTEL_LLM_SOAK_SCHEDULES=$(SOAK_SCHEDULES) $(PY) -m pytest -q -s tests/integration/test_collector_durability.py -k soak
 
 bench: venv
 	$(PY) benchmarks/derive_throughput.py

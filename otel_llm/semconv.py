@@ -151,7 +151,7 @@ BENCH_RUN_ID = "llm.bench.run_id"  # resource and span attribute: which bench ru
 # The values of llm.request.status are otel_llm.metrics.timeline.STATUSES: ok | error | cancelled | rejected.
 
 #: Every GenAI semantic-convention name otel-llm emits on its spans, checked against the conventions
-#: (tests/test_genai_names.py): each must be a current name, none one the conventions replaced.
+#: (tests/unit/test_genai_names.py): each must be a current name, none one the conventions replaced.
 GENAI_EMITTED = (
     INPUT_TOKENS,
     OUTPUT_TOKENS,

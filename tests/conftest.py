@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # the tests read the engines' step spans (batch sizes, stalls' engine detail): trace every detail
-# level unless told otherwise; tests/test_detail_levels.py checks each level and the default
+# level unless told otherwise; tests/unit/test_detail_levels.py checks each level and the default
 os.environ.setdefault("OTEL_LLM_DETAIL", "steps")
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # tests side by side (make test's first part): vLLM's CPU worker binds its OpenMP threads to
@@ -58,8 +58,8 @@ def jsonl(tmp_path):
 
 @pytest.fixture
 def server():
-    """A fake OpenAI-compatible server on loopback that speaks the wire format (tests/fake_openai.py)."""
-    from fake_openai import FakeOpenAI
+    """A fake OpenAI-compatible server on loopback that speaks the wire format (tests/support/fake_openai.py)."""
+    from support.fake_openai import FakeOpenAI
 
     s = FakeOpenAI()
     yield s
@@ -76,14 +76,14 @@ def tiny_model(tmp_path_factory):
 
 
 def run_vllm_scenario(tmp_path, scenario, model, timeout=400, env=None):
-    """Run one scenario of tests/vllm_scenarios.py in its own process; returns (truth, spans)."""
+    """Run one scenario of tests/support/vllm_scenarios.py in its own process; returns (truth, spans)."""
     from otel_llm.otlp.span_records import read_trace_file
 
     traces = tmp_path / f"{scenario}.jsonl"
     out = tmp_path / f"{scenario}.json"
     full_env = {**os.environ, "OTEL_LLM_TRACES_FILE": str(traces), **(env or {})}
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "vllm_scenarios.py"), scenario, model, str(out)],
+        [sys.executable, str(ROOT / "tests" / "support" / "vllm_scenarios.py"), scenario, model, str(out)],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -171,7 +171,7 @@ def prometheus_jobs(tmp_path):
     import time
     import urllib.request
 
-    from otlp_helpers import free_port
+    from support.otlp_helpers import free_port
 
     prometheus = shutil.which("prometheus") or "/usr/bin/prometheus"
     if not os.path.exists(prometheus):

@@ -1,7 +1,7 @@
 """Writes deploy/grafana/dashboards/otel-llm.json, the Grafana dashboard of the collector's metrics.
 
 Target: Grafana 11 (dashboard JSON model, schemaVersion 39). Every panel is PromQL over the
-collector's /metrics; ``tests/test_grafana.py`` evaluates each expression against a real Prometheus
+collector's /metrics; ``tests/integration/test_grafana.py`` evaluates each expression against a real Prometheus
 that scraped a collector under a known load, and checks the JSON against the model's schema.
 
 Run: ``.venv/bin/python deploy/grafana/make_dashboard.py`` (the test fails if the JSON differs).

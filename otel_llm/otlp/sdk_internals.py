@@ -15,8 +15,8 @@ configuration, retries and compression stay the SDK's) takes these, which the SD
   serializes what it returns with ``SerializePartialToString``).
 
 ``pyproject.toml`` bounds the OpenTelemetry packages above, just past the newest release these
-were checked on (1.45), and ``tests/test_sdk_internals.py`` checks each assumption by name, so an SDK that changes under
-them fails there, loudly, rather than exporting slowly or wrongly.
+were checked on (1.45), and ``tests/unit/test_sdk_internals.py`` checks each assumption by name,
+so an SDK that changes under them fails there, loudly, rather than exporting slowly or wrongly.
 """
 
 from __future__ import annotations

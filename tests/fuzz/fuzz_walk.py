@@ -4,7 +4,7 @@ Run by ``tests/fuzz/run.sh`` (which builds the walk with AddressSanitizer, UBSan
 coverage, and preloads atheris' sanitizer runtime), or by ``make fuzz``. Every input is decoded by
 both: where protobuf refuses it the walk must defer (None); where protobuf takes it the walk must
 give the same spans or defer. Inputs are mutated half the time by libFuzzer's byte mutator and half
-by the OTLP-aware rewrites of ``tests/wire_mutator.py`` (unknown fields, padded varints, split
+by the OTLP-aware rewrites of ``tests/support/wire_mutator.py`` (unknown fields, padded varints, split
 messages, bad UTF-8, deep nesting...), so both malformed and well-formed-but-unusual payloads reach
 the walk. A sanitizer report, a Python exception or a disagreement stops the run (exit non-zero)
 and leaves the input as crash-* in the working directory.
@@ -25,7 +25,7 @@ import atheris
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE))]
 
-import wire_mutator  # noqa: E402
+from support import wire_mutator  # noqa: E402
 
 from collector.receivers import decode  # noqa: E402
 from collector.receivers.decode import DecodeError, parse_request, walk_message  # noqa: E402
