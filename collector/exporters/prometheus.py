@@ -2,7 +2,8 @@
 
 OpenTelemetry names become Prometheus names as the OpenTelemetry Prometheus exporter does:
 dots to underscores, the unit as a suffix (``_seconds``), ``_total`` on counters. The
-collector's own counters are exposed too, as ``otel_llm_collector_*``.
+collector's own counters and levels are exposed too, as ``otel_llm_collector_*`` (declared in
+:mod:`collector.health`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ..config import listen
+from ..health import help_of, series_name
 from ..pipeline.metrics_registry import Counter, Histogram
 from ..receivers.intake import token_matches
 from ..tls import HandshakeInThread, is_handshake_failure, wrap_listener
@@ -41,11 +43,6 @@ def family_name(name: str, unit: str, histogram: bool) -> str:
     """The exposed name of a derived family: a histogram's with its unit's suffix, a counter's with
     ``_total`` (its unit is in its OpenTelemetry name where it has one)."""
     return prom_name(name, unit) if histogram else prom_name(name, "", counter=True)
-
-
-def own_name(key: str, gauge: bool = False) -> str:
-    """The exposed name of one of the collector's own counters (``_total``) or levels."""
-    return "otel_llm_collector_" + key + ("" if gauge else "_total")
 
 
 def _esc(v: str) -> str:
@@ -104,8 +101,8 @@ def render(
     own = [(k, v, False) for k, v in (self_counters or {}).items()]
     own += [(k, v, True) for k, v in (self_levels or {}).items()]
     for key, v, gauge in sorted(own):  # the collector's own health
-        n = own_name(key, gauge)
-        out.append(f"# HELP {n} the collector's own {key.replace('_', ' ')} ({'a level' if gauge else 'a count'})")
+        n = series_name(key, gauge)
+        out.append(f"# HELP {n} {_help(help_of(key, gauge))}")
         out.append(f"# TYPE {n} {'gauge' if gauge else 'counter'}")
         out.append(f"{n}{_labels((), (), inst)} {_num(v)}")
     return "\n".join(out) + "\n"

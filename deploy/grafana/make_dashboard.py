@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 
-from collector.exporters.prometheus import family_name, own_name
+from collector.exporters.prometheus import family_name
+from collector.health import exposed_name
 from collector.pipeline.metrics_registry import FAMILIES
 from collector.pipeline.stalls import STALL_CLASSES
 from collector.pipeline.ttft_parts import PARTS
@@ -151,11 +152,11 @@ def build() -> dict:
     panel(
         "Collector: spans in, rejected, evicted, late",
         [
-            (f"sum(rate({own_name('receiver_spans')}[{R}]))", "spans in"),
-            (f"sum(rate({own_name('receiver_spans_rejected')}[{R}]))", "rejected"),
-            (f"sum(rate({own_name('assembly_traces_evicted')}[{R}]))", "traces evicted"),
-            (f"sum(rate({own_name('assembly_spans_late')}[{R}]))", "late spans dropped"),
-            (f"sum(rate({own_name('receiver_payloads_refused_overload')}[{R}]))", "requests refused (503)"),
+            (f"sum(rate({exposed_name('receiver_spans')}[{R}]))", "spans in"),
+            (f"sum(rate({exposed_name('receiver_spans_rejected')}[{R}]))", "rejected"),
+            (f"sum(rate({exposed_name('assembly_traces_evicted')}[{R}]))", "traces evicted"),
+            (f"sum(rate({exposed_name('assembly_spans_late')}[{R}]))", "late spans dropped"),
+            (f"sum(rate({exposed_name('receiver_payloads_refused_overload')}[{R}]))", "requests refused (503)"),
         ],
         "short",
     )
@@ -163,14 +164,14 @@ def build() -> dict:
         "Collector: store lag and buffers",
         [
             (
-                f"sum({own_name('records_derived')}) - sum({own_name('store_records')})",
+                f"sum({exposed_name('records_derived')}) - sum({exposed_name('store_records')})",
                 "records derived, not yet stored",
             ),
             (
-                f"sum({own_name('assembly_traces_in_flight', True)}) / sum({own_name('assembly_traces_limit', True)})",
+                f"sum({exposed_name('assembly_traces_in_flight')}) / sum({exposed_name('assembly_traces_limit')})",
                 "traces in flight / --max-traces",
             ),
-            (f"sum({own_name('derivation_backlog_traces', True)})", "derivation backlog"),
+            (f"sum({exposed_name('derivation_backlog_traces')})", "derivation backlog"),
         ],
         "short",
     )

@@ -343,3 +343,27 @@ def test_the_forward_queue_is_bounded_in_bytes():
     wait_for(lambda: f.failed == 10, what="the queued sends to fail")
     assert f.queued_bytes == 0
     f.stop()
+
+
+def test_every_series_the_collector_gives_of_itself_is_declared_once(make_collector, tmp_path):
+    """With every component on (store, spool, both forwarders, the forwarding policy), the
+    collector's own counts and levels are exactly collector.health's COUNTS and LEVELS, each
+    exposed with its declared help."""
+    from collector.exporters.prometheus import render
+    from collector.exporters.trace_policy import TracePolicy
+    from collector.health import BY_KEY, COUNTS, LEVELS, exposed_name
+
+    target = make_collector()
+    grpc = f"grpc://127.0.0.1:{target.receivers[0].port}"
+    c = make_collector(
+        spool=str(tmp_path / "spool"),
+        forward_traces=grpc,
+        forward_traces_policy=TracePolicy.parse("error"),
+        forward_records=grpc,
+    )
+    counts, levels = c.self_counters(), c.self_levels()
+    assert set(counts) == {s.key for s in COUNTS}
+    assert set(levels) == {s.key for s in LEVELS}
+    text = render([], counts, None, levels)
+    for key in (*counts, *levels):
+        assert f"# HELP {exposed_name(key)} the collector's {BY_KEY[key].help}\n" in text, key

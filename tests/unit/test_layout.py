@@ -140,6 +140,7 @@ STAGES = {
 LEAVES = {
     "collector.config",
     "collector.tls",
+    "collector.health",
     "otel_llm.semconv",
     "otel_llm.environment",
     "otel_llm.clock",
