@@ -100,9 +100,16 @@ COST_ARGS ?= --variants all
 cost: venv valgrind
 	$(PY) benchmarks/cost_count.py $(COST_ARGS)
 
-# transformers continuous batching plain vs instrumented, CUDA step times (CPU path without CUDA)
-gpu-check: venv
-	$(PY) benchmarks/gpu_check.py
+# transformers continuous batching plain vs instrumented, CUDA step times (CPU path without CUDA).
+# On a GPU machine without network and without this venv (the lent H200): `make gpu-wheels` here,
+# carry .whl/ there, and this target runs there with that machine's python3, torch and transformers.
+GPU_SITE ?= /tmp/otel-llm-gpu-site
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@if [ ! -x $(PY) ] && [ -d .whl ]; then \
+	  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $(GPU_SITE) .whl/*.whl && \
+	  PYTHONUNBUFFERED=1 PYTHONPATH=$(GPU_SITE):$(CURDIR) python3 benchmarks/gpu_check.py $(GPU_CHECK_ARGS); \
+	else $(MAKE) venv && $(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS); fi
 
 # the wheels gpu_check.py needs on a GPU machine without network (into .whl/; see benchmarks/gpu_wheels.py)
 gpu-wheels: venv

@@ -55,11 +55,14 @@ def configs(tokens: int, n: int, prompt_len: int, page: int = 16):
 
     gen = GenerationConfig(max_new_tokens=tokens, do_sample=False, eos_token_id=-1)
     blocks = n * (-(-(prompt_len + tokens) // page) + 1) + 8
+    # the page's name: page_size from transformers 5.19, block_size before (5.17: the lent GPU's)
+    fields = getattr(ContinuousBatchingConfig, "__dataclass_fields__", {})
+    page_field = "block_size" if "block_size" in fields and "page_size" not in fields else "page_size"
     cb = ContinuousBatchingConfig(
         num_blocks=blocks,
         max_batch_tokens=max(256, min(8192, n * prompt_len)),
-        page_size=page,
         max_requests_per_batch=n,
+        **{page_field: page},
     )
     return gen, cb
 
@@ -70,13 +73,17 @@ def prompts(n: int, length: int, vocab: int) -> list[list[int]]:
 
 @dataclass
 class Rounds:
-    """Output tokens/s of each round, plain and instrumented, and the traced rounds' steps."""
+    """Output tokens/s of each round, plain and instrumented; the traced rounds' steps (when their
+    detail level sends step spans) and requests (what the spans say, to check against the batch)."""
 
     plain: list[float] = field(default_factory=list)
     traced: list[float] = field(default_factory=list)
     step_wall_ms: list[float] = field(default_factory=list)
     step_gpu_ms: list[float] = field(default_factory=list)
     steps: int = 0
+    requests: int = 0  # llm.request spans of the timed traced runs
+    request_tokens: int = 0  # the output tokens they say
+    expected_tokens: int = 0  # what the timed traced runs generated
 
     @property
     def ratios(self) -> list[float]:
@@ -100,12 +107,13 @@ class Served:
 
             instrument_manager(self.manager, hooks)
         self.manager.start()
+        self.tokens = 0  # output tokens of the last run
 
-    def run(self, batch: list[list[int]]) -> float:
-        """Output tokens/s of one batch."""
+    def run(self, batch: list[list[int]], max_new_tokens: int | None = None) -> float:
+        """Output tokens/s of one batch (``max_new_tokens``: fewer than the manager's, a warm-up)."""
         m = self.manager
         t0 = time.perf_counter()
-        ids = set(m.add_requests(batch))
+        ids = set(m.add_requests(batch, max_new_tokens=max_new_tokens) if max_new_tokens else m.add_requests(batch))
         tokens = 0
         while ids:
             out = m.get_result(timeout=60)
@@ -114,6 +122,7 @@ class Served:
             if out.request_id in ids and out.is_finished():
                 ids.discard(out.request_id)
                 tokens += len(out.generated_tokens)
+        self.tokens = tokens
         return tokens / (time.perf_counter() - t0)
 
     def stop(self) -> None:
@@ -121,11 +130,14 @@ class Served:
         self.manager.destroy()
 
 
+WARMUP_TOKENS = 4  # each manager's warm-up: 4 requests of this many tokens before its timed run
+
+
 def alternate(model, tracing, batch, gen, cb, rounds: int, sync=None) -> Rounds:
     """``rounds`` rounds, plain and instrumented alternating who goes first. Each run gets a
-    manager of its own (started, warmed up on 4 requests, then timed): two managers alive side by
-    side ran at different speeds here whatever they traced (the one started first 20-30% faster,
-    for identical untraced models), so none outlives its run."""
+    manager of its own (started, warmed up on 4 short requests, then timed): two managers alive
+    side by side ran at different speeds here whatever they traced (the one started first 20-30%
+    faster, for identical untraced models), so none outlives its run."""
     from otel_llm import semconv as sc
 
     hooks, mem = tracing
@@ -136,17 +148,19 @@ def alternate(model, tracing, batch, gen, cb, rounds: int, sync=None) -> Rounds:
         for name, h in sides if i % 2 == 0 else sides[::-1]:
             served = Served(model, gen, cb, h)
             try:
-                served.run(batch[: min(len(batch), 4)])
+                served.run(batch[: min(len(batch), 4)], WARMUP_TOKENS)
                 if h is not None:
-                    pipeline.process()
+                    pipeline.flush()
                     mem.clear()
                 if sync:
                     sync()
                 getattr(r, name).append(served.run(batch))
+                if h is not None:
+                    r.expected_tokens += served.tokens
             finally:
                 served.stop()
         for _ in range(40):  # GPU times are read back once their events completed
-            pipeline.process()
+            pipeline.flush()
             if not pipeline.tracker.pending_gpu:
                 break
             time.sleep(0.05)
@@ -157,19 +171,23 @@ def alternate(model, tracing, batch, gen, cb, rounds: int, sync=None) -> Rounds:
                 g = s.attributes.get(sc.STEP_GPU_TIME_NS)
                 if g is not None:
                     r.step_gpu_ms.append(g / 1e6)
+            elif s.name == sc.SPAN_REQUEST:
+                r.requests += 1
+                r.request_tokens += int(s.attributes.get(sc.OUTPUT_TOKENS, 0))
         mem.clear()
     return r
 
 
-def tracing(device: str):
-    """The traced side's hooks (a pipeline of its own whose spans stay in memory; the GPU timer on
-    CUDA) and its exporter."""
+def tracing(device: str, detail: str | None = None):
+    """The traced side's hooks (a pipeline of its own at ``detail``, default ``OTEL_LLM_DETAIL``,
+    whose spans stay in memory; the GPU timer on CUDA, which runs where step spans are sent) and
+    its exporter."""
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from engine_hooks import CudaEventTimer, EngineHooks, TracingPipeline
 
     mem = InMemorySpanExporter()
-    pipeline = TracingPipeline(mem, service_name="transformers")
+    pipeline = TracingPipeline(mem, service_name="transformers", detail=detail)
     timer = CudaEventTimer.if_available() if device == "cuda" else None
     return EngineHooks(pipeline, engine="transformers", gpu_timer=timer), mem
 

@@ -1,20 +1,27 @@
 """GPU check: transformers continuous batching, plain vs instrumented, and CUDA step times.
 
 On a machine with one NVIDIA GPU (no network needed): a 1B-class Llama shape with random weights
-in bf16, at 1, 16, 64 and 256 concurrent requests, plain and instrumented (engine_hooks.instrument,
-GPU timer on) in alternating rounds. Prints per concurrency:
+in bf16, at 1, 16, 64 and 256 concurrent requests. Per concurrency, plain and instrumented at the
+default detail level (``phases``, what the budget is about) in alternating rounds, then one more
+pair with the instrumented side at ``steps`` (step spans, the CUDA-event GPU timer on). Prints per
+concurrency:
 
-* instrumented / plain output-token throughput (budget: at least 0.99);
+* instrumented / plain output-token throughput at the default level (budget, docs/architecture.md:
+  at least 0.995), and at ``steps``;
 * the CUDA-event GPU time per step next to the wall time per step (GPU time never above wall
   time, and close to it when the step is GPU-bound);
-* the hook cost per step on the engine's thread (microseconds).
+* the hook cost per step on the engine's thread (microseconds);
+* the traced requests: every request of the timed traced runs has its ``llm.request`` span, with
+  the output tokens the engine gave it.
 
 Without CUDA (``--device cpu``, or auto on a machine without one) it runs the same code on the
 project's tiny model in fp32 at small concurrency: what CI checks, so the script keeps working.
 
-Run: ``python benchmarks/gpu_check.py`` (``make gpu-check``). Options: ``--device auto|cpu|cuda``,
-``--concurrency 1,16,64,256``, ``--rounds 3``, ``--tokens 64``, ``--prompt 128``, ``--json FILE``.
-Fits in five minutes on an H200 with the defaults.
+Run: ``python benchmarks/gpu_check.py`` (``make gpu-check``; on a GPU machine without network,
+``make gpu-wheels`` here first and carry ``.whl/``: the target then runs with that machine's
+python3, torch and transformers). Options: ``--device auto|cpu|cuda``, ``--concurrency
+1,16,64,256``, ``--rounds 3``, ``--tokens 64``, ``--prompt 128``, ``--json FILE``. About four
+minutes on an H200 with the defaults.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+BUDGET = 0.995  # docs/architecture.md, "The hot path": at least 99.5% of plain throughput on a GPU
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -44,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import cb_runs
     import torch
+
+    from otel_llm import environment
 
     device = a.device
     if device == "auto":
@@ -64,26 +76,38 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name(0) if gpu else "CPU"
     print(f"device: {name}; model: {what}; {tokens} output tokens, {plen}-token prompts, {a.rounds} rounds", flush=True)
     model = build()
-    traced = cb_runs.tracing(device)
+    traced = cb_runs.tracing(device, environment.DEFAULT_DETAIL)
     sync = torch.cuda.synchronize if gpu else None
     vocab = model.config.vocab_size
+    steps_traced = cb_runs.tracing(device, "steps")
     results = []
     for n in conc:
         batch = cb_runs.prompts(n, plen, vocab)
         gen, cb = cb_runs.configs(tokens, n, plen)
         r = cb_runs.alternate(model, traced, batch, gen, cb, a.rounds, sync)
-        hook = cb_runs.hook_cost_us(n)
-        wall = statistics.median(r.step_wall_ms) if r.step_wall_ms else float("nan")
-        g = statistics.median(r.step_gpu_ms) if r.step_gpu_ms else None
-        over = sum(1 for gg, w in zip(r.step_gpu_ms, r.step_wall_ms) if gg > w * 1.001)
+        st = cb_runs.alternate(model, steps_traced, batch, gen, cb, 1, sync)
+        try:  # on the real request classes: a transformers version that builds them otherwise says so
+            hook = cb_runs.hook_cost_us(n)
+        except Exception as exc:
+            print(f"hook cost: not measured ({type(exc).__name__}: {exc})", flush=True)
+            hook = float("nan")
+        wall = statistics.median(st.step_wall_ms) if st.step_wall_ms else float("nan")
+        g = statistics.median(st.step_gpu_ms) if st.step_gpu_ms else None
+        over = sum(1 for gg, w in zip(st.step_gpu_ms, st.step_wall_ms) if gg > w * 1.001)
         row = {
             "concurrency": n,
+            "detail": traced[0].pipeline.detail,
             "plain_tok_s": statistics.median(r.plain),
             "instrumented_tok_s": statistics.median(r.traced),
             "ratio_median": statistics.median(r.ratios),
             "ratio_rounds": r.ratios,
             "ratio_all_rounds": r.ratio_all,
-            "steps": r.steps,
+            "steps_ratio": st.ratios[0],
+            "requests_traced": r.requests + st.requests,
+            "requests_run": (a.rounds + 1) * n,
+            "tokens_traced": r.request_tokens + st.request_tokens,
+            "tokens_run": r.expected_tokens + st.expected_tokens,
+            "steps": st.steps,
             "step_wall_ms_median": wall,
             "step_gpu_ms_median": g,
             "steps_gpu_above_wall": over if g is not None else None,
@@ -92,12 +116,18 @@ def main(argv: list[str] | None = None) -> int:
         results.append(row)
         gtxt = f"GPU {g:.2f} ms/step (steps with GPU > wall: {over})" if g is not None else "GPU time: n/a (no CUDA)"
         print(
-            f"concurrency {n:>4}: plain {row['plain_tok_s']:,.0f} tok/s, instrumented {row['instrumented_tok_s']:,.0f} "
-            f"tok/s, ratio {row['ratio_median']:.3f} (rounds {', '.join(f'{x:.3f}' for x in r.ratios)}; "
-            f"all rounds {r.ratio_all:.3f}); wall {wall:.2f} ms/step, {gtxt}; hook {hook:.1f} us/step",
+            f"concurrency {n:>4}: plain {row['plain_tok_s']:,.0f} tok/s, instrumented ({row['detail']}) "
+            f"{row['instrumented_tok_s']:,.0f} tok/s, ratio {row['ratio_median']:.3f} (rounds "
+            f"{', '.join(f'{x:.3f}' for x in r.ratios)}; all rounds {r.ratio_all:.3f}); at steps "
+            f"{row['steps_ratio']:.3f}; wall {wall:.2f} ms/step, {gtxt}; hook {hook:.1f} us/step; traced "
+            f"{row['requests_traced']}/{row['requests_run']} requests, {row['tokens_traced']:,}/{row['tokens_run']:,} "
+            "tokens",
             flush=True,
         )
-    print(f"budget: instrumented/plain >= 0.99 at every concurrency; took {time.perf_counter() - t_start:.0f} s")
+    print(
+        f"budget: instrumented/plain >= {BUDGET} at every concurrency at the default level; "
+        f"took {time.perf_counter() - t_start:.0f} s"
+    )
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(

@@ -65,6 +65,9 @@ from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, QUEUED, RAW, SCHEDU
 Extractor = Callable[..., Any]
 
 
+_UNSET = object()
+
+
 def _const(v):
     return lambda *a, **k: v
 
@@ -104,12 +107,23 @@ class EngineHooks:
         """Send this object's events to ``pipeline`` from now on."""
         self._pipeline = pipeline
         self.__dict__.pop("_rec", None)
+        self.__dict__.pop("_timer_in_use", None)
         return self
 
     def _rec(self, event: tuple) -> None:
         # first call binds the recorder's append directly (an instance attribute shadows this method)
         self._rec = self.pipeline.recorder.record
         self._rec(event)
+
+    def _step_timer(self):
+        """The GPU timer where its times are sent (step spans, detail ``steps``), else None: at the
+        other levels nothing would read its events back, so none are recorded. Decided on first
+        use, as the pipeline is."""
+        timer = self.__dict__.get("_timer_in_use", _UNSET)
+        if timer is _UNSET:
+            on = self.gpu_timer is not None and self.pipeline.detail == "steps"
+            timer = self._timer_in_use = self.gpu_timer if on else None
+        return timer
 
     def _hook_failed(self, exc: Exception) -> None:
         if self.strict:
@@ -283,7 +297,8 @@ class EngineHooks:
                 return monotonic_ns()
 
             def after(res, a, k, t0):
-                handle = self.gpu_timer.start() if self.gpu_timer is not None else None
+                timer = self._step_timer()
+                handle = timer.start() if timer is not None else None
                 self._iter_start[key(res, *a, **k) if key else None] = (t0 or monotonic_ns(), handle)
                 if scheduled is not None:
                     t = monotonic_ns()

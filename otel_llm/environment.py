@@ -63,6 +63,7 @@ DETAIL_SENDS = {
     "steps": "request, phase and engine-step spans (one llm.engine.step per engine iteration: batch, tokens, KV)",
 }
 DETAIL_LEVELS = tuple(DETAIL_SENDS)
+DEFAULT_DETAIL = "phases"  # what the tracing budget is counted at (docs/architecture.md, "The hot path")
 PURE_PYTHON = "OTEL_LLM_PURE_PYTHON"  # the collector parses with protobuf, not its C walk
 COLLECTOR_PREFIX = "OTEL_LLM_COLLECTOR_"  # + an `otel-llm collector` option, e.g. _STORE, _MAX_TRACES
 OPENAI_API_KEY = "OPENAI_API_KEY"  # bench's --api-key default
@@ -116,7 +117,7 @@ def env_int(name: str, default: int, minimum: int | None = None) -> int:
     return parsed(name, default, convert, "" if minimum is None else f"expected an integer >= {minimum}")
 
 
-def detail_level(default: str = "phases") -> str:
+def detail_level(default: str = DEFAULT_DETAIL) -> str:
     """``OTEL_LLM_DETAIL``: one of :data:`DETAIL_LEVELS` (anything else is logged, the default used)."""
 
     def convert(v: str) -> str:

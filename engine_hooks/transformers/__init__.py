@@ -90,6 +90,18 @@ def _tokens_of_step(tracker: RequestTracker, mono_ns: int, payload: list) -> Non
     tracker.emitted(rids, [1] * len(rids), t, t)
 
 
+def _kv_usage_of(cache: Any):
+    """The KV cache's used fraction (0..1) as this transformers version tells it, or None where it
+    does not: ``compute_free_capacity()`` (5.19 on), free blocks of ``num_blocks`` (5.17)."""
+    free = getattr(cache, "compute_free_capacity", None)
+    if free is not None:
+        return lambda res, *a, **k: 1.0 - free()
+    blocks, total = getattr(cache, "get_num_free_blocks", None), getattr(cache, "num_blocks", None)
+    if blocks is not None and isinstance(total, int) and total > 0:
+        return lambda res, *a, **k: 1.0 - blocks() / total
+    return None
+
+
 def instrument_batch_processor(bp: Any, hooks: EngineHooks) -> bool:
     """Hook one ContinuousBatchProcessor instance; returns False when it was hooked already."""
     if hooked(getattr(bp, "update_batch", None)):
@@ -123,12 +135,11 @@ def instrument_batch_processor(bp: Any, hooks: EngineHooks) -> bool:
     io.prepare_batch_update = hooks.raw(payload=lambda res, *a, **k: res[0], expander=_tokens_of_step)(
         io.prepare_batch_update
     )
-    cache = bp.cache
     bp.update_batch = hooks.step(
         batch_size=lambda res, *a, **k: loop.batch,
         prefill_tokens=lambda res, *a, **k: loop.prefill,
         decode_tokens=lambda res, *a, **k: loop.decode,
-        kv_usage=lambda res, *a, **k: 1.0 - cache.compute_free_capacity(),
+        kv_usage=_kv_usage_of(bp.cache),
     )(bp.update_batch)
 
     finish = sch.finish_request
