@@ -93,6 +93,14 @@ class EngineHooks:
         self._iter_start: dict[Any, tuple[int, Any]] = {}
 
     @property
+    def detail(self) -> str:
+        """The detail level these hooks record for: the given one, else ``OTEL_LLM_DETAIL``, else
+        ``phases`` (read without starting the pipeline)."""
+        if self._pipeline is not None:
+            return self._pipeline.detail
+        return self._detail or environment.detail_level()
+
+    @property
     def pipeline(self) -> TracingPipeline:
         """The pipeline events go to: the one given, else the process's default pipeline
         (configured from the environment), created on first use, not at decoration time."""
@@ -151,7 +159,7 @@ class EngineHooks:
         """The traced method, of the same kind as ``fn`` (plain, coroutine, generator, async
         generator). ``item``: called for each item a generator yields; ``failed``: when ``fn``
         raises (the exception then goes on)."""
-        guard = self._guard
+        guard, hook_failed = self._guard, self._hook_failed
 
         def on_error(exc: BaseException, args: tuple, kwargs: dict) -> None:
             if failed is not None and not isinstance(exc, GeneratorExit | asyncio.CancelledError):
@@ -160,7 +168,7 @@ class EngineHooks:
         if inspect.isasyncgenfunction(fn):
 
             async def wrapper(*args, **kwargs):
-                pre = guard(before, args, kwargs)
+                pre = guard(before, args, kwargs) if before is not None else None
                 agen = fn(*args, **kwargs)
                 try:
                     async for x in agen:
@@ -177,7 +185,7 @@ class EngineHooks:
         elif inspect.isgeneratorfunction(fn):
 
             def wrapper(*args, **kwargs):
-                pre = guard(before, args, kwargs)
+                pre = guard(before, args, kwargs) if before is not None else None
                 gen = fn(*args, **kwargs)
                 try:
                     for x in gen:
@@ -194,25 +202,31 @@ class EngineHooks:
         elif inspect.iscoroutinefunction(fn):
 
             async def wrapper(*args, **kwargs):
-                pre = guard(before, args, kwargs)
+                pre = guard(before, args, kwargs) if before is not None else None
                 try:
                     result = await fn(*args, **kwargs)
                 except BaseException as exc:
                     on_error(exc, args, kwargs)
                     raise
-                guard(after, result, args, kwargs, pre)
+                try:  # guard(), written out: this runs at every engine step
+                    after(result, args, kwargs, pre)
+                except Exception as exc:
+                    hook_failed(exc)
                 return result
 
         else:
 
             def wrapper(*args, **kwargs):
-                pre = guard(before, args, kwargs)
+                pre = guard(before, args, kwargs) if before is not None else None
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as exc:
                     on_error(exc, args, kwargs)
                     raise
-                guard(after, result, args, kwargs, pre)
+                try:  # guard(), written out: this runs at every engine step
+                    after(result, args, kwargs, pre)
+                except Exception as exc:
+                    hook_failed(exc)
                 return result
 
         return mark_hooked(functools.wraps(fn)(wrapper))

@@ -29,6 +29,9 @@ METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"  # otlp (default) | none: the tracer'
 OTLP_METRICS_ENDPOINT = "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT"
 OTLP_METRICS_PROTOCOL = "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL"
 BSP_MAX_EXPORT_BATCH_SIZE = "OTEL_BSP_MAX_EXPORT_BATCH_SIZE"  # spans per export call (standard: 512)
+BSP_EXPORT_TIMEOUT = (
+    "OTEL_BSP_EXPORT_TIMEOUT"  # ms to export a batch (standard: 30000): the span process's write and flush bound
+)
 CAPTURE_MESSAGE_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 # URLs the HTTP server span skips, as OpenTelemetry's ASGI instrumentation reads them: comma-separated
 # regular expressions searched in the path (the ASGI one first, then the Python-wide one)
@@ -41,6 +44,11 @@ DEFAULT_EXCLUDED_URLS = "^/health$,^/ping$,^/metrics$,^/version$,^/load$"
 TRACES_FILE = "OTEL_LLM_TRACES_FILE"  # a path: OTLP JSON lines instead of OTLP export
 ENABLE = "OTEL_LLM_ENABLE"  # trace vLLM through its plugin entry point
 FRONTEND = "OTEL_LLM_FRONTEND"  # "0": the plugin leaves this process's vLLM front ends alone
+# "1" (set by instrument() while it builds an engine whose caller asked for no statistics): vLLM's
+# statistics are on in its engine core only for the scheduler's events; no per-step SchedulerStats
+STATS_FOR_TRACING = "OTEL_LLM_STATS_FOR_TRACING"
+# "0": an engine process builds and exports its spans on its own span thread, not in a span process
+SPAN_PROCESS = "OTEL_LLM_SPAN_PROCESS"
 # The engine hooks' span builder is not the SDK's BatchSpanProcessor, so it does not reuse the
 # OTEL_BSP_* names whose defaults differ: it wakes every 200 ms (the BSP's default is 5000 ms)
 # and its buffer holds raw hook events, not spans.
@@ -64,7 +72,7 @@ DETAIL_SENDS = {
 }
 DETAIL_LEVELS = tuple(DETAIL_SENDS)
 DEFAULT_DETAIL = "phases"  # what the tracing budget is counted at (docs/architecture.md, "The hot path")
-PURE_PYTHON = "OTEL_LLM_PURE_PYTHON"  # the collector parses with protobuf, not its C walk
+PURE_PYTHON = "OTEL_LLM_PURE_PYTHON"  # no C accelerator: the collector parses with protobuf, the hooks scan in Python
 COLLECTOR_PREFIX = "OTEL_LLM_COLLECTOR_"  # + an `otel-llm collector` option, e.g. _STORE, _MAX_TRACES
 OPENAI_API_KEY = "OPENAI_API_KEY"  # bench's --api-key default
 

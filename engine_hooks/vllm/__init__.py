@@ -25,6 +25,8 @@ import logging
 import os
 from typing import Any
 
+from otel_llm import environment
+
 from .. import asgi
 from ..api import EngineHooks, hooked, mark_hooked
 from .frontend import capture_trace_headers, instrument_output_processor
@@ -80,12 +82,19 @@ def attach(engine: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _core_plugin_env():
+def _core_plugin_env(stats_for_tracing: bool = False):
     """While an engine is built: its engine-core process loads the plugin (step spans), and the
-    plugin leaves front ends other than this engine's alone."""
-    saved = {k: os.environ.get(k) for k in (ENV_ENABLE, ENV_FRONTEND)}
+    plugin leaves front ends other than this engine's alone. ``stats_for_tracing``: vLLM's
+    statistics are on only for the hooks' events, so its engine core makes no per-step
+    ``SchedulerStats`` (``core.events_only_stats``)."""
+    keys = (ENV_ENABLE, ENV_FRONTEND, environment.STATS_FOR_TRACING)
+    saved = {k: os.environ.get(k) for k in keys}
     os.environ[ENV_ENABLE] = "1"
     os.environ[ENV_FRONTEND] = "0"
+    if stats_for_tracing:
+        os.environ[environment.STATS_FOR_TRACING] = "1"
+    else:
+        os.environ.pop(environment.STATS_FOR_TRACING, None)
     try:
         yield
     finally:
@@ -154,6 +163,20 @@ def _front_end_stats_off(engine: Any) -> None:
         engine.logger_manager = None
 
 
+def _own_tracing_asked(arguments: dict) -> bool:
+    """Whether the constructor's arguments turn vLLM's own tracing on (``otlp_traces_endpoint``,
+    given directly, through ``**kwargs`` or in a ``vllm_config``): it reads vLLM's statistics."""
+    for name, value in arguments.items():
+        if name == "otlp_traces_endpoint" and value:
+            return True
+        if isinstance(value, dict) and value.get("otlp_traces_endpoint"):
+            return True
+        obs = getattr(value, "observability_config", None)
+        if obs is not None and getattr(obs, "otlp_traces_endpoint", None):
+            return True
+    return False
+
+
 def _instrument_class(cls: type, is_llm: bool) -> type:
     """A subclass whose constructor turns vLLM's statistics on (``disable_log_stats=False`` for
     ``vllm.LLM``, ``log_stats=True`` for the engines, given by keyword or by position), lets the
@@ -175,7 +198,7 @@ def _instrument_class(cls: type, is_llm: bool) -> type:
         else:
             asked = bound.arguments.get("log_stats") is True or bool(bound.arguments.get("stat_loggers"))
             bound.arguments["log_stats"] = True
-        with _core_plugin_env():
+        with _core_plugin_env(stats_for_tracing=not asked and not _own_tracing_asked(bound.arguments)):
             cls.__init__(*bound.args, **bound.kwargs)
         engine = _engine_of(self)
         attach(engine)

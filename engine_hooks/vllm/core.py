@@ -12,13 +12,23 @@ requests are left waiting and why (``_waiting``: the scheduler's own limits). Ea
 (``_preempt_request``, before it frees the request's blocks): the KV cache's usage and the
 request's computed tokens, as an ``llm.engine.preemption`` span (its request is traced in the
 front end, whose ``llm.preemption`` span is the same preemption, by ``llm.request.internal_id``).
+
+What is hooked follows ``OTEL_LLM_DETAIL`` (read in this process, which inherits it): the step
+hooks only at ``steps`` (the only level that sends step spans), the preemption hook from
+``phases`` on, nothing at ``request``. Where ``instrument()`` turned vLLM's statistics on only for
+the scheduler's events (``OTEL_LLM_STATS_FOR_TRACING=1``: the caller asked for none), the
+scheduler makes no per-step ``SchedulerStats`` (:func:`events_only_stats`): nothing in the front
+end reads them, and making, sending and decoding them every step cost more than all of the
+hooks.
 """
 
 from __future__ import annotations
 
 import logging
 
-from ..api import EngineHooks, hooked
+from otel_llm import environment
+
+from ..api import EngineHooks, hooked, mark_hooked
 from ..gpu_timer import CudaEventTimer
 
 log = logging.getLogger("engine_hooks")
@@ -52,22 +62,48 @@ def _waiting(res, self, so, *a, **k) -> tuple[int, str | None]:
     return n, "kv_cache" if self.kv_cache_manager.usage >= 0.9 else "other"
 
 
-def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = None) -> bool:
-    """Patch vLLM's Scheduler class in this process; returns False when already patched."""
+def events_only_stats(scheduler_cls) -> bool:
+    """The scheduler records its events (QUEUED, SCHEDULED, PREEMPTED: they ride on each request's
+    outputs) but makes no per-step ``SchedulerStats``: ``make_stats`` returns None, as it does with
+    statistics off. Returns False when already done."""
+    make_stats = scheduler_cls.make_stats
+    if hooked(make_stats):
+        return False
+
+    def no_stats(self, *a, **k):
+        return None
+
+    no_stats.__wrapped__ = make_stats
+    scheduler_cls.make_stats = mark_hooked(no_stats)
+    return True
+
+
+def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = None, detail: str | None = None) -> bool:
+    """Patch vLLM's Scheduler class in this process for ``detail`` (default ``OTEL_LLM_DETAIL``);
+    returns False when already patched."""
     if scheduler_cls is None:
         from vllm.v1.core.sched.scheduler import Scheduler as scheduler_cls
-    if hooked(scheduler_cls.update_from_output):
+    if hooked(scheduler_cls.shutdown):
         return False
-    hooks = hooks or EngineHooks(engine="vllm", service_name="vllm", gpu_timer=CudaEventTimer.if_available())
-    scheduler_cls.schedule = hooks.schedule(key=lambda res, *a, **k: id(res))(scheduler_cls.schedule)
-    scheduler_cls.update_from_output = hooks.step(
-        key=lambda res, self, so, *a, **k: id(so),
-        batch_size=lambda res, self, so, *a, **k: len(so.num_scheduled_tokens),
-        tokens=_tokens,
-        preempted=lambda res, self, so, *a, **k: len(getattr(so, "preempted_req_ids", None) or ()),
-        kv_usage=_kv_usage,
-        waiting=_waiting,
-    )(scheduler_cls.update_from_output)
+    detail = detail or (hooks.detail if hooks is not None else environment.detail_level())
+    hooks = hooks or EngineHooks(
+        engine="vllm",
+        service_name="vllm",
+        gpu_timer=CudaEventTimer.if_available() if detail == "steps" else None,
+        detail=detail,
+    )
+    if environment.env_bool(environment.STATS_FOR_TRACING):
+        events_only_stats(scheduler_cls)
+    if detail == "steps":
+        scheduler_cls.schedule = hooks.schedule(key=lambda res, *a, **k: id(res))(scheduler_cls.schedule)
+        scheduler_cls.update_from_output = hooks.step(
+            key=lambda res, self, so, *a, **k: id(so),
+            batch_size=lambda res, self, so, *a, **k: len(so.num_scheduled_tokens),
+            tokens=_tokens,
+            preempted=lambda res, self, so, *a, **k: len(getattr(so, "preempted_req_ids", None) or ()),
+            kv_usage=_kv_usage,
+            waiting=_waiting,
+        )(scheduler_cls.update_from_output)
 
     shutdown = scheduler_cls.shutdown
 
@@ -78,8 +114,9 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
             log.warning("engine_hooks: flushing step spans at shutdown failed: %s", exc)
         return shutdown(self, *a, **k)
 
-    scheduler_cls.shutdown = shutdown_and_flush
-    if hasattr(scheduler_cls, "_preempt_request"):  # the moment it preempts: what it had, before freeing it
+    scheduler_cls.shutdown = mark_hooked(shutdown_and_flush)
+    # the moment it preempts: what it had, before freeing it (an llm.engine.preemption span)
+    if detail != "request" and hasattr(scheduler_cls, "_preempt_request"):
         scheduler_cls._preempt_request = hooks.preempt(
             request_id=lambda res, self, request, *a, **k: request.request_id,
             mode="recompute",  # vLLM v1 preempts by recomputation only
