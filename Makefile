@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# the collector's optional C accelerator (pip builds it on install; this rebuilds it when its source changes)
+# the optional C accelerators (pip builds them on install; this rebuilds them when their source changes)
 EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -13,9 +13,9 @@ export TRANSFORMERS_OFFLINE := 1
 
 venv: $(STAMP) $(EXT)
 
-$(EXT): $(STAMP) collector/receivers/_otlp_walk.c setup.py
+$(EXT): $(STAMP) collector/receivers/_otlp_walk.c engine_hooks/_batch_scan.c setup.py
 	@$(PY) setup.py -q build_ext --inplace >/dev/null 2>&1 || \
-	  echo "warning: the collector's C accelerator did not build (no C compiler?); the collector runs without it, slower"
+	  echo "warning: the C accelerators did not build (no C compiler?); the collector and the hooks run without them, slower"
 	@touch $(EXT)
 
 $(STAMP): pyproject.toml setup.py

@@ -1,19 +1,21 @@
-"""Only the optional C accelerator lives here; everything else is in pyproject.toml.
+"""Only the optional C accelerators live here; everything else is in pyproject.toml.
 
-``collector.receivers._otlp_walk`` walks OTLP protobuf payloads without building protobuf
-objects. It is optional: without a C compiler the install goes on and the collector uses
-protobuf's parser and a Python walk (same results, slower).
+* ``collector.receivers._otlp_walk`` walks OTLP protobuf payloads without building protobuf
+  objects;
+* ``engine_hooks._batch_scan`` reads an engine step's outputs (request ids, token counts, the
+  rare fields) in one pass on the engine's thread.
+
+Both are optional: without a C compiler the install goes on, and the collector uses protobuf's
+parser and a Python walk, the hooks a Python scan (same results, slower).
 """
 
 from setuptools import Extension, setup
 
+FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
+
 setup(
     ext_modules=[
-        Extension(
-            "collector.receivers._otlp_walk",
-            ["collector/receivers/_otlp_walk.c"],
-            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"],
-            optional=True,
-        )
+        Extension("collector.receivers._otlp_walk", ["collector/receivers/_otlp_walk.c"], extra_compile_args=FLAGS, optional=True),
+        Extension("engine_hooks._batch_scan", ["engine_hooks/_batch_scan.c"], extra_compile_args=FLAGS, optional=True),
     ]
 )

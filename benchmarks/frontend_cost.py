@@ -27,19 +27,20 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from engine_hooks.recorder import ARRIVAL, RAW
 from engine_hooks.span_factory import SpanFactory
 from engine_hooks.tracker import RequestTracker
-from engine_hooks.vllm.frontend import expand_outputs
+from engine_hooks.vllm.frontend import expand_outputs, output_scanner
 from otel_llm import semconv as sc
 from otel_llm.clock import monotonic_ns
 from otel_llm.otlp import otlp_encode
 from otel_llm.otlp.tracing import make_resource
 
 
-def events(n: int, steps: int) -> list[tuple]:
-    """The recorder's events for ``n`` requests of ``steps`` one-token steps, as vLLM's hooks record them."""
+def step_outputs(n: int, steps: int) -> list[list]:
+    """vLLM's ``EngineCoreOutput`` lists of ``n`` requests over ``steps`` one-token steps: the
+    first with the engine core's QUEUED and SCHEDULED events, the last with a finish reason."""
     from vllm.v1.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, FinishReason
 
-    m0, now = monotonic_ns(), time.monotonic()
-    out = [(ARRIVAL, m0, f"r{i}", None, 32, None, {sc.REQUEST_ID: f"r{i}"}) for i in range(n)]
+    now = time.monotonic()
+    out = []
     for t in range(steps):
         outputs = []
         for i in range(n):
@@ -51,8 +52,22 @@ def events(n: int, steps: int) -> list[tuple]:
                 ]
             fin = FinishReason.LENGTH if t == steps - 1 else None
             outputs.append(EngineCoreOutput(f"r{i}", [5], events=ev, finish_reason=fin))
+        out.append(outputs)
+    return out
+
+
+def events(n: int, steps: int, outputs: list[list] | None = None) -> list[tuple]:
+    """The recorder's events for ``n`` requests of ``steps`` one-token steps, as vLLM's hooks record
+    them (each step's outputs scanned as the engine's thread does, :func:`output_scanner`)."""
+    scan = output_scanner()
+    m0, now = monotonic_ns(), time.monotonic()
+    out = [(ARRIVAL, m0, f"r{i}", None, 32, None, {sc.REQUEST_ID: f"r{i}"}) for i in range(n)]
+    last = None
+    for t, outputs in enumerate(outputs or step_outputs(n, steps)):
+        ids, counts, rare = scan(outputs, last)
+        last = ids
         step_mono = m0 + (t + 1) * 3_000_000
-        out.append((RAW, step_mono, expand_outputs, (now + (t + 1) * 0.003, outputs, [1] * n)))
+        out.append((RAW, step_mono, expand_outputs, (now + (t + 1) * 0.003, ids, counts, rare)))
     return out
 
 

@@ -87,7 +87,7 @@ def _tokens_of_step(tracker: RequestTracker, mono_ns: int, payload: list) -> Non
     that sampled one (runs on the span-building thread)."""
     t = tracker.anchor.wall_ns(mono_ns)
     rids = [fs.state.request_id for fs in payload if fs.has_new_token]
-    tracker.emitted(rids, [1] * len(rids), t, t)
+    tracker.emitted(rids, None, t, t)
 
 
 def _kv_usage_of(cache: Any):

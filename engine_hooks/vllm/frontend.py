@@ -5,9 +5,10 @@ generic :class:`~engine_hooks.api.EngineHooks`:
 
 * ``add_request`` -> arrival (internal request id, external id as ``llm.request.id``, arrival
   wall time, prompt tokens, the caller's W3C trace headers);
-* ``process_outputs`` -> :meth:`EngineHooks.raw`: on the engine's thread, a reference to the
-  step's ``EngineCoreOutput`` list and their token counts (one ``map(len, ...)`` in C); unpacked
-  later into token events, and into the engine core's
+* ``process_outputs`` -> :meth:`EngineHooks.raw`: on the engine's thread, one pass in C over the
+  step's ``EngineCoreOutput`` list (:class:`~engine_hooks.batch_scan.BatchScanner`: request ids,
+  token counts, the few outputs with events or a finish reason); unpacked later into token
+  events, and into the engine core's
   own QUEUED / SCHEDULED / PREEMPTED events (recorded inside vLLM's scheduler, monotonic clock of
   this host) that give the front-end (arrival -> QUEUED), queue (QUEUED -> first SCHEDULED, what
   vLLM's own tracing reports as ``gen_ai.latency.time_in_queue``), prefill, decode and preemption
@@ -18,14 +19,13 @@ generic :class:`~engine_hooks.api.EngineHooks`:
 from __future__ import annotations
 
 import contextvars
-import operator
 from collections.abc import Mapping
-from itertools import compress, repeat
 from typing import Any
 
 from otel_llm import semconv as sc
 
 from ..api import EngineHooks, hooked, mark_hooked
+from ..batch_scan import BatchScanner
 from ..tracker import RequestTracker
 
 #: trace headers of the request being added on this task (AsyncLLM drops them unless vLLM's own
@@ -39,28 +39,32 @@ _REASON = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "repetition"}
 _QUEUED, _SCHEDULED, _PREEMPTED = 1, 2, 3  # EngineCoreEventType
 
 
-_NEW_TOKEN_IDS = operator.attrgetter("new_token_ids")
-_REQUEST_ID = operator.attrgetter("request_id")
-# what most outputs of a step do not have (a FinishReason may be 0: compared with None, not by truth)
-_RARE_FIELDS = operator.attrgetter("events", "prefill_stats", "finish_reason")
-_NONE_OF_THEM = (None, None, None)
+#: what most outputs of a step do not have (a FinishReason may be 0: set means not None)
+RARE_FIELDS = ("events", "prefill_stats", "finish_reason")
 
 
-def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float | None, list, list[int]]) -> None:
-    """Unpack one ``process_outputs`` call (runs on the span-building thread). Token counts were
-    taken on the engine's thread: vLLM extends an output's ``new_token_ids`` list in place when it
-    merges streamed deltas for a slow consumer, so its length later is not the step's count.
+def output_scanner():
+    """The engine-thread scan of a step's ``EngineCoreOutput`` list (:class:`BatchScanner`)."""
+    from vllm.v1.engine import EngineCoreOutput
+
+    return BatchScanner(EngineCoreOutput, "request_id", "new_token_ids", RARE_FIELDS)
+
+
+def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple) -> None:
+    """Unpack one ``process_outputs`` call (runs on the span-building thread): ``payload`` is
+    ``(engine core timestamp, request ids, token counts or None for one each, rare outputs or
+    None)``, read on the engine's thread by :class:`BatchScanner` (vLLM extends an output's
+    ``new_token_ids`` list in place when it merges streamed deltas for a slow consumer, so its
+    length later is not the step's count).
 
     In the order the engine meant them: the engine core's events (queued, scheduled, preempted)
     and its account of the prompt, then the step's tokens (:meth:`RequestTracker.emitted`, the
-    whole batch at once), then the requests that finished. The few outputs with events, prefill
-    stats or a finish reason are picked out in one pass in C."""
-    core_ts, outputs, counts = payload
+    whole batch at once), then the requests that finished."""
+    core_ts, ids, counts, rare = payload
     anchor = tracker.anchor
     out_ns = anchor.wall_ns(mono_ns)
     gen_ns = anchor.wall_ns_from_mono_s(core_ts) if core_ts else out_ns
-    rare = list(compress(outputs, map(operator.ne, map(_RARE_FIELDS, outputs), repeat(_NONE_OF_THEM))))
-    for o in rare:
+    for o in rare or ():
         rid = o.request_id
         for ev in o.events or ():
             t = anchor.wall_ns_from_mono_s(ev.timestamp)
@@ -81,8 +85,8 @@ def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple[float |
                     sc.PREFILL_EXTERNAL_CACHED_TOKENS: ps.num_external_cached_tokens,
                 },
             )
-    tracker.emitted(list(map(_REQUEST_ID, outputs)), counts, gen_ns, out_ns)
-    for o in rare:
+    tracker.emitted(ids, counts, gen_ns, out_ns)
+    for o in rare or ():
         if o.finish_reason is not None:
             fr = int(o.finish_reason)
             tracker.finish(o.request_id, out_ns, _STATUS.get(fr, "error"), _REASON.get(fr, str(fr)))
@@ -124,14 +128,19 @@ def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) 
         start_time_ns=_start_ns,
         attributes=attributes,
     )(cls.add_request).__get__(op)
-    op.process_outputs = hooks.raw(
-        payload=lambda res, self, outputs, engine_core_timestamp=None, *a, **k: (
-            engine_core_timestamp,
-            outputs,
-            list(map(len, map(_NEW_TOKEN_IDS, outputs))),
-        ),
-        expander=expand_outputs,
-    )(cls.process_outputs).__get__(op)
+    scanner = output_scanner()
+    c_scan, scan = scanner.c_scan or scanner.scan_python, scanner.scan_python
+    last_ids = [None]  # the ids the last step's scan returned: a steady batch is the same list
+
+    def step_payload(res, self, outputs, engine_core_timestamp=None, *a, **k):
+        try:  # the C pass straight away (every step); anything it was not made for through Python
+            ids, counts, rare = c_scan(outputs, last_ids[0])
+        except (TypeError, AttributeError):
+            ids, counts, rare = scan(outputs, last_ids[0])
+        last_ids[0] = ids
+        return engine_core_timestamp, ids, counts, rare
+
+    op.process_outputs = hooks.raw(payload=step_payload, expander=expand_outputs)(cls.process_outputs).__get__(op)
     op.abort_requests = hooks.finish(
         request_id=lambda res, *a, **k: res or (),
         status="cancelled",

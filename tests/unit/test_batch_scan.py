@@ -1,0 +1,126 @@
+"""The engine-thread scan of a step's outputs (engine_hooks.batch_scan): the C pass and the Python
+one give the same answer on vLLM's real EngineCoreOutput objects, whatever the batch holds, and
+anything the C pass was not made for goes through Python rather than failing the engine."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine_hooks import batch_scan
+from engine_hooks.batch_scan import BatchScanner
+from engine_hooks.vllm.frontend import RARE_FIELDS, output_scanner
+
+vllm_engine = pytest.importorskip("vllm.v1.engine")
+EngineCoreOutput = vllm_engine.EngineCoreOutput
+EngineCoreEvent = vllm_engine.EngineCoreEvent
+EngineCoreEventType = vllm_engine.EngineCoreEventType
+FinishReason = vllm_engine.FinishReason
+
+needs_c = pytest.mark.skipif(batch_scan._batch_scan is None, reason="the C accelerator is not built here")
+
+# one output: which request (a small id space, so batches repeat), how many tokens, and what rare
+# field it carries (a FinishReason of 0, STOP, is set: it is not None)
+outputs = st.tuples(
+    st.integers(0, 6),
+    st.sampled_from([0, 1, 1, 1, 2, 7]),
+    st.sampled_from([None, "events", "finish_stop", "finish_length", "prefill"]),
+)
+steps = st.lists(st.lists(outputs, max_size=8), max_size=12)
+
+
+def _make(spec) -> list:
+    out = []
+    for rid, n, rare in spec:
+        kw = {}
+        if rare == "events":
+            kw["events"] = [EngineCoreEvent(EngineCoreEventType.SCHEDULED, 1.0)]
+        elif rare == "finish_stop":
+            kw["finish_reason"] = FinishReason.STOP
+        elif rare == "finish_length":
+            kw["finish_reason"] = FinishReason.LENGTH
+        elif rare == "prefill":
+            from vllm.v1.metrics.stats import PrefillStats
+
+            kw["prefill_stats"] = PrefillStats()
+        # a new str each step, as msgspec decodes it: equal by value, not the same object
+        out.append(EngineCoreOutput("".join(["req-", str(rid)]), [5] * n, **kw))
+    return out
+
+
+def _expected(items, previous):
+    ids = [o.request_id for o in items]
+    counts = [len(o.new_token_ids) for o in items]
+    rare = [o for o in items if any(getattr(o, f) is not None for f in RARE_FIELDS)]
+    return ids, (None if all(c == 1 for c in counts) else counts), (rare or None), previous is not None and ids == previous
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps)
+def test_c_and_python_give_the_same_answer_step_after_step(spec):
+    scan = output_scanner()
+    last_c = last_py = None
+    for step in spec:
+        items = _make(step)
+        ids, counts, rare, same = _expected(items, last_c)
+        for name, got, last in (("c", scan(items, last_c), last_c), ("python", scan.scan_python(items, last_py), last_py)):
+            assert got[0] == ids and got[1] == counts, name
+            assert (got[2] or None) == rare and all(a is b for a, b in zip(got[2] or (), rare or ())), name
+            # the same batch again: the previous list itself (the tracker then knows it without comparing)
+            assert (got[0] is last) == same, name
+        last_c = scan(items, last_c)[0]
+        last_py = scan.scan_python(items, last_py)[0]
+
+
+@needs_c
+def test_the_c_pass_is_used_on_vllms_outputs_and_reads_the_slots():
+    scan = output_scanner()
+    assert scan._c is not None  # vLLM's outputs are msgspec structs: member descriptors, read in C
+    items = _make([(1, 1, None), (2, 3, "finish_stop"), (3, 1, None)])
+    ids, counts, rare = batch_scan._batch_scan.scan(*scan._c, items, None)
+    assert scan.c_scan(items, None) == (ids, counts, rare)
+    assert ids == ["req-1", "req-2", "req-3"] and counts == [1, 3, 1] and rare == [items[1]]
+
+
+def test_what_the_c_pass_was_not_made_for_goes_through_python():
+    scan = output_scanner()
+
+    class Other:  # not an EngineCoreOutput: a stand-in, a subclass, a mock
+        def __init__(self, rid, n):
+            self.request_id, self.new_token_ids = rid, [0] * n
+            self.events = self.prefill_stats = self.finish_reason = None
+
+    mixed = [*_make([(1, 1, None)]), Other("o", 2)]
+    assert scan(mixed) == (["req-1", "o"], [1, 2], None)
+    assert scan(tuple(_make([(1, 1, "events")])))[0] == ["req-1"]  # not a list: Python too
+    assert scan([]) == ([], None, None)
+
+
+def test_the_c_pass_refuses_what_would_read_the_wrong_memory():
+    if batch_scan._batch_scan is None:
+        pytest.skip("the C accelerator is not built here")
+    c = batch_scan._batch_scan
+    members = [EngineCoreOutput.__dict__[f] for f in ("request_id", "new_token_ids", *RARE_FIELDS)]
+    items = _make([(1, 1, None)])
+
+    class Plain:
+        __slots__ = ("a",)
+
+    # a descriptor of another class, a property, too many rare members: refused, nothing read
+    with pytest.raises(TypeError):
+        c.scan(EngineCoreOutput, Plain.__dict__["a"], members[1], tuple(members[2:]), items, None)
+    with pytest.raises(TypeError):
+        c.scan(EngineCoreOutput, property(lambda s: 1), members[1], tuple(members[2:]), items, None)
+    with pytest.raises(ValueError):
+        c.scan(EngineCoreOutput, members[0], members[1], tuple(members[2:]) * 3, items, None)
+    with pytest.raises(TypeError):
+        c.scan(EngineCoreOutput, members[0], members[1], tuple(members[2:]), (1, 2), None)
+
+
+def test_pure_python_is_honoured(monkeypatch):
+    monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    assert not batch_scan.accelerated()
+    scan = BatchScanner(EngineCoreOutput, "request_id", "new_token_ids", RARE_FIELDS)
+    assert scan._c is None
+    assert scan(_make([(1, 2, None)])) == (["req-1"], [2], None)
