@@ -36,7 +36,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import repeat
 from operator import call
 
@@ -47,7 +47,7 @@ from otel_llm.clock import WallAnchor
 from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, QUEUED, RAW, SCHEDULED, STEP, TOKEN_OUT
 
 
-@dataclass
+@dataclass(slots=True)
 class FinishedRequest:
     """One request's engine-side life. Times are wall-clock ns."""
 
@@ -63,15 +63,17 @@ class FinishedRequest:
     first_generated_ns: int | None = None
     last_generated_ns: int | None = None
     generated_tokens: int = 0
-    preemptions: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, mode)
-    preemption_tokens: list[int] = field(default_factory=list)  # each preemption's computed tokens then
-    preemption_kv: list[float | None] = field(default_factory=list)  # each one's KV cache usage then
+    # the sequences below are an empty tuple until the tracker first appends (one record per request:
+    # seven empty containers made for each cost more than the rest of its arrival)
+    preemptions: list[tuple[int, int, str]] | tuple = ()  # (start, end, mode)
+    preemption_tokens: list[int] | tuple = ()  # each preemption's computed tokens then
+    preemption_kv: list[float | None] | tuple = ()  # each one's KV cache usage then
     # token events, int64 arrays (a list works as well): when output was handed out, and how many tokens
-    out_times_ns: array = field(default_factory=lambda: array("q"))
-    out_tokens: array = field(default_factory=lambda: array("q"))
+    out_times_ns: array | np.ndarray | tuple = ()
+    out_tokens: array | np.ndarray | tuple = ()
     # tokens generated inside the engine (an engine with a GENERATED hook): when, and how many
-    gen_times_ns: array = field(default_factory=lambda: array("q"))
-    gen_tokens: array = field(default_factory=lambda: array("q"))
+    gen_times_ns: array | np.ndarray | tuple = ()
+    gen_tokens: array | np.ndarray | tuple = ()
     attrs: dict | None = None
     incomplete: bool = False  # still in flight at shutdown or eviction
     # an aborted request (status cancelled): tokens the engine generated for it after the abort,
@@ -115,6 +117,9 @@ class StepRecord:
 _TOKEN_BITS = 20  # a packed step entry: step index << 20 | tokens; 43 bits of steps
 _TOKEN_MASK = (1 << _TOKEN_BITS) - 1  # as tokens: "more than fit", the count is in _Live.big
 # a run entry (below zero): -(first step << 20 | steps), one token at each; at most _TOKEN_MASK steps
+
+
+_ONE = array("q", [1])
 
 
 def _entry_step(entry: int) -> int:
@@ -241,9 +246,12 @@ class RequestTracker:
     @staticmethod
     def _end_preemption(st: _Live, wall_ns: int) -> None:
         t0, mode, tokens, kv = st.open_preemption
-        st.rec.preemptions.append((t0, wall_ns, mode))
-        st.rec.preemption_tokens.append(tokens)
-        st.rec.preemption_kv.append(kv)
+        rec = st.rec
+        if not rec.preemptions:
+            rec.preemptions, rec.preemption_tokens, rec.preemption_kv = [], [], []
+        rec.preemptions.append((t0, wall_ns, mode))
+        rec.preemption_tokens.append(tokens)
+        rec.preemption_kv.append(kv)
         st.open_preemption = None
 
     def preempted(
@@ -285,8 +293,11 @@ class RequestTracker:
             return
         st.gen_seen = True
         self._gen(st.rec, wall_ns, tokens)
-        st.rec.gen_times_ns.append(wall_ns)
-        st.rec.gen_tokens.append(tokens)
+        rec = st.rec
+        if not len(rec.gen_times_ns):
+            rec.gen_times_ns, rec.gen_tokens = array("q"), array("q")
+        rec.gen_times_ns.append(wall_ns)
+        rec.gen_tokens.append(tokens)
 
     @staticmethod
     def _gen(rec: FinishedRequest, wall_ns: int, tokens: int) -> None:
@@ -299,22 +310,27 @@ class RequestTracker:
         st = self._get(rid)
         if st is None or tokens <= 0:
             return
-        st.rec.out_times_ns.append(wall_ns)
-        st.rec.out_tokens.append(tokens)
+        rec = st.rec
+        if not len(rec.out_times_ns):
+            rec.out_times_ns, rec.out_tokens = array("q"), array("q")
+        rec.out_times_ns.append(wall_ns)
+        rec.out_tokens.append(tokens)
         if not st.gen_seen:
             self._gen(st.rec, wall_ns, tokens)
 
-    def emitted(self, request_ids: Sequence[str], tokens: Sequence[int], gen_ns: int, out_ns: int) -> None:
-        """One engine step's tokens for many requests at once: ``tokens[i]`` for ``request_ids[i]``,
-        generated at ``gen_ns`` and handed out at ``out_ns`` (wall-clock ns). The same as
-        :meth:`generated` then :meth:`token_out` for each request with tokens; this runs for every
-        running request at every step, so it is one packed append per request, in C; and nothing
-        at all per request from the second step on that gives the same batch one token each (a
-        run, :meth:`_flush_run`)."""
+    def emitted(self, request_ids: Sequence[str], tokens: Sequence[int] | None, gen_ns: int, out_ns: int) -> None:
+        """One engine step's tokens for many requests at once: ``tokens[i]`` for ``request_ids[i]``
+        (``tokens`` None: one each), generated at ``gen_ns`` and handed out at ``out_ns``
+        (wall-clock ns). The same as :meth:`generated` then :meth:`token_out` for each request with
+        tokens; this runs for every running request at every step, so it is one packed append per
+        request, in C; and nothing at all per request from the second step on that gives the same
+        batch one token each (a run, :meth:`_flush_run`)."""
         k = self._step_base + len(self._step_gen)
         self._step_gen.append(gen_ns)
         self._step_out.append(out_ns)
-        ones = tokens.count(1) == len(tokens)
+        ones = tokens is None or tokens.count(1) == len(tokens)
+        if ones:
+            tokens = None
         if ones and request_ids and request_ids == self._batch:
             if self._run_len:
                 if self._run_len < _TOKEN_MASK:
@@ -337,7 +353,7 @@ class RequestTracker:
         if unknown:
             unknown.clear()
             live = self._appenders
-            for rid, n in zip(request_ids, tokens):
+            for rid, n in zip(request_ids, tokens or repeat(1)):
                 if rid not in live:
                     self._after_end(rid, n)
 
@@ -391,8 +407,8 @@ class RequestTracker:
         self._aborted = keep
 
     def _unpack(self, st: _Live) -> None:
-        """Move a request's packed step entries into its record's token events (numpy arrays)."""
-        if not st.packed:
+        """Move a request's packed step entries into its record's token events (int64 arrays)."""
+        if not st.packed or self._unpack_in_order(st):
             return
         steps, n = st.packed_steps()
         idx = steps - self._step_base
@@ -415,6 +431,46 @@ class RequestTracker:
         else:
             n_out = n
         rec.out_times_ns, rec.out_tokens, rec.gen_times_ns, rec.gen_tokens = out, n_out, gen, n
+
+    def _unpack_in_order(self, st: _Live) -> bool:
+        """:meth:`_unpack` for what nearly every request is: entries in step order, each count
+        under ``_TOKEN_MASK``, no token events from other hooks. Slices of the step arrays (C
+        copies), a few Python operations per entry (a steady request has two or three); False,
+        having changed nothing, for anything else (numpy then)."""
+        rec = st.rec
+        if st.big or len(rec.out_times_ns) or len(rec.gen_times_ns):
+            return False
+        base, sg, so = self._step_base, self._step_gen, self._step_out
+        gen, out, n = array("q"), array("q"), array("q")
+        last = -1
+        for e in st.packed:
+            if e < 0:  # a run: one token at each of its steps
+                e = -e
+                k, steps = (e >> _TOKEN_BITS) - base, e & _TOKEN_MASK
+                if k <= last:
+                    return False
+                gen += sg[k : k + steps]
+                out += so[k : k + steps]
+                n += _ONE * steps
+                last = k + steps - 1
+            else:
+                k, c = (e >> _TOKEN_BITS) - base, e & _TOKEN_MASK
+                if k <= last:
+                    return False
+                last = k
+                if c:
+                    gen.append(sg[k])
+                    out.append(so[k])
+                    n.append(c)
+        st.packed, st.big = array("q"), []
+        if not n:
+            return True
+        if rec.first_generated_ns is None or gen[0] < rec.first_generated_ns:
+            rec.first_generated_ns = gen[0]
+        rec.last_generated_ns = max(gen[-1], rec.last_generated_ns or 0)
+        rec.generated_tokens += sum(n)
+        rec.out_times_ns, rec.out_tokens, rec.gen_times_ns, rec.gen_tokens = out, n, gen, n
+        return True
 
     def _trim_steps(self) -> None:
         """Forget the batch steps no request in flight refers to (amortised: when the arrays have
@@ -487,7 +543,10 @@ class RequestTracker:
         rec = StepRecord(start_ns, end_ns, index, batch, prefill, decode, preempted, kv_usage)
         if waiting is not None:
             rec.waiting, rec.wait_reason = waiting
-        if gpu_handle is not None and (self.gpu_elapsed is not None or type(gpu_handle) is tuple):
+        if type(gpu_handle) is int:  # read back already (the engine's process, for a span process): ns, or -1
+            rec.gpu_time_ns = gpu_handle if gpu_handle >= 0 else None
+            self.steps.append(rec)
+        elif gpu_handle is not None and (self.gpu_elapsed is not None or type(gpu_handle) is tuple):
             self.pending_gpu.append((rec, gpu_handle))
         else:
             self.steps.append(rec)

@@ -67,8 +67,10 @@ def _steady(run):
             yield op, arg
 
 
-def _play(run, batched: bool, trim_at: int | None = None):
+def _play(run, batched: bool, trim_at: int | None = None, in_order: bool = True):
     tr = RequestTracker()
+    if not in_order:  # every request through the general (numpy) unpacking
+        tr._unpack_in_order = lambda st: False
     if trim_at is not None:
         tr._trim_at = trim_at  # trim the step arrays often: what requests refer to must survive it
     t = 1_000_000
@@ -103,6 +105,9 @@ def test_a_step_at_once_is_the_same_as_each_request_in_turn(run, trim_at):
     a, _ = one_by_one.take()
     b, _ = at_once.take()
     assert [_fields(r) for r in b] == [_fields(r) for r in a]
+    # the in-order unpacking (array slices) and the general one (numpy) give the same requests
+    c, _ = _play(run, batched=True, trim_at=trim_at, in_order=False).take()
+    assert [_fields(r) for r in c] == [_fields(r) for r in b]
     # an output for a request not in flight is counted: once per output here, where the
     # per-request hooks count each of their two calls (and are only called with tokens)
     live, stray, stray_with_tokens = set(), 0, 0
