@@ -1,11 +1,15 @@
-"""The tracing pipeline of one process: recorder -> tracker -> span factory -> exporter.
+"""The tracing pipeline of one process: recorder -> tracker -> delivery (span factory -> exporter).
 
 The engine's threads only touch the :class:`~engine_hooks.recorder.Recorder`. A daemon thread
 wakes every ``interval_s`` (``OTEL_LLM_SCHEDULE_DELAY`` ms, default 200: not the SDK's
 ``OTEL_BSP_SCHEDULE_DELAY``, whose default is 5000 ms; see :mod:`otel_llm.environment`), drains
-the recorder, builds spans with explicit times and exports them in batches of at most
-``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512). Nothing here raises into the engine: failures
-are counted in :class:`PipelineCounters` and warned about once. Spans are flushed at exit.
+the recorder into the tracker and delivers what finished: the spans are built with explicit times
+and exported in batches of at most ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512), either on
+this thread (:class:`~engine_hooks.delivery.SpanBuilder`) or, for the exporter the environment
+configures (:func:`default_pipeline`), in a span process of its own
+(:mod:`engine_hooks.span_process`; ``OTEL_LLM_SPAN_PROCESS=0``: on this thread), which takes
+what costs most off the engine's process. Nothing here raises into the engine: failures are
+counted in :class:`PipelineCounters` and warned about once. Spans are flushed at exit.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_llm import environment
 from otel_llm.clock import WallAnchor, monotonic_ns
-from otel_llm.otlp.export import SafeSpanExporter, exporter_from_env, takes_int_arrays
+from otel_llm.otlp.export import SafeSpanExporter, export_kind_from_env, exporter_from_env, takes_int_arrays
 from otel_llm.otlp.tracing import make_resource
 
+from .delivery import SpanBuilder
 from .recorder import Recorder
 from .span_factory import SpanFactory
+from .span_process import CallRecorder, SpanProcessSink
 from .tracker import RequestTracker
 
 log = logging.getLogger("engine_hooks")
@@ -43,7 +49,8 @@ class PipelineCounters:
     steps_traced: int = 0
     builder_errors: int = 0
     hook_errors: int = 0
-    cpu_ns: int = 0  # CPU time of this pipeline's span building and exporting (thread time, ns)
+    cpu_ns: int = 0  # CPU time of this pipeline's thread (thread time, ns): span building too, when in-process
+    span_process_cpu_ns: int = 0  # CPU time of its span process, when it has one (ns)
 
 
 class TracingPipeline:
@@ -61,7 +68,11 @@ class TracingPipeline:
         gpu_elapsed=None,
         resource_attrs: dict | None = None,
         detail: str | None = None,
+        span_process: bool = False,
     ):
+        """``exporter``: where the spans go (None: nowhere). ``span_process``: build and export
+        them in a span process of its own, with the exporter the environment configures there
+        (``exporter`` is then unused)."""
         self.detail = detail or environment.detail_level()
         if self.detail not in environment.DETAIL_LEVELS:
             raise ValueError(f"detail must be one of {', '.join(environment.DETAIL_LEVELS)}, got {detail!r}")
@@ -84,6 +95,11 @@ class TracingPipeline:
         self.interval_s = interval_s if interval_s is not None else delay_ms / 1000
         self.batch_size = environment.env_int(environment.BSP_MAX_EXPORT_BATCH_SIZE, 512, minimum=1)
         self.counters = PipelineCounters()
+        self.builder = SpanBuilder(self.factory, self.exporter, self.batch_size)
+        self.gpu_elapsed = gpu_elapsed
+        self.sink = SpanProcessSink(self._span_process_settings(), self.counters) if span_process else None
+        self._calls = CallRecorder(self.anchor) if span_process else None
+        self._lost_to_span_process = 0  # events sent to span processes that died before building them
         self._lock = threading.Lock()  # one builder at a time (thread vs flush)
         self._wake = threading.Event()
         self._stopped = False
@@ -135,48 +151,93 @@ class TracingPipeline:
     def _process(self, final: bool, everything: bool = False) -> int:
         """:meth:`process` under its lock."""
         try:
+            sink = self.sink
+            if sink is not None:
+                if not sink.failed:
+                    return self._send(final, everything)
+                self._build_here()
             self.tracker.feed(self.recorder.drain())
-            self.tracker.resolve_gpu(force=final)
-            if final:
-                self.tracker.close_all(self.anchor.wall_ns(monotonic_ns()))
-            self.tracker.release_aborted(None if everything else self.anchor.wall_ns(monotonic_ns()))
-            finished, steps = self.tracker.take()
-            spans = []
-            for r in finished:
-                spans.extend(self.factory.request_spans(r))
-            if self.detail == "steps":
-                spans.extend(self.factory.step_spans(steps))
-            preemptions = self.tracker.take_preemptions()
-            if self.detail != "request":
-                spans.extend(self.factory.preemption_spans(preemptions))
-            for h in self.tracker.take_http():
-                span = self.factory.http_span(h, self.anchor.wall_ns)
-                if span is not None:
-                    spans.append(span)
-            c = self.counters
-            c.requests_traced += len(finished)
-            c.requests_unsampled = self.factory.unsampled
-            c.steps_traced += len(steps)
-            c.requests_evicted = self.tracker.evicted
-            c.events_dropped = self.recorder.dropped
+            return self.deliver_round(final, everything)
         except Exception as exc:
-            self.counters.builder_errors += 1
-            if not self._builder_warned:
-                self._builder_warned = True
-                log.warning(
-                    "engine_hooks: building spans failed (%s: %s); counting and going on",
-                    type(exc).__name__,
-                    exc,
-                    exc_info=True,
-                )
+            self._builder_failed(exc)
             return 0
-        if self.exporter is None:
-            return 0
-        for i in range(0, len(spans), self.batch_size):
-            self.exporter.export(spans[i : i + self.batch_size])
-        self.counters.spans_exported = self.exporter.exported
-        self.counters.spans_dropped = self.exporter.dropped
-        return len(spans)
+
+    def _build_here(self) -> None:
+        """The span process could not be had: build and export on this thread from now on, with
+        the exporter the environment configures."""
+        self._lost_to_span_process = self.sink.lost_events
+        self.sink, self._calls = None, None
+        try:
+            exporter = exporter_from_env()
+        except ValueError as exc:
+            log.warning("engine_hooks: %s; spans are not exported", exc)
+            exporter = None
+        self.exporter = SafeSpanExporter(exporter, "engine_hooks") if exporter is not None else None
+        self.factory.int_arrays = takes_int_arrays(self.exporter)
+        self.builder = SpanBuilder(self.factory, self.exporter, self.batch_size)
+
+    def _builder_failed(self, exc: Exception) -> None:
+        self.counters.builder_errors += 1
+        if not self._builder_warned:
+            self._builder_warned = True
+            log.warning(
+                "engine_hooks: building spans failed (%s: %s); counting and going on",
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+            )
+
+    def _send(self, final: bool, everything: bool) -> int:
+        """Span-process mode: this round's events, as the tracker would be told them
+        (:class:`~engine_hooks.span_process.CallRecorder`), to the span process."""
+        calls = self._calls
+        events = self.recorder.drain()
+        items = calls.translate(events, self.gpu_elapsed, force=final)
+        http = calls.take_http()
+        if items or http or final or everything:
+            self.sink.deliver((items, http, final, everything), len(events))
+        c = self.counters
+        c.events_dropped = self.recorder.dropped + self.sink.lost_events
+        return 0
+
+    def deliver_round(self, final: bool = False, everything: bool = False) -> int:
+        """What the tracker has finished, as spans, to the exporter (the round after the tracker
+        was fed); returns the number of spans handed to the exporter."""
+        self.tracker.resolve_gpu(force=final)
+        if final:
+            self.tracker.close_all(self.anchor.wall_ns(monotonic_ns()))
+        self.tracker.release_aborted(None if everything else self.anchor.wall_ns(monotonic_ns()))
+        finished, steps = self.tracker.take()
+        preemptions = self.tracker.take_preemptions()
+        http = self.tracker.take_http()
+        c = self.counters
+        c.requests_traced += len(finished)
+        c.steps_traced += len(steps)
+        c.requests_evicted = self.tracker.evicted
+        c.events_dropped = self.recorder.dropped + self._lost_to_span_process
+        n = self.builder.build(finished, steps, preemptions, http, self.anchor.wall_ns)
+        c.requests_unsampled = self.factory.unsampled
+        if self.exporter is not None:
+            c.spans_exported = self.exporter.exported
+            c.spans_dropped = self.exporter.dropped
+        return n
+
+    def _span_process_settings(self) -> dict:
+        """What the span process builds the same spans with (:func:`engine_hooks.span_process.serve`):
+        this pipeline's settings, and its wall-clock anchor (its events' monotonic times are this
+        host's, and the span process places them as this process would)."""
+        f, t = self.factory, self.tracker
+        return {
+            "resource": dict(f.resource.attributes),
+            "boundary": f.boundary,
+            "engine": f.engine,
+            "model": f.model,
+            "detail": f.detail,
+            "offset_ns": self.anchor.offset_ns,
+            "max_in_flight": t.max_in_flight,
+            "abort_grace_ns": t.abort_grace_ns,
+            "interval_s": self.interval_s,
+        }
 
     def _after_fork_in_child(self) -> None:
         """In a child made by ``fork()``: the span thread did not survive, the locks may be held by
@@ -193,13 +254,18 @@ class TracingPipeline:
             self.anchor, old.max_in_flight, gpu_elapsed=old.gpu_elapsed, abort_grace_ns=old.abort_grace_ns
         )
         self.counters = PipelineCounters()
-        if self._from_env:
+        if self.sink is not None:  # the span process is the parent's: this process starts its own
+            self.sink.forget_after_fork(self._span_process_settings())
+            self.sink.counters = self.counters
+            self._calls = CallRecorder(self.anchor)
+        elif self._from_env:
             try:
                 fresh = exporter_from_env()
                 self.exporter = SafeSpanExporter(fresh, "engine_hooks") if fresh is not None else None
             except ValueError:
                 self.exporter = None
             self.factory.int_arrays = takes_int_arrays(self.exporter)
+        self.builder = SpanBuilder(self.factory, self.exporter, self.batch_size)
         was_running = self._thread is not None
         self._thread = None
         if was_running and not self._stopped:
@@ -207,13 +273,18 @@ class TracingPipeline:
 
     def flush(self) -> None:
         """Export everything recorded so far (requests still in flight stay in flight; aborted ones
-        do not wait out their grace)."""
+        do not wait out their grace); with a span process, until it has exported it (or its
+        timeout, ``OTEL_BSP_EXPORT_TIMEOUT``)."""
         self.process(everything=True)
+        if self.sink is not None:
+            with self._lock:
+                self.sink.flush()
         if self.exporter is not None:
             self.exporter.force_flush()
 
     def shutdown(self) -> None:
-        """Final flush: requests still in flight are exported as incomplete, then the exporter closes."""
+        """Final flush: requests still in flight are exported as incomplete, then the exporter
+        closes (the span process exports what it holds and ends)."""
         if self._stopped:
             return
         self._stopped = True
@@ -221,6 +292,9 @@ class TracingPipeline:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
         self.process(final=True)
+        if self.sink is not None:
+            with self._lock:
+                self.sink.shutdown()
         if self.exporter is not None:
             self.exporter.force_flush()
             self.exporter.shutdown()
@@ -248,19 +322,22 @@ _default_lock = threading.Lock()
 def default_pipeline(**kwargs) -> TracingPipeline:
     """The process's pipeline for these settings (``engine``, ``model``, ``service_name``, ...),
     configured from the environment on first use (exporter from ``OTEL_LLM_TRACES_FILE`` or the
-    standard ``OTEL_*`` variables). The same settings give the same pipeline; other settings (a
+    standard ``OTEL_*`` variables, run in a span process unless ``OTEL_LLM_SPAN_PROCESS=0``).
+    The same settings give the same pipeline; other settings (a
     second engine in the process, say vLLM's front end and its engine core together) their own,
     never a pipeline silently set up for someone else."""
     key = tuple(sorted((k, v if isinstance(v, str | int | float | bool | None) else id(v)) for k, v in kwargs.items()))
     with _default_lock:
         p = _defaults.get(key)
         if p is None or p._stopped:
+            exporter, span_process = None, False
             try:
-                exporter = exporter_from_env()
+                if export_kind_from_env() is not None:  # spans go somewhere
+                    span_process = environment.env_bool(environment.SPAN_PROCESS, True)
+                    exporter = None if span_process else exporter_from_env()
             except ValueError as exc:
                 log.warning("engine_hooks: %s; spans are not exported", exc)
-                exporter = None
-            p = _defaults[key] = TracingPipeline(exporter, **kwargs)
+            p = _defaults[key] = TracingPipeline(exporter, span_process=span_process, **kwargs)
             p._from_env = True
             p.start()
         return p

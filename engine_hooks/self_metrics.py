@@ -7,7 +7,8 @@ or ``OTEL_EXPORTER_OTLP_ENDPOINT``; the protocol of ``OTEL_EXPORTER_OTLP_PROTOCO
 counters, read from the pipelines' own counters when the SDK collects, one series per pipeline
 (``otel_llm.pipeline``: its engine and boundary):
 
-* ``otel_llm.tracer.cpu_time`` (s): CPU time of span building and export, on the pipeline's thread;
+* ``otel_llm.tracer.cpu_time`` (s): CPU time of span building and export: the pipeline's thread,
+  and its span process (:mod:`engine_hooks.span_process`) where it has one;
 * ``otel_llm.tracer.spans.exported`` and ``.spans.dropped`` ({span});
 * ``otel_llm.tracer.events.dropped`` ({event}): hook events lost to a full recorder;
 * ``otel_llm.tracer.requests.unsampled`` ({request}): finished requests the sampler did not keep;
@@ -35,7 +36,12 @@ _provider = None
 _lock = threading.Lock()
 
 METRICS = (
-    ("otel_llm.tracer.cpu_time", "s", "CPU time of span building and export", lambda c: c.cpu_ns / 1e9),
+    (
+        "otel_llm.tracer.cpu_time",
+        "s",
+        "CPU time of span building and export (the pipeline's thread and its span process)",
+        lambda c: (c.cpu_ns + c.span_process_cpu_ns) / 1e9,
+    ),
     ("otel_llm.tracer.spans.exported", "{span}", "Spans handed to the exporter", lambda c: c.spans_exported),
     ("otel_llm.tracer.spans.dropped", "{span}", "Spans the exporter failed to send", lambda c: c.spans_dropped),
     ("otel_llm.tracer.events.dropped", "{event}", "Hook events lost to a full recorder", lambda c: c.events_dropped),

@@ -145,26 +145,41 @@ def destination() -> str:
     return f"OTLP/{'gRPC' if proto == 'grpc' else 'HTTP'} {url}"
 
 
-def exporter_from_env() -> SpanExporter | None:
-    """The exporter the environment asks for, or None when tracing export is off."""
-    path = environment.raw(environment.TRACES_FILE)
-    if path:
-        return FileSpanExporter(path)
+def export_kind_from_env() -> str | None:
+    """Which exporter the environment asks for, without making it: ``file``, ``console``,
+    ``grpc`` or ``http`` (OTLP), or None when tracing export is off; ValueError for a setting
+    this does not support."""
+    if environment.raw(environment.TRACES_FILE):
+        return "file"
     kind = (environment.raw(environment.TRACES_EXPORTER) or "otlp").split(",")[0].strip().lower()
     if kind == "none":
         return None
     if kind == "console":
-        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
-
-        return ConsoleSpanExporter()
+        return "console"
     if kind != "otlp":
         raise ValueError(f"OTEL_TRACES_EXPORTER={kind!r} is not supported (otlp, console or none)")
     proto = otlp_protocol()
     if proto == "grpc":
-        return grpc_exporter()
+        return "grpc"
     if proto in ("http/protobuf", "http"):
-        return http_exporter()
+        return "http"
     raise ValueError(f"OTLP protocol {proto!r} is not supported (grpc or http/protobuf)")
+
+
+def exporter_from_env() -> SpanExporter | None:
+    """The exporter the environment asks for, or None when tracing export is off."""
+    kind = export_kind_from_env()
+    if kind == "file":
+        return FileSpanExporter(environment.raw(environment.TRACES_FILE))
+    if kind == "console":
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        return ConsoleSpanExporter()
+    if kind == "grpc":
+        return grpc_exporter()
+    if kind == "http":
+        return http_exporter()
+    return None
 
 
 def grpc_exporter(**kwargs) -> SpanExporter:

@@ -1,0 +1,412 @@
+"""Span building and export in a process of its own, beside the traced engine's process.
+
+The engine's process keeps what must see the engine: the hooks and the recorder they write to.
+Everything after (the tracker that turns events into requests, building the OpenTelemetry spans,
+encoding and sending them) runs in a child process, the span process: ``python -c ...
+--otel-llm-span-process``, started by the pipeline on its first delivery. This is the pipeline's
+default for the exporter the environment configures (``OTEL_LLM_SPAN_PROCESS=0``: all of it on
+the pipeline's thread instead); it takes over 90% of what tracing costs off the engine's process.
+
+Each round, the pipeline's thread drains the recorder and hands the span process the events as
+they are, and for each event the engine left by reference (``EngineHooks.raw``), the calls its
+expander makes on the tracker (:class:`CallRecorder`: the expander runs here, where the engine's
+objects are, and tells a stand-in what it would tell the tracker). The span process feeds them to
+a pipeline of its own (the same tracker, span factory and exporter) with this process's
+wall-clock anchor, and builds what finished.
+
+The wire, parent to child on the child's stdin: frames of ``<uint32 length><kind byte><pickle>``:
+
+* ``s``: the settings (the parent's resource attributes, boundary, engine, model, detail, anchor);
+* ``b``: a batch: ``(number, items, http records, final, everything)``;
+* ``f``: flush (with a sequence number): build and export what came before, then answer.
+
+Child to parent, on a pipe of its own (its stdout stays the console exporter's): after each batch
+and each flush, ``<uint32 length><marshal (last batch done, last flush done, spans exported, spans
+dropped, requests unsampled, CPU ns, requests, steps, evicted)>``; the parent reads them when it
+delivers and waits for a flush's. A span process that dies loses what it had not answered for:
+those events are counted dropped (``otel_llm.tracer.events.dropped``).
+
+Bounds: a write that cannot go through within ``OTEL_BSP_EXPORT_TIMEOUT`` ms (a stuck child, a
+stuck endpoint behind it) is given up and its events counted dropped; a child that died is
+started again on the next delivery, at most once a second. The child ends when its stdin closes
+(the parent exited, or was killed: nothing it was sent is lost; requests still in flight are
+exported as incomplete), after exporting what it holds.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import marshal
+import os
+import pickle
+import select
+import struct
+import subprocess
+import sys
+import time
+
+from otel_llm import environment
+
+from .recorder import RAW, STEP
+
+log = logging.getLogger("engine_hooks")
+
+_HEAD = struct.Struct("<IB")  # frame length (after the kind byte), kind
+_LEN = struct.Struct("<I")
+SETTINGS, BATCH, FLUSH = ord("s"), ord("b"), ord("f")
+MAX_FRAME = 1 << 30
+#: how the child is started (``-m`` would import this module twice: the package imports it), and
+#: the argument that names it among a machine's processes
+_CHILD = "import sys; from engine_hooks.span_child import main; sys.exit(main())"
+SPAN_PROCESS_ARG = "--otel-llm-span-process"
+
+
+def _frame(kind: int, obj) -> bytes:
+    body = pickle.dumps(obj, 5)
+    return _HEAD.pack(len(body), kind) + body
+
+
+class CallRecorder:
+    """The tracker as an engine's expander sees it in the engine's process, in span-process mode:
+    its wall-clock ``anchor``, and its recording methods, each call kept (name and arguments) to
+    be made on the span process's tracker, in order with the recorder's own events."""
+
+    def __init__(self, anchor):
+        self.anchor = anchor
+        self.items: list = []
+        self.http_done: list = []  # engine_hooks.asgi.HttpRecord, as the tracker collects them
+        self._gpu: list[tuple] = []  # step events whose GPU time is not read back yet
+        self.failed_expansions = 0
+
+    def translate(self, events: list[tuple], gpu_elapsed=None, force: bool = False) -> list:
+        """This round's events for the span process: each plain event as it is, each raw one as
+        the calls its expander made; a step timed on the GPU once its time is read back (here:
+        CUDA events belong to this process), as an int where its handle was."""
+        items = self.items = []
+        for ev in events:
+            kind = ev[0]
+            if kind == RAW:
+                try:
+                    ev[2](self, ev[1], ev[3])
+                except Exception as exc:  # one engine object its expander could not read: the rest go on
+                    self.failed_expansions += 1
+                    if self.failed_expansions == 1:
+                        why = f"{type(exc).__name__}: {exc}"
+                        log.warning("engine_hooks: unpacking an engine's event failed (%s); the others go on", why)
+            elif kind == STEP and ev[9] is not None:
+                self._gpu.append(ev)
+            else:
+                items.append(ev)
+        if self._gpu:
+            waiting = []
+            for ev in self._gpu:
+                h = ev[9]
+                try:
+                    ns = h[0].elapsed_ns(h[1]) if type(h) is tuple else gpu_elapsed(h) if gpu_elapsed else None
+                except Exception:  # a GPU error reading it back: the step goes without its GPU time
+                    ns = _NO_GPU_TIME
+                if ns is None and not force:
+                    waiting.append(ev)
+                else:
+                    items.append(ev[:9] + (ns if ns is not None else _NO_GPU_TIME,) + ev[10:])
+            self._gpu = waiting
+        self.items = []
+        return items
+
+    def take_http(self) -> list:
+        h, self.http_done = self.http_done, []
+        return h
+
+    # the tracker's recording methods (engine_hooks.tracker.RequestTracker), each call kept
+    def arrival(self, *args) -> None:
+        self.items.append(("arrival", args))
+
+    def queued(self, *args) -> None:
+        self.items.append(("queued", args))
+
+    def scheduled(self, *args) -> None:
+        self.items.append(("scheduled", args))
+
+    def preempted(self, *args) -> None:
+        self.items.append(("preempted", args))
+
+    def annotate(self, *args) -> None:
+        self.items.append(("annotate", args))
+
+    def generated(self, *args) -> None:
+        self.items.append(("generated", args))
+
+    def token_out(self, *args) -> None:
+        self.items.append(("token_out", args))
+
+    def emitted(self, *args) -> None:
+        self.items.append(("emitted", args))
+
+    def finish(self, *args) -> None:
+        self.items.append(("finish", args))
+
+
+#: a GPU step time that could not be read back (given up on): no time, and not a handle
+_NO_GPU_TIME = -1
+
+
+class SpanProcessSink:
+    """The parent's side: delivers the pipeline's records to the child (started lazily, started
+    again when it died) and reads back what it exported. Used under the pipeline's lock."""
+
+    restart_interval_s = 1.0  # a span process is started at most this often
+
+    def __init__(self, settings: dict, counters, timeout_s: float | None = None):
+        self.settings = settings
+        self.env = dict(os.environ)  # every span process the pipeline starts exports as configured now
+        self.counters = counters  # the pipeline's PipelineCounters: spans_* and the child's CPU
+        self.timeout_s = timeout_s if timeout_s is not None else _export_timeout_s()
+        self._proc: subprocess.Popen | None = None
+        self._retired: list[subprocess.Popen] = []  # span processes finishing what they hold
+        self._fd: int | None = None  # the child's stdin, non-blocking
+        self._reply_fd: int | None = None
+        self._reply_buf = b""
+        self._seq = 0  # flushes asked for
+        self._acked = 0  # the last flush answered
+        self._batches = 0  # batches sent
+        self._sent: collections.deque[tuple[int, int]] = collections.deque()  # (batch, events) not yet answered
+        self._next_start = 0.0
+        self._child = _ZERO  # the child's last counters (_COUNTERS)
+        self._base = _ZERO  # the same, of the children before it
+        self.lost_events = 0  # hook events of batches that could not be written
+        self.starts = 0
+        self.failed = False  # the child cannot be started here: the pipeline builds in-process
+        self._pickle_warned = False
+        self._started_at = 0.0
+        self._quick_deaths = 0
+
+    # -- the child's life ---------------------------------------------------------------------------
+    def _start(self) -> bool:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            return True
+        if proc is not None:  # it died: what it had not answered for is lost; started again, unless
+            self._read_replies()  # it keeps dying at once
+            self.lost_events += sum(n for _, n in self._sent)
+            self._sent.clear()
+            self._close_fds()
+            self._proc = None
+            self._quick_deaths = self._quick_deaths + 1 if time.monotonic() - self._started_at < 2.0 else 0
+            if self._quick_deaths >= 3:
+                self._give_up(f"it exited {self._quick_deaths} times within 2 s of starting (code {proc.returncode})")
+                return False
+        now = time.monotonic()
+        if now < self._next_start:
+            return False
+        self._next_start = now + self.restart_interval_s
+        if not sys.executable:
+            self._give_up("no Python interpreter to start it with (sys.executable is empty)")
+            return False
+        read_fd, write_fd = os.pipe()
+        env = dict(self.env)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # engine_hooks importable there
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-c", _CHILD, SPAN_PROCESS_ARG, "--reply-fd", str(write_fd)],
+                stdin=subprocess.PIPE,
+                pass_fds=(write_fd,),
+                env=env,
+                # a session of its own: the terminal's Ctrl-C and a signal to the parent's process
+                # group stay the parent's; this process ends when its stdin does
+                start_new_session=True,
+            )
+        except OSError as exc:
+            os.close(read_fd)
+            self._give_up(str(exc))
+            return False
+        finally:
+            os.close(write_fd)  # the child's end
+        self._proc, self._started_at = proc, time.monotonic()
+        self.starts += 1
+        self._fd = proc.stdin.fileno()
+        os.set_blocking(self._fd, False)
+        os.set_blocking(read_fd, False)
+        self._reply_fd, self._reply_buf = read_fd, b""
+        self._base = self._child_totals()  # a new child counts from zero: keep what the last one did
+        self._child = _ZERO
+        return self._write(_frame(SETTINGS, self.settings))
+
+    def _give_up(self, why: str) -> None:
+        """No span process here: the pipeline builds and exports on its own thread from now on."""
+        self.failed = True
+        log.warning("engine_hooks: no span process (%s); building and exporting spans in this process", why)
+
+    def _child_totals(self) -> tuple:
+        return tuple(a + b for a, b in zip(self._base, self._child))
+
+    def _close_fds(self) -> None:
+        if self._proc is not None and self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+        if self._reply_fd is not None:
+            try:
+                os.close(self._reply_fd)
+            except OSError:
+                pass
+        self._fd = self._reply_fd = None
+
+    # -- writing ----------------------------------------------------------------------------------
+    def _write(self, frame: bytes) -> bool:
+        """Write a whole frame within the timeout. False when it could not: nothing of it went
+        (the stream goes on), or the child is gone; a frame cut short by the timeout retires the
+        child (its stream cannot go on: it exports the frames it got whole, and ends)."""
+        view = memoryview(frame)
+        deadline = time.monotonic() + self.timeout_s
+        fd = self._fd
+        while view:
+            try:
+                n = os.write(fd, view)
+                view = view[n:]
+                continue
+            except BlockingIOError:
+                pass
+            except OSError:  # the child has gone (BrokenPipeError)
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if len(view) < len(frame):
+                    self._retire()
+                return False
+            self._read_replies()  # the child may be waiting for us to read its answers
+            select.select([], [fd], [], min(left, 0.1))
+        return True
+
+    def _retire(self) -> None:
+        """Leave the current child to finish what it holds (its stdin closed) and start another
+        on the next delivery."""
+        if self._proc is not None:
+            self._base = self._child_totals()
+            self._child = _ZERO
+            self._retired.append(self._proc)
+            self._sent.clear()  # it may still export them: not counted either way
+        self._close_fds()
+        self._proc = None
+
+    def deliver(self, batch: tuple, events: int) -> None:
+        """Send one batch (``events``: how many hook events it holds, counted lost when it cannot
+        be sent)."""
+        if self._retired:
+            self._retired = [p for p in self._retired if p.poll() is None]
+        try:
+            frame = _frame(BATCH, (self._batches + 1, *batch))
+        except Exception as exc:  # something an expander passed on that pickle cannot take
+            self.lost_events += events
+            if not self._pickle_warned:
+                self._pickle_warned = True
+                log.warning("engine_hooks: a batch for the span process could not be written (%s); dropped", exc)
+            return
+        if self._start() and self._write(frame):
+            self._batches += 1
+            self._sent.append((self._batches, events))
+        else:
+            self.lost_events += events
+        self._read_replies()
+        self._update()
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        """Wait until the child has exported everything it was sent (True), or the timeout."""
+        if self._proc is None or self._fd is None or self._proc.poll() is not None:
+            return self._proc is None
+        self._seq += 1
+        seq = self._seq
+        if not self._write(_frame(FLUSH, seq)):
+            return False
+        deadline = time.monotonic() + (self.timeout_s if timeout_s is None else timeout_s)
+        while self._acked < seq:
+            left = deadline - time.monotonic()
+            if left <= 0 or self._reply_fd is None:
+                return False
+            select.select([self._reply_fd], [], [], left)
+            if not self._read_replies():
+                return False
+        self._update()
+        return True
+
+    def _read_replies(self) -> bool:
+        """Read what the child answered (non-blocking); False when its end is closed."""
+        fd = self._reply_fd
+        if fd is None:
+            return False
+        while True:
+            try:
+                chunk = os.read(fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            self._reply_buf += chunk
+        buf = self._reply_buf
+        while len(buf) >= 4:
+            (n,) = _LEN.unpack_from(buf)
+            if len(buf) < 4 + n:
+                break
+            batch, flush, *counts = marshal.loads(buf[4 : 4 + n])
+            self._acked = max(self._acked, flush)
+            sent = self._sent
+            while sent and sent[0][0] <= batch:
+                sent.popleft()
+            self._child = tuple(counts)[: len(_COUNTERS)]
+            buf = buf[4 + n :]
+        self._reply_buf = buf
+        return True
+
+    def _update(self) -> None:
+        c = self.counters
+        for name, value in zip(_COUNTERS, self._child_totals(), strict=True):
+            setattr(c, name, value)
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Flush, then end the children: EOF, and each exports what it holds and exits (waited for
+        within the timeout, then killed)."""
+        t = self.timeout_s if timeout_s is None else timeout_s
+        if self._proc is not None:
+            self.flush(t)
+            self._update()
+        self._retire()
+        deadline = time.monotonic() + t
+        for proc in self._retired:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._retired = []
+
+    def forget_after_fork(self, settings: dict) -> None:
+        """In a forked child of the parent: the span processes are the parent's; this process
+        starts its own (with ``settings``: its own anchor) when it first delivers (the inherited
+        descriptors are closed, not written)."""
+        self._close_fds()
+        self.settings = settings
+        self._proc, self._retired, self._next_start, self.starts = None, [], 0.0, 0
+        self._base, self._child, self.lost_events, self._acked, self._seq = _ZERO, _ZERO, 0, 0, 0
+        self._batches = 0
+        self._sent.clear()
+
+
+#: the span process's counters, as it sends them and as they land on the pipeline's PipelineCounters
+_COUNTERS = (
+    "spans_exported",
+    "spans_dropped",
+    "requests_unsampled",
+    "span_process_cpu_ns",
+    "requests_traced",
+    "steps_traced",
+    "requests_evicted",
+)
+_ZERO = (0,) * len(_COUNTERS)
+
+
+def _export_timeout_s() -> float:
+    return environment.env_int(environment.BSP_EXPORT_TIMEOUT, 30000, minimum=1) / 1000

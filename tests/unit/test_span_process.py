@@ -1,0 +1,261 @@
+"""Span building and export in a span process of its own (engine_hooks.span_process): the same
+spans as on the pipeline's thread, nothing delivered is lost when the engine's process is killed
+or its process group stopped, and a span process that is stuck or dead never holds the engine up."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+from conftest import ROOT
+from support.hook_feed import feed
+
+from engine_hooks import EngineHooks, TracingPipeline, default_pipeline
+from otel_llm import semconv as sc
+from otel_llm.otlp.export import FileSpanExporter
+from otel_llm.otlp.span_records import read_trace_file
+
+
+def _comparable(spans):
+    """The spans without what differs between two runs: ids and the process's own resource."""
+    return sorted(
+        (s.name, s.kind, s.end_ns - s.start_ns, tuple(sorted((k, str(v)) for k, v in s.attributes.items())))
+        for s in spans
+    )
+
+
+@pytest.mark.parametrize("detail", ["phases", "steps"])
+def test_the_span_process_exports_what_the_pipeline_thread_would(tmp_path, monkeypatch, detail):
+    here, there = tmp_path / "here.jsonl", tmp_path / "there.jsonl"
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(there))
+    inproc = TracingPipeline(FileSpanExporter(str(here)), engine="toy", detail=detail)
+    child = TracingPipeline(None, engine="toy", detail=detail, span_process=True)
+    try:
+        hooks = EngineHooks(inproc, strict=True)
+        feed(hooks, 20)
+        hooks.pipeline.recorder.record((0, 0, "never-finished", None, None, None, None))  # in flight at the flush
+        for e in list(inproc.recorder._buf):  # the same events, so the same times, to both
+            child.recorder.record(e)
+        for p in (inproc, child):
+            p.flush()
+        assert child.sink is not None and child.sink.starts == 1
+        a, b = read_trace_file(here), read_trace_file(there)
+        assert len([s for s in b if s.name == sc.SPAN_REQUEST]) == 20
+        assert _comparable(b) == _comparable(a)
+        # the caller's trace is joined in the span process too
+        assert {s.trace_id for s in b if s.name == sc.SPAN_REQUEST and s.attributes[sc.REQUEST_ID] == "r0"} == {
+            "0af7651916cd43dd8448eb211c80319c"
+        }
+        assert child.counters.spans_exported == len(b) and child.counters.spans_dropped == 0
+        assert child.counters.span_process_cpu_ns > 0
+    finally:
+        inproc.shutdown()
+        child.shutdown()
+    assert child.sink._proc is None  # ended with the pipeline
+
+
+def test_the_default_pipeline_uses_a_span_process_unless_told_not_to(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "t.jsonl"))
+    assert default_pipeline(engine="sp-default").sink is not None
+    monkeypatch.setenv("OTEL_LLM_SPAN_PROCESS", "0")
+    p = default_pipeline(engine="sp-off")
+    assert p.sink is None and p.exporter is not None
+    monkeypatch.delenv("OTEL_LLM_TRACES_FILE")
+    monkeypatch.delenv("OTEL_LLM_SPAN_PROCESS")
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "none")
+    p = default_pipeline(engine="sp-none")
+    assert p.sink is None and p.exporter is None  # nothing to export: no process started for it
+
+
+def _script(body: str) -> str:
+    return textwrap.dedent(
+        f"""
+        import os, signal, sys, time
+        sys.path.insert(0, {str(ROOT)!r}); sys.path.insert(0, {str(ROOT / "tests")!r})
+        from engine_hooks import EngineHooks
+        from support.hook_feed import feed
+        hooks = EngineHooks(engine="toy")
+        """
+    ) + textwrap.dedent(body)
+
+
+def _gone(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _requests(path) -> list[str]:
+    return sorted(s.attributes[sc.REQUEST_ID] for s in read_trace_file(path) if s.name == sc.SPAN_REQUEST)
+
+
+def test_sigkill_of_the_engine_process_loses_nothing_it_delivered(tmp_path):
+    """The engine's process delivers (no flush, no waiting) and is killed at once: its span process
+    reads to the end of the pipe, exports everything and exits."""
+    traces = tmp_path / "t.jsonl"
+    body = """
+        feed(hooks, 200)
+        hooks.pipeline.process()  # delivered: written to the span process, nothing waited for
+        print(hooks.pipeline.sink._proc.pid, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    proc = subprocess.run(
+        [sys.executable, "-c", _script(body)],
+        env={**os.environ, "OTEL_LLM_TRACES_FILE": str(traces)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    child = int(proc.stdout.split()[0])
+    assert _gone(child, 30), "the span process outlived its parent's pipe"
+    assert _requests(traces) == sorted(f"r{i}" for i in range(200))
+
+
+def test_sigterm_to_every_process_loses_nothing(tmp_path):
+    """A service manager stops the engine's process group and its span process (a cgroup, a
+    container) at once: the engine process flushes on its way out, after the signal; the span
+    process, signalled too, waits for that and exports it."""
+    traces = tmp_path / "t.jsonl"
+    body = """
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # vLLM's own handler ends the same way
+        feed(hooks, 50)
+        hooks.pipeline.flush()  # the span process is up and has taken them
+        print(hooks.pipeline.sink._proc.pid, flush=True)
+        while True:
+            time.sleep(0.05)
+            feed(hooks, 1, start=int(time.monotonic_ns() % 10**9) + 1000)
+        """
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _script(body)],
+        env={**os.environ, "OTEL_LLM_TRACES_FILE": str(traces)},
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        child = int(proc.stdout.readline())
+        time.sleep(0.3)
+        os.kill(child, signal.SIGTERM)  # in a session of its own: the group's signal does not reach it
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        assert _gone(child, 30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    got = _requests(traces)
+    assert {f"r{i}" for i in range(50)} <= set(got) and len(got) > 50  # and those after the signal's flush
+
+
+def test_a_stuck_span_process_never_holds_the_engine(tmp_path, monkeypatch):
+    """Stopped (SIGSTOP), it takes nothing: a delivery gives up at OTEL_BSP_EXPORT_TIMEOUT and
+    counts the hook events it could not send; the hooks go on recording meanwhile. A frame cut short
+    retires that span process (it exports what it got whole once it runs again) and the next
+    delivery starts another: nothing after is lost."""
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "t.jsonl"))
+    monkeypatch.setenv("OTEL_BSP_EXPORT_TIMEOUT", "500")
+    p = TracingPipeline(None, engine="toy", span_process=True)
+    hooks = EngineHooks(p)
+    feed(hooks, 5)
+    p.flush()
+    first = p.sink._proc
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        for k in range(40):  # more than the pipe holds
+            feed(hooks, 100, start=1000 + 100 * k)
+            p.process()
+        assert time.monotonic() - t0 < 40 * 0.5 + 10  # each delivery bounded by the timeout
+        assert p.counters.events_dropped > 0
+        t1 = time.perf_counter()
+        feed(hooks, 1, start=99_999)  # the engine's side is a deque append, whatever the child does
+        assert time.perf_counter() - t1 < 0.5
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    assert first.wait(timeout=30) == 0  # retired: it ended by itself once it could run
+    time.sleep(1.1)  # a span process is started again at most once a second
+    feed(hooks, 10, start=500_000)
+    p.flush()
+    assert p.sink.starts >= 2 and p.sink._proc.pid != first.pid
+    got = set(_requests(tmp_path / "t.jsonl"))
+    assert {f"r{i}" for i in range(500_000, 500_010)} <= got and {f"r{i}" for i in range(5)} <= got
+    p.shutdown()
+
+
+def test_a_forked_child_gets_a_span_process_of_its_own(tmp_path):
+    traces = tmp_path / "t.jsonl"
+    body = """
+        feed(hooks, 3)
+        hooks.pipeline.flush()
+        parent_child = hooks.pipeline.sink._proc.pid
+        pid = os.fork()
+        if pid == 0:
+            feed(hooks, 4, start=100)
+            hooks.pipeline.flush()
+            ok = hooks.pipeline.sink._proc is not None and hooks.pipeline.sink._proc.pid != parent_child
+            hooks.pipeline.shutdown()
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        feed(hooks, 2, start=200)
+        hooks.pipeline.flush()
+        assert hooks.pipeline.sink._proc.pid == parent_child  # the parent's is untouched
+        print(os.waitstatus_to_exitcode(status), flush=True)
+        """
+    proc = subprocess.run(
+        [sys.executable, "-c", _script(body)],
+        env={**os.environ, "OTEL_LLM_TRACES_FILE": str(traces)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and proc.stdout.split() == ["0"], proc.stderr[-2000:]
+    expected = [f"r{i}" for i in (0, 1, 2, 100, 101, 102, 103, 200, 201)]
+    assert _requests(traces) == sorted(expected)
+
+
+def test_a_span_process_that_cannot_run_leaves_the_spans_to_the_pipeline_thread(tmp_path, monkeypatch):
+    """A span process that exits as it starts (three times running): the pipeline says so once and
+    builds and exports on its own thread; what it had not sent yet is not lost."""
+    from engine_hooks import span_process
+
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "t.jsonl"))
+    monkeypatch.setattr(span_process, "_CHILD", "import sys; sys.exit(3)")
+    monkeypatch.setattr(span_process.SpanProcessSink, "restart_interval_s", 0.0)
+    p = TracingPipeline(None, engine="toy", span_process=True)
+    hooks = EngineHooks(p)
+    for k in range(5):
+        feed(hooks, 2, start=10 * k)
+        p.process()
+        if p.sink is not None and p.sink._proc is not None:
+            p.sink._proc.wait()
+    assert p.sink is None and p.exporter is not None  # on its own thread now
+    assert p.counters.events_dropped > 0  # what went to the span processes that died is counted
+    feed(hooks, 3, start=100)
+    p.flush()
+    assert {"r100", "r101", "r102"} <= set(_requests(tmp_path / "t.jsonl"))
+    p.shutdown()
+
+
+def test_an_expander_that_fails_costs_its_own_event_only(tmp_path, monkeypatch):
+    from engine_hooks.recorder import RAW
+
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "t.jsonl"))
+    p = TracingPipeline(None, engine="toy", span_process=True)
+    hooks = EngineHooks(p)
+    feed(hooks, 2)
+    p.recorder.record((RAW, 0, lambda tracker, mono, payload: payload.missing, object()))
+    feed(hooks, 2, start=10)
+    p.flush()
+    assert _requests(tmp_path / "t.jsonl") == ["r0", "r1", "r10", "r11"]
+    assert p._calls.failed_expansions == 1
+    p.shutdown()
