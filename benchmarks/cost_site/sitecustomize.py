@@ -21,7 +21,7 @@ def flush_spans() -> None:
     pipeline = sys.modules.get("engine_hooks.pipeline")
     if pipeline is not None:
         for p in list(pipeline._live_pipelines):
-            p.process(everything=True)
+            p.flush()  # with a span process: until it has exported what it was sent
     otel = sys.modules.get("opentelemetry.trace")
     if otel is not None:
         provider = otel.get_tracer_provider()
