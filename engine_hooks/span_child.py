@@ -139,8 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING)
     import signal
 
-    # it runs in a session of its own (the parent's Ctrl-C and process-group signals stay the
-    # parent's); a SIGTERM sent to it anyway (a container or cgroup stopped whole) leaves it
+    # it runs in a process group of its own (the parent's Ctrl-C and process-group signals stay
+    # the parent's); a SIGTERM sent to it anyway (a container or cgroup stopped whole) leaves it
     # TERM_GRACE_S for what the parent still sends on its way out
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _on_term)

@@ -213,9 +213,7 @@ class SpanProcessSink:
                 stdin=subprocess.PIPE,
                 pass_fds=(write_fd,),
                 env=env,
-                # a session of its own: the terminal's Ctrl-C and a signal to the parent's process
-                # group stay the parent's; this process ends when its stdin does
-                start_new_session=True,
+                **_OWN_GROUP,
             )
         except OSError as exc:
             os.close(read_fd)
@@ -406,6 +404,12 @@ _COUNTERS = (
     "requests_evicted",
 )
 _ZERO = (0,) * len(_COUNTERS)
+
+
+#: a process group of its own: the terminal's Ctrl-C and a signal to the parent's group stay the
+#: parent's (it ends when its stdin does); in the parent's session, where the kernel's autogroup
+#: shares CPU among sessions: a session of its own would compete with the engine as an equal
+_OWN_GROUP = {"process_group": 0} if sys.version_info >= (3, 11) else {"start_new_session": True}
 
 
 def _export_timeout_s() -> float:

@@ -146,7 +146,7 @@ def test_sigterm_to_every_process_loses_nothing(tmp_path):
     try:
         child = int(proc.stdout.readline())
         time.sleep(0.3)
-        os.kill(child, signal.SIGTERM)  # in a session of its own: the group's signal does not reach it
+        os.kill(child, signal.SIGTERM)  # in a group of its own: the group's signal does not reach it
         os.killpg(proc.pid, signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         assert _gone(child, 30)
