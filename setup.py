@@ -15,7 +15,10 @@ FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field
 
 setup(
     ext_modules=[
-        Extension("collector.receivers._otlp_walk", ["collector/receivers/_otlp_walk.c"], extra_compile_args=FLAGS, optional=True),
-        Extension("engine_hooks._batch_scan", ["engine_hooks/_batch_scan.c"], extra_compile_args=FLAGS, optional=True),
+        Extension(name, [source], extra_compile_args=FLAGS, optional=True)
+        for name, source in (
+            ("collector.receivers._otlp_walk", "collector/receivers/_otlp_walk.c"),
+            ("engine_hooks._batch_scan", "engine_hooks/_batch_scan.c"),
+        )
     ]
 )

@@ -140,9 +140,7 @@ class Counts:
 
     variant: str
     steps: list[int] = field(default_factory=list)
-    by_process: dict[str, list[int]] = field(
-        default_factory=lambda: {p: [] for p in (*PROCESS_NAMES, SPAN_PROCESSES)}
-    )
+    by_process: dict[str, list[int]] = field(default_factory=lambda: {p: [] for p in (*PROCESS_NAMES, SPAN_PROCESSES)})
 
     def values(self, process: str | None = None) -> list[int]:
         """One process's count per batch; the engine's own processes together for None."""
@@ -230,10 +228,8 @@ def _read_line(proc: subprocess.Popen, prefix: str, timeout: float) -> str:
     raise RuntimeError(f"the engine exited (code {proc.wait()}) before {prefix}")
 
 
-def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint: str | None) -> Counts:
-    """Start ``variant``'s engine under callgrind and count ``args.repeat`` batches."""
-    out_dir = os.path.join(workdir, variant)
-    os.makedirs(out_dir, exist_ok=True)
+def _variant_env(variant: str, out_dir: str, otlp_endpoint: str | None) -> dict:
+    """The environment a variant's engine runs in (offline and server alike)."""
     spec = VARIANTS[variant]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLLM_"))}
     env.update(spec.get("env", {}))
@@ -253,13 +249,19 @@ def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint:
         PYTHONHASHSEED="0",
         HF_HUB_OFFLINE="1",
         VLLM_LOGGING_LEVEL="WARNING",
+        # the server mode's control routes are not the load: no HTTP server span for them
+        OTEL_PYTHON_ASGI_EXCLUDED_URLS="^/otel-llm/,^/health$",
     )
     # vLLM's CPU worker binds its OpenMP threads by default ("auto": core 0 of a 2-core machine,
     # the other left to the rest): two engines counted at once, or beside a test run, then share
     # core 0 while core 1 idles (an engine's start took 323 s instead of 208). Where a thread runs
     # changes no instruction; one thread each, as "auto" gives on two cores.
     env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
-    cmd = [
+    return env
+
+
+def _valgrind(out_dir: str) -> list[str]:
+    return [
         "valgrind",
         "--tool=callgrind",
         "--instr-atstart=no",
@@ -268,22 +270,21 @@ def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint:
         "--trace-children-skip-by-arg=*resource_tracker*",
         f"--callgrind-out-file={out_dir}/cg.%p",
         "--log-file=" + os.path.join(out_dir, "valgrind.%p.log"),
-        sys.executable,
-        os.path.abspath(__file__),
-        "--drive",
-        variant,
-        "--model",
-        args.model,
-        "--requests",
-        str(args.requests),
-        "--tokens",
-        str(args.tokens),
-        "--warmup",
-        str(args.warmup),
     ]
-    if spec.get("otlp"):
+
+
+def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint: str | None) -> Counts:
+    """Start ``variant``'s engine under callgrind (offline: this script's driver; server: vLLM's
+    API server) and count ``args.repeat`` batches."""
+    out_dir = os.path.join(workdir, f"{args.mode}-{variant}")
+    os.makedirs(out_dir, exist_ok=True)
+    env = _variant_env(variant, out_dir, otlp_endpoint)
+    if args.mode == "server":
+        return _measure_server(variant, args, out_dir, env, otlp_endpoint)
+    cmd = [*_valgrind(out_dir), sys.executable, os.path.abspath(__file__), "--drive", variant, "--model", args.model]
+    cmd += ["--requests", str(args.requests), "--tokens", str(args.tokens), "--warmup", str(args.warmup)]
+    if VARIANTS[variant].get("otlp"):
         cmd += ["--otlp-endpoint", otlp_endpoint]
-    counts = Counts(variant)
     t0 = time.monotonic()
     with open(os.path.join(out_dir, "engine.log"), "w") as log:
         proc = subprocess.Popen(
@@ -296,44 +297,15 @@ def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint:
             process_group=0,  # killed whole: no engine core or worker outlives a failed count
         )
     _engines.append(proc)
+
+    def batch() -> int:
+        proc.stdin.write("GO\n")
+        proc.stdin.flush()
+        return int(_read_line(proc, "DONE", args.batch_timeout).split()[1])
+
     try:
         driver = int(_read_line(proc, "READY", args.start_timeout).split()[1])
-        roles = _roles(driver)
-        missing = set(PROCESS_NAMES) - set(roles)
-        if missing:
-            raise RuntimeError(f"{variant}: no {', '.join(sorted(missing))} process found under valgrind")
-        print(f"  {variant}: engine up in {time.monotonic() - t0:.0f} s (pids {roles})", file=sys.stderr, flush=True)
-        for r in range(args.repeat):
-            for pid in roles.values():
-                _control("-z", str(pid))
-                _control("-i", "on", str(pid))
-            t_go = time.monotonic()
-            proc.stdin.write("GO\n")
-            proc.stdin.flush()
-            steps = int(_read_line(proc, "DONE", args.batch_timeout).split()[1])
-            t_batch = time.monotonic()
-            for pid in roles.values():
-                _control("-i", "off", str(pid))
-            before = set(os.listdir(out_dir))
-            for pid in roles.values():
-                _control("-d", str(pid))
-            dumps = sorted(set(os.listdir(out_dir)) - before)
-            counts.steps.append(steps)
-            batch = dict.fromkeys(counts.by_process, 0)
-            for role, pid in roles.items():
-                mine = [d for d in dumps if d.startswith(f"cg.{pid}.")]
-                if len(mine) != 1:
-                    raise RuntimeError(f"{variant}: expected one dump of pid {pid}, found {mine}")
-                batch[role if role in PROCESS_NAMES else SPAN_PROCESSES] += _total(os.path.join(out_dir, mine[0]))
-            for role, n in batch.items():
-                counts.by_process[role].append(n)
-            total = sum(batch.values())
-            print(
-                f"  {variant}: batch {r + 1}/{args.repeat}: {steps} steps, {total / 1e6:,.1f} M instructions "
-                f"({t_batch - t_go:.0f} s)",
-                file=sys.stderr,
-                flush=True,
-            )
+        return _count(variant, args, out_dir, driver, batch, t0)
     finally:
         try:
             proc.stdin.close()  # the driver's end: it shuts its engine down
@@ -344,7 +316,136 @@ def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint:
         except subprocess.TimeoutExpired:
             pass
         stop_cpu_server(proc, 60)  # then SIGKILL to the whole group, should anything be left
+
+
+def _count(variant: str, args: argparse.Namespace, out_dir: str, front_pid: int, batch, t0: float) -> Counts:
+    """Count ``args.repeat`` calls of ``batch()`` (which runs one batch and returns the engine
+    steps it took) in every process of the engine under ``front_pid``."""
+    counts = Counts(variant)
+    roles = _roles(front_pid)
+    missing = set(PROCESS_NAMES) - set(roles)
+    if missing:
+        raise RuntimeError(f"{variant}: no {', '.join(sorted(missing))} process found under valgrind")
+    label = f"{args.mode} {variant}"
+    print(f"  {label}: engine up in {time.monotonic() - t0:.0f} s (pids {roles})", file=sys.stderr, flush=True)
+    for r in range(args.repeat):
+        for pid in roles.values():
+            _control("-z", str(pid))
+            _control("-i", "on", str(pid))
+        t_go = time.monotonic()
+        steps = batch()
+        t_batch = time.monotonic()
+        for pid in roles.values():
+            _control("-i", "off", str(pid))
+        before = set(os.listdir(out_dir))
+        for pid in roles.values():
+            _control("-d", str(pid))
+        dumps = sorted(set(os.listdir(out_dir)) - before)
+        counts.steps.append(steps)
+        one = dict.fromkeys(counts.by_process, 0)
+        for role, pid in roles.items():
+            mine = [d for d in dumps if d.startswith(f"cg.{pid}.")]
+            if len(mine) != 1:
+                raise RuntimeError(f"{variant}: expected one dump of pid {pid}, found {mine}")
+            one[role if role in PROCESS_NAMES else SPAN_PROCESSES] += _total(os.path.join(out_dir, mine[0]))
+        for role, n in one.items():
+            counts.by_process[role].append(n)
+        print(
+            f"  {label}: batch {r + 1}/{args.repeat}: {steps} steps, {sum(one.values()) / 1e6:,.1f} M instructions "
+            f"({t_batch - t_go:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return counts
+
+
+# -- the server mode: vLLM's API server under valgrind, loaded over HTTP from here ----------------
+def _http(method: str, url: str, timeout: float, body: dict | None = None) -> dict:
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read() or b"{}")
+
+
+def _server_batch(base: str, args: argparse.Namespace, batch_no: int) -> int:
+    """One batch through the API server, as the offline driver runs it: the scheduler paused while
+    every request arrives (streamed completions of the offline batch's prompts, greedy,
+    ``ignore_eos``), then resumed; every stream read to its end; then the span rounds. Returns
+    the engine steps it took."""
+    import httpx
+
+    from engine_hooks.tiny_model import prompt
+
+    timeout = args.batch_timeout
+    _http("POST", f"{base}/otel-llm/pause", timeout)
+    errors: list[str] = []
+
+    def one(i: int) -> None:
+        body = {
+            "model": args.model,
+            "prompt": prompt(32, seed=i),
+            "max_tokens": args.tokens,
+            "ignore_eos": True,
+            "temperature": 0,
+            "stream": True,
+        }
+        try:
+            with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout) as resp:
+                for _ in resp.iter_lines():
+                    pass
+                if resp.status_code != 200:
+                    errors.append(f"HTTP {resp.status_code}")
+        except httpx.HTTPError as exc:
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(args.requests)]
+    for t in threads:
+        t.start()
+    _http("GET", f"{base}/otel-llm/wait?n={args.requests}", timeout)
+    _http("POST", f"{base}/otel-llm/resume", timeout)
+    for t in threads:
+        t.join(timeout)
+    if errors:
+        raise RuntimeError(f"batch {batch_no}: {len(errors)} requests failed ({errors[0]})")
+    return int(_http("POST", f"{base}/otel-llm/flush", timeout)["steps"])
+
+
+def _measure_server(variant: str, args: argparse.Namespace, out_dir: str, env: dict, otlp_endpoint) -> Counts:
+    from engine_hooks.tiny_model import cpu_server_command, free_port
+
+    spec = VARIANTS[variant]
+    if spec["traced"] == "ours":
+        env["OTEL_LLM_ENABLE"] = "1"
+    port = free_port()
+    extra = ["--seed", "0"]
+    if spec["traced"] == "vllm":
+        extra += ["--otlp-traces-endpoint", otlp_endpoint]
+    cmd = [*_valgrind(out_dir), *cpu_server_command(args.model, port, 256 * 2**20, extra_args=extra)]
+    t0 = time.monotonic()
+    with open(os.path.join(out_dir, "engine.log"), "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, process_group=0)
+    _engines.append(proc)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + args.start_timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{variant}: the server exited with {proc.returncode} before it was healthy")
+            try:
+                _http("GET", f"{base}/health", 5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{variant}: the server was not healthy in {args.start_timeout:.0f} s") from None
+                time.sleep(2)
+        for w in range(args.warmup):
+            _server_batch(base, args, -w)
+        batches = iter(range(1, args.repeat + 1))
+        return _count(variant, args, out_dir, proc.pid, lambda: _server_batch(base, args, next(batches)), t0)
+    finally:
+        stop_cpu_server(proc, 120)
 
 
 #: the budget (docs/architecture.md, "The hot path"), for the default detail level
@@ -465,6 +566,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--variants", default=f"plain,{DEFAULT_VARIANT}", help=f"comma-separated, of {', '.join(VARIANTS)}; or all"
     )
+    ap.add_argument(
+        "--mode",
+        choices=("offline", "server", "both"),
+        default="offline",
+        help="offline: vllm.LLM driven by this script; server: vLLM's OpenAI API server, the batch sent "
+        "over HTTP (streamed completions); both: one after the other (default offline)",
+    )
     ap.add_argument("--requests", type=int, default=32, help="requests per batch (default 32)")
     ap.add_argument("--tokens", type=int, default=64, help="output tokens per request (default 64)")
     ap.add_argument("--repeat", type=int, default=3, help="counted batches per variant (default 3)")
@@ -498,57 +606,81 @@ def main(argv: list[str] | None = None) -> int:
         args.model = build_tiny_model(os.path.join(tempfile.gettempdir(), "otel-llm-tiny-model"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # cleaned up as Ctrl-C is
     sink, endpoint = _sink() if any(VARIANTS[n].get("otlp") for n in names) else (None, None)
+    modes = ["offline", "server"] if args.mode == "both" else [args.mode]
     print(
-        f"cost_count: {', '.join(names)}: {args.requests} requests x {args.tokens} tokens a batch, {args.warmup} "
-        f"warm-up and {args.repeat} counted batches each, {args.jobs} at once (an engine takes minutes to start "
-        "under valgrind)",
+        f"cost_count: {', '.join(names)} ({', '.join(modes)}): {args.requests} requests x {args.tokens} tokens a "
+        f"batch, {args.warmup} warm-up and {args.repeat} counted batches each, {args.jobs} at once (an engine takes "
+        "minutes to start under valgrind)",
         file=sys.stderr,
         flush=True,
     )
+    by_mode: dict[str, dict[str, Counts]] = {}
+    status = 0
     try:
         with tempfile.TemporaryDirectory(prefix="cost-count-") as tmp:
             workdir = args.keep or tmp
-            with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-                futures = {n: pool.submit(measure, n, args, workdir, endpoint) for n in names}
-                results, failed = {}, {}
-                try:
-                    for n, f in futures.items():
-                        try:
-                            results[n] = f.result()
-                        except Exception as exc:  # the others' counts still stand
-                            failed[n] = f"{type(exc).__name__}: {exc}"
-                except BaseException:  # interrupted: stop every engine, so the pool's threads end
-                    for f in futures.values():
-                        f.cancel()
-                    for proc in _engines:
-                        stop_cpu_server(proc, 0)
-                    raise
+            for mode in modes:
+                results, failed = _run_mode(mode, names, args, workdir, endpoint)
+                by_mode[mode] = results
+                for n, why in failed.items():
+                    print(
+                        f"cost_count: {mode} {n} failed ({why}); its engine's log: --keep DIR/{mode}-{n}/engine.log",
+                        file=sys.stderr,
+                    )
+                    status = 1
     finally:
         if sink is not None:
             sink.kill()
-    for n, why in failed.items():
-        print(f"cost_count: {n} failed ({why}); its engine's log is in --keep DIR/{n}/engine.log", file=sys.stderr)
-    if not results:
+    if not any(by_mode.values()):
         return 1
-    print(f"cost_count: {args.requests} requests x {args.tokens} tokens a batch, {args.repeat} counted batches each")
-    print(table(results, args.requests, args.tokens))
-    lines = budget(results, args.requests, args.tokens)
-    print("\n".join(["", *lines]) if lines else "")
+    for mode, results in by_mode.items():
+        if not results:
+            continue
+        print(
+            f"cost_count ({mode}): {args.requests} requests x {args.tokens} tokens a batch, {args.repeat} counted each"
+        )
+        print(table(results, args.requests, args.tokens))
+        lines = budget(results, args.requests, args.tokens)
+        print("\n".join(["", *(f"{mode} {line}" for line in lines), ""]))
+        if args.check_budget and any(line.endswith("EXCEEDED") for line in lines):
+            status = 1
+        if args.check:
+            worst, name = max((c.spread(), k) for k, c in results.items())
+            if worst > args.max_spread:
+                print(
+                    f"cost_count: {mode} {name}'s total varies by {worst:.3%} between identical batches "
+                    f"(at most {args.max_spread:.2%})"
+                )
+                status = 1
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({k: {"steps": c.steps, "by_process": c.by_process} for k, c in results.items()}, f, indent=1)
-    status = 1 if failed else 0
-    if args.check:
-        worst, name = max((c.spread(), k) for k, c in results.items())
-        if worst > args.max_spread:
-            print(
-                f"cost_count: {name}'s total varies by {worst:.3%} between identical batches "
-                f"(at most {args.max_spread:.2%})"
-            )
-            status = 1
-    if args.check_budget and any(line.endswith("EXCEEDED") for line in lines):
-        status = 1
+            doc = {
+                mode: {k: {"steps": c.steps, "by_process": c.by_process} for k, c in results.items()}
+                for mode, results in by_mode.items()
+            }
+            json.dump(doc, f, indent=1)
     return status
+
+
+def _run_mode(mode: str, names: list[str], args: argparse.Namespace, workdir: str, endpoint) -> tuple[dict, dict]:
+    """Every variant counted in ``mode``, ``args.jobs`` at once: (results, failures)."""
+    margs = argparse.Namespace(**{**vars(args), "mode": mode})
+    results, failed = {}, {}
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = {n: pool.submit(measure, n, margs, workdir, endpoint) for n in names}
+        try:
+            for n, f in futures.items():
+                try:
+                    results[n] = f.result()
+                except Exception as exc:  # the others' counts still stand
+                    failed[n] = f"{type(exc).__name__}: {exc}"
+        except BaseException:  # interrupted: stop every engine, so the pool's threads end
+            for f in futures.values():
+                f.cancel()
+            for proc in _engines:
+                stop_cpu_server(proc, 0)
+            raise
+    return results, failed
 
 
 if __name__ == "__main__":

@@ -63,8 +63,8 @@ def events(n: int, steps: int, outputs: list[list] | None = None) -> list[tuple]
     m0, now = monotonic_ns(), time.monotonic()
     out = [(ARRIVAL, m0, f"r{i}", None, 32, None, {sc.REQUEST_ID: f"r{i}"}) for i in range(n)]
     last = None
-    for t, outputs in enumerate(outputs or step_outputs(n, steps)):
-        ids, counts, rare = scan(outputs, last)
+    for t, step in enumerate(outputs or step_outputs(n, steps)):
+        ids, counts, rare = scan(step, last)
         last = ids
         step_mono = m0 + (t + 1) * 3_000_000
         out.append((RAW, step_mono, expand_outputs, (now + (t + 1) * 0.003, ids, counts, rare)))

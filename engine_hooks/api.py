@@ -101,6 +101,11 @@ class EngineHooks:
         return self._detail or environment.detail_level()
 
     @property
+    def has_pipeline(self) -> bool:
+        """Whether these hooks have a pipeline yet (given, or made by a first event)."""
+        return self._pipeline is not None
+
+    @property
     def pipeline(self) -> TracingPipeline:
         """The pipeline events go to: the one given, else the process's default pipeline
         (configured from the environment), created on first use, not at decoration time."""

@@ -133,6 +133,9 @@ class TracingPipeline:
 
     # -- builder side ---------------------------------------------------------------------------
     def _run(self) -> None:
+        if self.sink is not None:  # up before the first round: the first spans are not late for it
+            with self._lock:
+                self.sink.start()
         while not self._stopped:
             self._wake.wait(self.interval_s)
             self._wake.clear()

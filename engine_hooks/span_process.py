@@ -182,6 +182,10 @@ class SpanProcessSink:
         self._quick_deaths = 0
 
     # -- the child's life ---------------------------------------------------------------------------
+    def start(self) -> bool:
+        """Start the span process now (else on the first delivery); False when it cannot be."""
+        return not self.failed and self._start()
+
     def _start(self) -> bool:
         proc = self._proc
         if proc is not None and proc.poll() is None:

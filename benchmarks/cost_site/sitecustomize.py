@@ -9,6 +9,9 @@ by the product. It makes an instruction count repeatable in vLLM's processes:
   instead, so its work is counted once. In the engine core it is a utility method the driver
   calls (``EngineCore.otel_llm_flush_spans``, added here), run by the engine core's own loop,
   which also returns how many engine steps ran the model.
+* In the server mode, the API server gets control routes (``/otel-llm/pause``, ``wait``,
+  ``resume``, ``flush``) that do for the HTTP client what the offline driver does in its own
+  process: every request of a batch waits in the scheduler before its first step.
 """
 
 import os
@@ -55,12 +58,79 @@ def _engine_core(module) -> None:
     core.otel_llm_flush_spans = otel_llm_flush_spans
 
 
+#: the server mode's wait for a batch: (requests the front end must hold, the event set then)
+_waiting: list = []
+
+
+def _output_processor(module) -> None:
+    """``OutputProcessor.add_request`` tells the server's ``/otel-llm/wait`` when the batch is in
+    (every variant alike: the same wrapper, the same work per request)."""
+    cls = module.OutputProcessor
+    add = cls.add_request
+
+    def add_request(self, *a, **k):
+        out = add(self, *a, **k)
+        if _waiting and self.get_num_unfinished_requests() >= _waiting[0][0]:
+            _waiting[0][1].set()
+        return out
+
+    cls.add_request = add_request
+
+
+def _api_app(module) -> None:
+    """The API server's control routes for the server mode (``/otel-llm/...``): pause the
+    scheduler (requests wait for the first step), wait until the batch is in the front end,
+    resume, and flush (this process's span round and the engine core's; returns its steps)."""
+    build_app = module.build_app
+
+    def build_app_with_control(*a, **k):
+        import asyncio
+
+        from fastapi import Request
+
+        app = build_app(*a, **k)
+
+        def core(request: Request):
+            return request.app.state.engine_client.engine_core
+
+        @app.post("/otel-llm/pause")
+        async def pause(request: Request):
+            await core(request).call_utility_async("pause_scheduler", "keep", False)
+            return {"ok": True}
+
+        @app.post("/otel-llm/resume")
+        async def resume(request: Request):
+            await core(request).call_utility_async("resume_scheduler")
+            return {"ok": True}
+
+        @app.get("/otel-llm/wait")
+        async def wait(request: Request, n: int):
+            op = request.app.state.engine_client.output_processor
+            event = asyncio.Event()
+            _waiting[:] = [(n, event)]
+            if op.get_num_unfinished_requests() < n:
+                await event.wait()
+            _waiting.clear()
+            return {"ok": True}
+
+        @app.post("/otel-llm/flush")
+        async def flush(request: Request):
+            flush_spans()
+            return {"steps": await core(request).call_utility_async("otel_llm_flush_spans")}
+
+        return app
+
+    module.build_app = build_app_with_control
+
+
 class _AfterImport:
     """Import hook: run ``patches[name](module)`` once the module ``name`` is loaded."""
 
     patches: ClassVar[dict] = {
         "vllm.distributed.device_communicators.shm_broadcast": _no_spin,
         "vllm.v1.engine.core": _engine_core,
+        "vllm.v1.engine.output_processor": _output_processor,
+        "vllm.entrypoints.launchers.app": _api_app,
     }
 
     def find_spec(self, fullname, path=None, target=None):

@@ -109,7 +109,8 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
 
     def shutdown_and_flush(self, *a, **k):
         try:
-            hooks.pipeline.shutdown()
+            if hooks.has_pipeline:  # none was needed (no step, no preemption): none is made now
+                hooks.pipeline.shutdown()
         except Exception as exc:
             log.warning("engine_hooks: flushing step spans at shutdown failed: %s", exc)
         return shutdown(self, *a, **k)

@@ -129,7 +129,7 @@ def test_counted_batches_repeat_within_two_tenths_of_a_percent(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3000, cwd=ROOT)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    got = json.loads(out.read_text())
+    got = json.loads(out.read_text())["offline"]
     for variant in ("plain", cc.DEFAULT_VARIANT):
         assert got[variant]["steps"] == [64, 64]
         assert all(min(got[variant]["by_process"][p]) > 0 for p in cc.PROCESS_NAMES)
@@ -137,5 +137,5 @@ def test_counted_batches_repeat_within_two_tenths_of_a_percent(tmp_path):
     assert min(got[cc.DEFAULT_VARIANT]["by_process"][cc.SPAN_PROCESSES]) > 0  # the spans are built there
     fe = [sum(got[v]["by_process"]["front end"]) for v in ("plain", cc.DEFAULT_VARIANT)]
     assert fe[1] > fe[0] * 1.005  # the hooks' own work is seen
-    budget = [line for line in proc.stdout.splitlines() if line.startswith(f"budget ({cc.DEFAULT_VARIANT})")]
+    budget = [line for line in proc.stdout.splitlines() if line.startswith(f"offline budget ({cc.DEFAULT_VARIANT})")]
     assert len(budget) == 2 and all(line.endswith(": ok") for line in budget), budget

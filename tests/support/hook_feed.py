@@ -21,7 +21,8 @@ def feed(hooks: EngineHooks, n: int, start: int = 0) -> None:
         attributes=lambda res, rid: {sc.REQUEST_MODEL: "tiny", "llm.test.np": np.int64(7)},
     )(lambda rid: None)
     sched = hooks.schedule(scheduled=lambda res, *a: res)(lambda ids=(): list(ids))
-    step = hooks.step(batch_size=lambda res, plan: len(plan), tokens=lambda res, plan: (0, len(plan)))(lambda plan: plan)
+    step = hooks.step(batch_size=lambda res, plan: len(plan), tokens=lambda res, plan: (0, len(plan)))
+    step = step(lambda plan: plan)
     out = hooks.token_out(outputs=lambda res, ids: [(r, 1) for r in ids])(lambda ids: None)
     pre = hooks.preempt(request_id=lambda res, rid: rid)(lambda rid: None)
     fin = hooks.finish(request_id=lambda res, ids: ids)(lambda ids: None)
@@ -35,5 +36,3 @@ def feed(hooks: EngineHooks, n: int, start: int = 0) -> None:
     pre(ids[0])
     out(step(sched([ids[0]])))
     fin(ids)
-
-

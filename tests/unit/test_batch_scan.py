@@ -53,7 +53,8 @@ def _expected(items, previous):
     ids = [o.request_id for o in items]
     counts = [len(o.new_token_ids) for o in items]
     rare = [o for o in items if any(getattr(o, f) is not None for f in RARE_FIELDS)]
-    return ids, (None if all(c == 1 for c in counts) else counts), (rare or None), previous is not None and ids == previous
+    same = previous is not None and ids == previous
+    return ids, (None if all(c == 1 for c in counts) else counts), (rare or None), same
 
 
 @settings(max_examples=200, deadline=None)
@@ -64,7 +65,8 @@ def test_c_and_python_give_the_same_answer_step_after_step(spec):
     for step in spec:
         items = _make(step)
         ids, counts, rare, same = _expected(items, last_c)
-        for name, got, last in (("c", scan(items, last_c), last_c), ("python", scan.scan_python(items, last_py), last_py)):
+        answers = (("c", scan(items, last_c), last_c), ("python", scan.scan_python(items, last_py), last_py))
+        for name, got, last in answers:
             assert got[0] == ids and got[1] == counts, name
             assert (got[2] or None) == rare and all(a is b for a, b in zip(got[2] or (), rare or ())), name
             # the same batch again: the previous list itself (the tracker then knows it without comparing)
