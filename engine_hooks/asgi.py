@@ -143,9 +143,10 @@ class TracingMiddleware:
         self._recorder = recorder
         stamp_first_byte()  # for the requests after this one (Starlette builds middleware on the first)
         self._excluded = environment.excluded_urls()  # health probes, metric scrapes: no span
-        from otel_llm.otlp.sdk_internals import configured_sampler
+        from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut
 
         self._sampler = configured_sampler()
+        self._shortcut = sampler_shortcut(self._sampler)  # the usual samplers, decided without the SDK
 
     @property
     def recorder(self):
@@ -161,6 +162,10 @@ class TracingMiddleware:
     def _decide(self, parent, trace_id: bytes, scope) -> tuple[bool, float | None]:
         """The configured sampler's decision for this request (a parent-based one follows the
         caller's flag), and the probability where it decided itself."""
+        if self._shortcut == "parent":  # what parentbased_always_on decides, without a context
+            return (bool(parent[2] & 1), None) if parent is not None else (True, 1.0)
+        if self._shortcut == "always":
+            return True, 1.0
         from opentelemetry import trace as trace_api
         from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
@@ -214,17 +219,18 @@ class TracingMiddleware:
             p,
             t_app,
         )
-        chunks = rec.chunk_mono
+        chunk = rec.chunk_mono.append
 
-        async def traced_send(message):
+        def traced_send(message):
+            # a plain function handing back send's own awaitable: no coroutine of ours per chunk
             typ = message.get("type")
             if typ == "http.response.body":
                 if message.get("body"):
-                    chunks.append(monotonic_ns())
+                    chunk(monotonic_ns())
             elif typ == "http.response.start":
                 rec.response_start_mono = monotonic_ns()
                 rec.status = message.get("status")
-            await send(message)
+            return send(message)
 
         try:
             await self.app({**scope, "headers": headers, _SEEN: True}, receive, traced_send)

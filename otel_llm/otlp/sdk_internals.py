@@ -151,6 +151,25 @@ def sampling_probability(sampler, has_parent: bool) -> float | None:
     return None
 
 
+def sampler_shortcut(sampler) -> str | None:
+    """What ``sampler`` decides, where it is one of the two everyone runs, so that a hot path can
+    decide without building a context for it: ``"parent"`` for the SDK's default
+    (``parentbased_always_on``: a caller's sampled flag, else keep), ``"always"`` for
+    ``always_on``; None for any other (ask the sampler)."""
+    from opentelemetry.sdk.trace import sampling as s
+
+    if sampler is s.ALWAYS_ON:
+        return "always"
+    if (
+        type(sampler) is s.ParentBased
+        and sampler._root is s.ALWAYS_ON
+        and sampler._remote_parent_sampled is s.ALWAYS_ON
+        and sampler._remote_parent_not_sampled is s.ALWAYS_OFF
+    ):
+        return "parent"
+    return None
+
+
 def tracer_probability(tracer) -> float | None:
     """:func:`sampling_probability` of an SDK tracer's sampler for a span started now (a child of
     the current span, if there is one); None for tracers that are not the SDK's."""

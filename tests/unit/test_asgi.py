@@ -155,3 +155,23 @@ def test_the_span_starts_at_the_request_first_byte_under_uvicorn(http):
     (h,) = records(rec)
     assert 0.07e9 <= h.app_start_mono - h.start_mono <= 1e9
     assert h.start_mono <= h.app_start_mono <= h.response_start_mono <= h.chunk_mono[0]
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    ["parentbased_always_on", "always_on", "parentbased_traceidratio", "always_off", "parentbased_always_off"],
+)
+def test_the_usual_samplers_are_decided_as_the_sdk_decides(monkeypatch, sampler):
+    """The middleware decides the SDK's default sampler (and always_on) without building a context
+    for it: the same decision and probability as asking the sampler, with and without a caller's
+    traceparent, sampled or not; any other sampler is asked."""
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", sampler)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER_ARG", "0.5")
+    mw = TracingMiddleware(lambda *a: None, recorder=Recorder())
+    assert mw._shortcut == {"parentbased_always_on": "parent", "always_on": "always"}.get(sampler)
+    asked = TracingMiddleware(lambda *a: None, recorder=Recorder())
+    asked._shortcut = None  # the general path: the SDK's sampler, asked
+    scope = {"method": "POST", "path": "/v1/completions"}
+    for trace_id in (b"\x01" * 16, b"\xff" * 16, bytes(range(16))):
+        for parent in (None, (trace_id, b"\x02" * 8, 1), (trace_id, b"\x02" * 8, 0)):
+            assert mw._decide(parent, trace_id, scope) == asked._decide(parent, trace_id, scope), (parent, trace_id)
