@@ -2,7 +2,7 @@
 
 * ``collector.receivers._otlp_walk`` walks OTLP protobuf payloads without building protobuf
   objects;
-* ``engine_hooks._batch_scan`` reads an engine step's outputs (request ids, token counts, the
+* ``engine_hooks._hotpath`` reads an engine step's outputs (request ids, token counts, the
   rare fields) in one pass on the engine's thread.
 
 Both are optional: without a C compiler the install goes on, and the collector uses protobuf's
@@ -18,7 +18,7 @@ setup(
         Extension(name, [source], extra_compile_args=FLAGS, optional=True)
         for name, source in (
             ("collector.receivers._otlp_walk", "collector/receivers/_otlp_walk.c"),
-            ("engine_hooks._batch_scan", "engine_hooks/_batch_scan.c"),
+            ("engine_hooks._hotpath", "engine_hooks/_hotpath.c"),
         )
     ]
 )

@@ -23,12 +23,20 @@ instrumentation reads them; default ``/health``, ``/ping``, ``/metrics``, ``/ver
 
 from __future__ import annotations
 
+import functools
+import operator
 import os
 from dataclasses import dataclass, field
 
+from otel_llm import environment
 from otel_llm.clock import monotonic_ns
 
 from .recorder import RAW
+
+try:
+    from . import _hotpath
+except ImportError:  # no C compiler at install: chunks timed in Python
+    _hotpath = None
 
 _TRACEPARENT = b"traceparent"
 _SEEN = "otel_llm.http_traced"  # scope key: an inner copy of the middleware passes through
@@ -101,6 +109,14 @@ class HttpRecord:
     probability: float | None = None  # what it kept the request with, where it decided itself
     app_start_mono: int = 0  # the app (this middleware) was called
 
+    def __reduce__(self):
+        """Pickled as its fields in order (to the span process: a dataclass's default state is a
+        dict of them, built and read through copyreg)."""
+        return HttpRecord, _HTTP_FIELDS(self)
+
+
+_HTTP_FIELDS = operator.attrgetter(*HttpRecord.__dataclass_fields__)
+
 
 def parse_traceparent(value: bytes | str | None) -> tuple[bytes, bytes, int] | None:
     """(trace id, span id, flags) of a W3C traceparent, or None."""
@@ -137,7 +153,6 @@ class TracingMiddleware:
     """ASGI middleware (a class, as vLLM's ``--middleware`` and Starlette's ``add_middleware`` take)."""
 
     def __init__(self, app, recorder=None):
-        from otel_llm import environment
 
         self.app = app
         self._recorder = recorder
@@ -147,6 +162,10 @@ class TracingMiddleware:
 
         self._sampler = configured_sampler()
         self._shortcut = sampler_shortcut(self._sampler)  # the usual samplers, decided without the SDK
+        # each body chunk timed in C where the accelerator is built (no Python frame per chunk)
+        self._timed_send = (
+            _hotpath.timed_send if _hotpath is not None and not environment.env_bool(environment.PURE_PYTHON) else None
+        )
 
     @property
     def recorder(self):
@@ -198,8 +217,9 @@ class TracingMiddleware:
                 parent = parse_traceparent(v)
                 del headers[i]
                 break
-        trace_id = parent[0] if parent else os.urandom(16)
-        span_id = os.urandom(8)
+        ids = os.urandom(24)  # one read of the system's randomness: the span's id, and a trace's if new
+        trace_id = parent[0] if parent else ids[8:]
+        span_id = ids[:8]
         sampled, p = self._decide(parent, trace_id, scope)
         flags = (parent[2] & ~1 if parent else 0) | int(sampled)  # the engine's spans follow this decision
         headers.append((_TRACEPARENT, f"00-{trace_id.hex()}-{span_id.hex()}-{flags:02x}".encode()))
@@ -219,18 +239,21 @@ class TracingMiddleware:
             p,
             t_app,
         )
-        chunk = rec.chunk_mono.append
+        if self._timed_send is not None:
+            traced_send = functools.partial(self._timed_send, send, rec.chunk_mono, rec)
+        else:
+            chunk = rec.chunk_mono.append
 
-        def traced_send(message):
-            # a plain function handing back send's own awaitable: no coroutine of ours per chunk
-            typ = message.get("type")
-            if typ == "http.response.body":
-                if message.get("body"):
-                    chunk(monotonic_ns())
-            elif typ == "http.response.start":
-                rec.response_start_mono = monotonic_ns()
-                rec.status = message.get("status")
-            return send(message)
+            def traced_send(message):
+                # a plain function handing back send's own awaitable: no coroutine of ours per chunk
+                typ = message.get("type")
+                if typ == "http.response.body":
+                    if message.get("body"):
+                        chunk(monotonic_ns())
+                elif typ == "http.response.start":
+                    rec.response_start_mono = monotonic_ns()
+                    rec.status = message.get("status")
+                return send(message)
 
         try:
             await self.app({**scope, "headers": headers, _SEEN: True}, receive, traced_send)

@@ -3,7 +3,7 @@ the few outputs that carry something rare.
 
 A batching engine hands out one output per running request at every step, and the tracing needs
 three things of each: its request id, its token count, and whether it carries an event or a
-finish reason. :class:`BatchScanner` reads them in C (``engine_hooks._batch_scan``, built with the
+finish reason. :class:`BatchScanner` reads them in C (``engine_hooks._hotpath``, built with the
 package; about 60 instructions per output, against about 1,800 for the same reads through
 ``operator.attrgetter``), and in Python where the accelerator is not built, where
 ``OTEL_LLM_PURE_PYTHON=1``, or where an output is not of the class it was made for. Both give the
@@ -27,14 +27,14 @@ from itertools import compress, repeat
 from otel_llm import environment
 
 try:
-    from . import _batch_scan
+    from . import _hotpath
 except ImportError:  # no C compiler at install: the Python scan
-    _batch_scan = None
+    _hotpath = None
 
 
 def accelerated() -> bool:
     """Whether steps are scanned in C."""
-    return _batch_scan is not None and not environment.env_bool(environment.PURE_PYTHON)
+    return _hotpath is not None and not environment.env_bool(environment.PURE_PYTHON)
 
 
 class BatchScanner:
@@ -51,7 +51,7 @@ class BatchScanner:
         self._c = (cls, members[0], members[1], tuple(members[2:])) if c_ok else None
         #: ``c_scan(items, previous)``: the C pass with this scanner's class and members bound (no
         #: Python frame), or None; TypeError / AttributeError for items it was not made for
-        self.c_scan = functools.partial(_batch_scan.scan, *self._c) if c_ok else None
+        self.c_scan = functools.partial(_hotpath.scan, *self._c) if c_ok else None
 
     def __call__(self, items: list, previous: list | None = None) -> tuple[list, list[int] | None, list | None]:
         if self.c_scan is not None:

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from engine_hooks import asgi
 from engine_hooks.asgi import TracingMiddleware, parse_traceparent
 from engine_hooks.recorder import RAW, Recorder
 from engine_hooks.tracker import RequestTracker
@@ -49,18 +50,26 @@ def records(rec: Recorder):
     return t.take_http()
 
 
-def test_chunks_timed_and_traceparent_handed_on():
+@pytest.mark.parametrize("pure_python", [False, True])
+def test_chunks_timed_and_traceparent_handed_on(monkeypatch, pure_python):
+    """The same with each chunk timed in C (the accelerator) and in Python."""
+    if pure_python:
+        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    elif asgi._hotpath is None:
+        pytest.skip("the C accelerator is not built here")
     rec = Recorder()
     tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    _, sent, seen = run(streaming_app, headers=[(b"traceparent", tp.encode()), (b"x-other", b"1")], recorder=rec)
+    mw, sent, seen = run(streaming_app, headers=[(b"traceparent", tp.encode()), (b"x-other", b"1")], recorder=rec)
     assert [m["type"] for m in sent] == ["http.response.start"] + ["http.response.body"] * 6  # unchanged
     assert sent[1]["body"] == b"data: 0\n\n"
     handed = dict(seen["headers"])
     assert handed[b"x-other"] == b"1"
     new = parse_traceparent(handed[b"traceparent"])
     assert new[0].hex() == "4bf92f3577b34da6a3ce929d0e0e4736" and new[1].hex() != "00f067aa0ba902b7"
+    assert (mw._timed_send is None) == pure_python
     (h,) = records(rec)
     assert h.status == 200 and len(h.chunk_mono) == 5  # the empty closing body is not a chunk
+    assert all(type(t) is int for t in h.chunk_mono) and type(h.response_start_mono) is int
     assert h.start_mono <= h.response_start_mono <= h.chunk_mono[0] and h.chunk_mono == sorted(h.chunk_mono)
     assert h.chunk_mono[-1] - h.chunk_mono[0] >= 4 * 2_000_000 * 0.9
     assert h.parent_span_id.hex() == "00f067aa0ba902b7" and h.span_id == new[1]

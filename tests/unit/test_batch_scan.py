@@ -18,7 +18,7 @@ EngineCoreEvent = vllm_engine.EngineCoreEvent
 EngineCoreEventType = vllm_engine.EngineCoreEventType
 FinishReason = vllm_engine.FinishReason
 
-needs_c = pytest.mark.skipif(batch_scan._batch_scan is None, reason="the C accelerator is not built here")
+needs_c = pytest.mark.skipif(batch_scan._hotpath is None, reason="the C accelerator is not built here")
 
 # one output: which request (a small id space, so batches repeat), how many tokens, and what rare
 # field it carries (a FinishReason of 0, STOP, is set: it is not None)
@@ -80,7 +80,7 @@ def test_the_c_pass_is_used_on_vllms_outputs_and_reads_the_slots():
     scan = output_scanner()
     assert scan._c is not None  # vLLM's outputs are msgspec structs: member descriptors, read in C
     items = _make([(1, 1, None), (2, 3, "finish_stop"), (3, 1, None)])
-    ids, counts, rare = batch_scan._batch_scan.scan(*scan._c, items, None)
+    ids, counts, rare = batch_scan._hotpath.scan(*scan._c, items, None)
     assert scan.c_scan(items, None) == (ids, counts, rare)
     assert ids == ["req-1", "req-2", "req-3"] and counts == [1, 3, 1] and rare == [items[1]]
 
@@ -100,9 +100,9 @@ def test_what_the_c_pass_was_not_made_for_goes_through_python():
 
 
 def test_the_c_pass_refuses_what_would_read_the_wrong_memory():
-    if batch_scan._batch_scan is None:
+    if batch_scan._hotpath is None:
         pytest.skip("the C accelerator is not built here")
-    c = batch_scan._batch_scan
+    c = batch_scan._hotpath
     members = [EngineCoreOutput.__dict__[f] for f in ("request_id", "new_token_ids", *RARE_FIELDS)]
     items = _make([(1, 1, None)])
 

@@ -1,4 +1,7 @@
-/* engine_hooks._batch_scan: one pass in C over an engine step's outputs, on the engine's thread.
+/* engine_hooks._hotpath: the hooks' work that runs for every engine step and every streamed chunk,
+ * in C.
+ *
+ * scan(): one pass over an engine step's outputs, on the engine's thread.
  *
  * A batching engine hands out one output object per running request at every step; the tracing
  * needs, of each, its request id, how many tokens it carries, and whether it holds anything rare
@@ -20,11 +23,18 @@
  *   rare:   None, or the list of the rare items
  *
  * It keeps no reference and has no state: the engine's objects are only read.
+ *
+ * timed_send(send, chunks, record, message): the HTTP server span's ASGI ``send``: the time of each
+ * body chunk with a body appended to ``chunks``, the response's start time and status set on
+ * ``record`` (``response_start_mono``, ``status``), then ``send(message)``'s awaitable handed back
+ * as it is. Bound with functools.partial, it is the ``send`` the app gets: no Python frame per
+ * chunk. Times are CLOCK_MONOTONIC ns, as time.monotonic_ns() reads it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
 #include <structmember.h>
+#include <time.h>
 
 /* The slot a member descriptor reads, or NULL (with TypeError set) when it is not an object slot
  * of ``cls``. */
@@ -167,13 +177,74 @@ fail:
     return NULL;
 }
 
+static PyObject *s_type, *s_body, *s_status, *s_start, *s_chunk, *s_response_start_mono, *s_status_attr;
+
+static int is(PyObject *v, PyObject *interned) {
+    return v == interned || (PyUnicode_CheckExact(v) && PyUnicode_Compare(v, interned) == 0);
+}
+
+static PyObject *monotonic_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+}
+
+static PyObject *timed_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "timed_send(send, chunks, record, message)");
+        return NULL;
+    }
+    PyObject *send = args[0], *chunks = args[1], *record = args[2], *message = args[3];
+    if (PyDict_Check(message) && PyList_Check(chunks)) {
+        PyObject *typ = PyDict_GetItemWithError(message, s_type); /* borrowed */
+        if (typ == NULL && PyErr_Occurred()) return NULL;
+        if (typ != NULL && is(typ, s_chunk)) {
+            PyObject *body = PyDict_GetItemWithError(message, s_body);
+            if (body == NULL && PyErr_Occurred()) return NULL;
+            int has = body == NULL ? 0 : PyObject_IsTrue(body);
+            if (has < 0) return NULL;
+            if (has) {
+                PyObject *t = monotonic_ns();
+                if (t == NULL || PyList_Append(chunks, t) < 0) {
+                    Py_XDECREF(t);
+                    return NULL;
+                }
+                Py_DECREF(t);
+            }
+        } else if (typ != NULL && is(typ, s_start)) {
+            PyObject *t = monotonic_ns();
+            if (t == NULL) return NULL;
+            int bad = PyObject_SetAttr(record, s_response_start_mono, t) < 0;
+            Py_DECREF(t);
+            if (bad) return NULL;
+            PyObject *status = PyDict_GetItemWithError(message, s_status);
+            if (status == NULL && PyErr_Occurred()) return NULL;
+            if (PyObject_SetAttr(record, s_status_attr, status ? status : Py_None) < 0) return NULL;
+        }
+    }
+    return PyObject_CallOneArg(send, message);
+}
+
 static PyMethodDef methods[] = {
+    {"timed_send", (PyCFunction)(void (*)(void))timed_send, METH_FASTCALL,
+     "timed_send(send, chunks, record, message) -> send(message), the chunk timed (see the source)"},
     {"scan", scan, METH_VARARGS,
      "scan(cls, id_member, count_member, rare_members, items, previous_ids) -> (ids, counts, rare)"},
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_batch_scan",
-                                    "One pass in C over an engine step's outputs (see the source).", -1, methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_hotpath",
+                                    "The hooks' per-step and per-chunk work in C (see the source).", -1, methods};
 
-PyMODINIT_FUNC PyInit__batch_scan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__hotpath(void) {
+    s_type = PyUnicode_InternFromString("type");
+    s_body = PyUnicode_InternFromString("body");
+    s_status = PyUnicode_InternFromString("status");
+    s_start = PyUnicode_InternFromString("http.response.start");
+    s_chunk = PyUnicode_InternFromString("http.response.body");
+    s_response_start_mono = PyUnicode_InternFromString("response_start_mono");
+    s_status_attr = PyUnicode_InternFromString("status");
+    if (!s_type || !s_body || !s_status || !s_start || !s_chunk || !s_response_start_mono || !s_status_attr)
+        return NULL;
+    return PyModule_Create(&module);
+}
