@@ -94,9 +94,10 @@ bench: venv
 	$(PY) benchmarks/derive_throughput.py
 	$(PY) benchmarks/derive_shapes.py
 
-# what tracing costs vLLM, in instructions per process, for every detail level and exporter and
-# vLLM's own tracing (about 45 minutes on 2 cores: each engine starts under valgrind); COST_ARGS to narrow
-COST_ARGS ?= --variants all
+# what tracing costs vLLM, in instructions per process (and its span processes apart), for every
+# detail level and exporter and vLLM's own tracing, offline and behind vLLM's API server (about 35
+# minutes on 2 cores: each engine starts under valgrind); COST_ARGS to narrow
+COST_ARGS ?= --variants all --mode both
 cost: venv valgrind
 	$(PY) benchmarks/cost_count.py $(COST_ARGS)
 

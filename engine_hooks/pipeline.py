@@ -82,20 +82,12 @@ class TracingPipeline:
         self.tracker = RequestTracker(
             self.anchor, max_in_flight, gpu_elapsed=gpu_elapsed, abort_grace_ns=grace_ms * 10**6
         )
-        self.factory = SpanFactory(
-            make_resource(service_name, resource_attrs),
-            boundary,
-            engine,
-            model,
-            self.detail,
-            int_arrays=takes_int_arrays(exporter),
-        )
-        self.exporter = SafeSpanExporter(exporter, "engine_hooks") if exporter is not None else None
+        self.factory = SpanFactory(make_resource(service_name, resource_attrs), boundary, engine, model, self.detail)
         delay_ms = environment.env_int(environment.SCHEDULE_DELAY, 200, minimum=1)
         self.interval_s = interval_s if interval_s is not None else delay_ms / 1000
         self.batch_size = environment.env_int(environment.BSP_MAX_EXPORT_BATCH_SIZE, 512, minimum=1)
+        self._use_exporter(exporter)
         self.counters = PipelineCounters()
-        self.builder = SpanBuilder(self.factory, self.exporter, self.batch_size)
         self.gpu_elapsed = gpu_elapsed
         self.sink = SpanProcessSink(self._span_process_settings(), self.counters) if span_process else None
         self._calls = CallRecorder(self.anchor) if span_process else None
@@ -165,19 +157,18 @@ class TracingPipeline:
             self._builder_failed(exc)
             return 0
 
+    def _use_exporter(self, exporter: SpanExporter | None) -> None:
+        """Build and export on this pipeline's thread, to ``exporter`` (None: nowhere)."""
+        self.exporter = SafeSpanExporter(exporter, "engine_hooks") if exporter is not None else None
+        self.factory.int_arrays = takes_int_arrays(self.exporter)
+        self.builder = SpanBuilder(self.factory, self.exporter, self.batch_size)
+
     def _build_here(self) -> None:
         """The span process could not be had: build and export on this thread from now on, with
         the exporter the environment configures."""
         self._lost_to_span_process = self.sink.lost_events
         self.sink, self._calls = None, None
-        try:
-            exporter = exporter_from_env()
-        except ValueError as exc:
-            log.warning("engine_hooks: %s; spans are not exported", exc)
-            exporter = None
-        self.exporter = SafeSpanExporter(exporter, "engine_hooks") if exporter is not None else None
-        self.factory.int_arrays = takes_int_arrays(self.exporter)
-        self.builder = SpanBuilder(self.factory, self.exporter, self.batch_size)
+        self._use_exporter(_exporter_from_env())
 
     def _builder_failed(self, exc: Exception) -> None:
         self.counters.builder_errors += 1
@@ -262,13 +253,7 @@ class TracingPipeline:
             self.sink.counters = self.counters
             self._calls = CallRecorder(self.anchor)
         elif self._from_env:
-            try:
-                fresh = exporter_from_env()
-                self.exporter = SafeSpanExporter(fresh, "engine_hooks") if fresh is not None else None
-            except ValueError:
-                self.exporter = None
-            self.factory.int_arrays = takes_int_arrays(self.exporter)
-        self.builder = SpanBuilder(self.factory, self.exporter, self.batch_size)
+            self._use_exporter(_exporter_from_env())
         was_running = self._thread is not None
         self._thread = None
         if was_running and not self._stopped:
@@ -318,6 +303,16 @@ def _flush_all_at_exit() -> None:
     self_metrics.shutdown()  # the last values, after the final flush
 
 
+def _exporter_from_env() -> SpanExporter | None:
+    """The exporter the environment configures; None (said once per call) for a setting that does
+    not parse."""
+    try:
+        return exporter_from_env()
+    except ValueError as exc:
+        log.warning("engine_hooks: %s; spans are not exported", exc)
+        return None
+
+
 _defaults: dict[tuple, TracingPipeline] = {}
 _default_lock = threading.Lock()
 
@@ -333,13 +328,13 @@ def default_pipeline(**kwargs) -> TracingPipeline:
     with _default_lock:
         p = _defaults.get(key)
         if p is None or p._stopped:
-            exporter, span_process = None, False
             try:
-                if export_kind_from_env() is not None:  # spans go somewhere
-                    span_process = environment.env_bool(environment.SPAN_PROCESS, True)
-                    exporter = None if span_process else exporter_from_env()
+                kind = export_kind_from_env()  # None: spans go nowhere
             except ValueError as exc:
                 log.warning("engine_hooks: %s; spans are not exported", exc)
+                kind = None
+            span_process = kind is not None and environment.env_bool(environment.SPAN_PROCESS, True)
+            exporter = _exporter_from_env() if kind is not None and not span_process else None
             p = _defaults[key] = TracingPipeline(exporter, span_process=span_process, **kwargs)
             p._from_env = True
             p.start()
