@@ -226,3 +226,47 @@ def hook_cost_us(batch: int, n: int = 2000) -> float:
         costs.append((time.perf_counter_ns() - t0) / n / 1e3)
         hooks.pipeline.recorder.drain()
     return statistics.median(costs)
+
+
+def through_span_process(model, device: str, batch, gen, cb, traces: str) -> dict:
+    """One traced run as a user's process makes it: the default delivery (a span process, writing
+    the trace file ``traces``) at ``steps``, the GPU timer on CUDA. Returns what the trace file
+    holds: requests and their output tokens, steps and those with a GPU time (never above the
+    step's wall time)."""
+    import os
+
+    from engine_hooks import CudaEventTimer, EngineHooks, TracingPipeline
+    from otel_llm import semconv as sc
+    from otel_llm.otlp.span_records import read_trace_file
+
+    saved = os.environ.get("OTEL_LLM_TRACES_FILE")
+    os.environ["OTEL_LLM_TRACES_FILE"] = traces  # what the span process exports to
+    try:
+        pipeline = TracingPipeline(None, service_name="transformers", detail="steps", span_process=True).start()
+    finally:
+        if saved is None:
+            os.environ.pop("OTEL_LLM_TRACES_FILE")
+        else:
+            os.environ["OTEL_LLM_TRACES_FILE"] = saved
+    timer = CudaEventTimer.if_available() if device == "cuda" else None
+    served = Served(model, gen, cb, EngineHooks(pipeline, engine="transformers", gpu_timer=timer))
+    try:
+        served.run(batch)
+        tokens = served.tokens
+    finally:
+        served.stop()
+    pipeline.shutdown()
+    spans = read_trace_file(traces)
+    steps = [s for s in spans if s.name == sc.SPAN_STEP]
+    timed = [s for s in steps if sc.STEP_GPU_TIME_NS in s.attributes]
+    return {
+        "requests": sum(1 for s in spans if s.name == sc.SPAN_REQUEST),
+        "tokens": sum(int(s.attributes.get(sc.OUTPUT_TOKENS, 0)) for s in spans if s.name == sc.SPAN_REQUEST),
+        "tokens_run": tokens,
+        "steps": len(steps),
+        "steps_gpu_timed": len(timed),
+        "steps_gpu_above_wall": sum(
+            1 for s in timed if s.attributes[sc.STEP_GPU_TIME_NS] > (s.end_ns - s.start_ns) * 1.001
+        ),
+        "span_process_cpu_s": pipeline.counters.span_process_cpu_ns / 1e9,
+    }

@@ -12,7 +12,10 @@ concurrency:
   time, and close to it when the step is GPU-bound);
 * the hook cost per step on the engine's thread (microseconds);
 * the traced requests: every request of the timed traced runs has its ``llm.request`` span, with
-  the output tokens the engine gave it.
+  the output tokens the engine gave it;
+* then, at the largest concurrency, one run delivered as a user's process delivers (a span
+  process writing a trace file, ``steps`` detail): every request and step in the file, and on
+  CUDA every step with its GPU time, never above its wall time.
 
 Without CUDA (``--device cpu``, or auto on a machine without one) it runs the same code on the
 project's tiny model in fp32 at small concurrency: what CI checks, so the script keeps working.
@@ -124,6 +127,18 @@ def main(argv: list[str] | None = None) -> int:
             "tokens",
             flush=True,
         )
+    # the delivery a user's process gets: a span process writing the trace file, steps GPU-timed
+    n = conc[-1]
+    gen, cb = cb_runs.configs(tokens, n, plen)
+    sp = cb_runs.through_span_process(
+        model, device, cb_runs.prompts(n, plen, vocab), gen, cb, os.path.join(tempfile.mkdtemp(), "t.jsonl")
+    )
+    print(
+        f"span process ({n} requests, steps detail, trace file): {sp['requests']}/{n} requests, "
+        f"{sp['tokens']:,}/{sp['tokens_run']:,} tokens, {sp['steps']} step spans, {sp['steps_gpu_timed']} with a GPU "
+        f"time ({sp['steps_gpu_above_wall']} above their wall time); span process CPU {sp['span_process_cpu_s']:.2f} s",
+        flush=True,
+    )
     print(
         f"budget: instrumented/plain >= {BUDGET} at every concurrency at the default level; "
         f"took {time.perf_counter() - t_start:.0f} s"
@@ -131,7 +146,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.json:
         with open(a.json, "w") as fh:
             json.dump(
-                {"device": name, "model": what, "tokens": tokens, "prompt": plen, "results": results}, fh, indent=1
+                {
+                    "device": name,
+                    "model": what,
+                    "tokens": tokens,
+                    "prompt": plen,
+                    "results": results,
+                    "span_process": sp,
+                },
+                fh,
+                indent=1,
             )
     return 0
 

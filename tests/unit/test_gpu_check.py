@@ -31,6 +31,11 @@ def test_the_gpu_check_runs_its_cpu_path(tmp_path):
         assert r["tokens_traced"] == r["tokens_run"] == 6 * r["requests_run"]
         assert r["step_gpu_ms_median"] is None and r["steps_gpu_above_wall"] is None
         assert 0 < r["hook_us_per_step"] < 1000
+    # through a span process to a trace file, as a user's process delivers: every request and step
+    sp = got["span_process"]
+    assert sp["requests"] == 3 and sp["tokens"] == sp["tokens_run"] == 3 * 6 and sp["steps"] >= 5
+    assert sp["steps_gpu_timed"] == 0 and sp["span_process_cpu_s"] > 0  # the CPU: no GPU time
+    assert "span process (3 requests, steps detail, trace file): 3/3 requests" in proc.stdout
 
 
 def test_gpu_check_refuses_cuda_it_does_not_have():
