@@ -84,6 +84,12 @@ def _script(body: str) -> str:
     ) + textwrap.dedent(body)
 
 
+def _run_script(body: str, traces) -> subprocess.CompletedProcess:
+    """Run ``body`` (after :func:`_script`'s preamble) in a process of its own tracing to ``traces``."""
+    env = {**os.environ, "OTEL_LLM_TRACES_FILE": str(traces)}
+    return subprocess.run([sys.executable, "-c", _script(body)], env=env, capture_output=True, text=True, timeout=120)
+
+
 def _gone(pid: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -109,13 +115,7 @@ def test_sigkill_of_the_engine_process_loses_nothing_it_delivered(tmp_path):
         print(hooks.pipeline.sink._proc.pid, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
         """
-    proc = subprocess.run(
-        [sys.executable, "-c", _script(body)],
-        env={**os.environ, "OTEL_LLM_TRACES_FILE": str(traces)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _run_script(body, traces)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
     child = int(proc.stdout.split()[0])
     assert _gone(child, 30), "the span process outlived its parent's pipe"
@@ -211,13 +211,7 @@ def test_a_forked_child_gets_a_span_process_of_its_own(tmp_path):
         assert hooks.pipeline.sink._proc.pid == parent_child  # the parent's is untouched
         print(os.waitstatus_to_exitcode(status), flush=True)
         """
-    proc = subprocess.run(
-        [sys.executable, "-c", _script(body)],
-        env={**os.environ, "OTEL_LLM_TRACES_FILE": str(traces)},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _run_script(body, traces)
     assert proc.returncode == 0 and proc.stdout.split() == ["0"], proc.stderr[-2000:]
     expected = [f"r{i}" for i in (0, 1, 2, 100, 101, 102, 103, 200, 201)]
     assert _requests(traces) == sorted(expected)
