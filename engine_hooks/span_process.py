@@ -56,6 +56,7 @@ _HEAD = struct.Struct("<IB")  # frame length (after the kind byte), kind
 _LEN = struct.Struct("<I")
 SETTINGS, BATCH, FLUSH = ord("s"), ord("b"), ord("f")
 MAX_FRAME = 1 << 30
+PIPE_BYTES = 1 << 20  # the pipe to the span process, where the system lets it be that large
 #: how the child is started (``-m`` would import this module twice: the package imports it), and
 #: the argument that names it among a machine's processes
 _CHILD = "import sys; from engine_hooks.span_child import main; sys.exit(main())"
@@ -229,6 +230,12 @@ class SpanProcessSink:
         self.starts += 1
         self._fd = proc.stdin.fileno()
         os.set_blocking(self._fd, False)
+        try:  # room for a burst's rounds while the span process catches up (Linux: 64 KiB by default)
+            import fcntl
+
+            fcntl.fcntl(self._fd, getattr(fcntl, "F_SETPIPE_SZ", 1031), PIPE_BYTES)
+        except (ImportError, OSError):
+            pass
         os.set_blocking(read_fd, False)
         self._reply_fd, self._reply_buf = read_fd, b""
         self._base = self._child_totals()  # a new child counts from zero: keep what the last one did
