@@ -31,12 +31,8 @@ from dataclasses import dataclass, field
 from otel_llm import environment
 from otel_llm.clock import monotonic_ns
 
+from .batch_scan import _hotpath, accelerated
 from .recorder import RAW
-
-try:
-    from . import _hotpath
-except ImportError:  # no C compiler at install: chunks timed in Python
-    _hotpath = None
 
 _TRACEPARENT = b"traceparent"
 _SEEN = "otel_llm.http_traced"  # scope key: an inner copy of the middleware passes through
@@ -163,9 +159,7 @@ class TracingMiddleware:
         self._sampler = configured_sampler()
         self._shortcut = sampler_shortcut(self._sampler)  # the usual samplers, decided without the SDK
         # each body chunk timed in C where the accelerator is built (no Python frame per chunk)
-        self._timed_send = (
-            _hotpath.timed_send if _hotpath is not None and not environment.env_bool(environment.PURE_PYTHON) else None
-        )
+        self._timed_send = _hotpath.timed_send if accelerated() else None
 
     @property
     def recorder(self):

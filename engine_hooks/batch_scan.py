@@ -33,7 +33,7 @@ except ImportError:  # no C compiler at install: the Python scan
 
 
 def accelerated() -> bool:
-    """Whether steps are scanned in C."""
+    """Whether the hooks' C accelerator runs here (steps scanned, HTTP body chunks timed in C)."""
     return _hotpath is not None and not environment.env_bool(environment.PURE_PYTHON)
 
 
@@ -42,7 +42,6 @@ class BatchScanner:
     its length is the token count) and ``rare_fields`` (any not None: the output is rare)."""
 
     def __init__(self, cls: type, id_field: str, count_field: str, rare_fields: Sequence[str]):
-        self.cls = cls
         self._ids = operator.attrgetter(id_field)
         self._tokens = operator.attrgetter(count_field)
         self._rare = [operator.attrgetter(f) for f in rare_fields]

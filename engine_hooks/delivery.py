@@ -20,14 +20,6 @@ class SpanBuilder:
         self.exporter = exporter  # a SafeSpanExporter, or None (export off)
         self.batch_size = batch_size
 
-    @property
-    def exported(self) -> int:
-        return self.exporter.exported if self.exporter is not None else 0
-
-    @property
-    def dropped(self) -> int:
-        return self.exporter.dropped if self.exporter is not None else 0
-
     def build(self, finished, steps, preemptions, http, wall_ns) -> int:
         """Build and export; returns the number of spans handed to the exporter. ``wall_ns`` turns
         the HTTP records' monotonic times into wall-clock ns."""

@@ -168,7 +168,7 @@ class TracingPipeline:
         the exporter the environment configures."""
         self._lost_to_span_process = self.sink.lost_events
         self.sink, self._calls = None, None
-        self._use_exporter(_exporter_from_env())
+        self._use_exporter(exporter_from_env_or_none())
 
     def _builder_failed(self, exc: Exception) -> None:
         self.counters.builder_errors += 1
@@ -253,7 +253,7 @@ class TracingPipeline:
             self.sink.counters = self.counters
             self._calls = CallRecorder(self.anchor)
         elif self._from_env:
-            self._use_exporter(_exporter_from_env())
+            self._use_exporter(exporter_from_env_or_none())
         was_running = self._thread is not None
         self._thread = None
         if was_running and not self._stopped:
@@ -303,7 +303,7 @@ def _flush_all_at_exit() -> None:
     self_metrics.shutdown()  # the last values, after the final flush
 
 
-def _exporter_from_env() -> SpanExporter | None:
+def exporter_from_env_or_none() -> SpanExporter | None:
     """The exporter the environment configures; None (said once per call) for a setting that does
     not parse."""
     try:
@@ -334,7 +334,7 @@ def default_pipeline(**kwargs) -> TracingPipeline:
                 log.warning("engine_hooks: %s; spans are not exported", exc)
                 kind = None
             span_process = kind is not None and environment.env_bool(environment.SPAN_PROCESS, True)
-            exporter = _exporter_from_env() if kind is not None and not span_process else None
+            exporter = exporter_from_env_or_none() if kind is not None and not span_process else None
             p = _defaults[key] = TracingPipeline(exporter, span_process=span_process, **kwargs)
             p._from_env = True
             p.start()

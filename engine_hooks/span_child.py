@@ -12,7 +12,7 @@ import select
 import sys
 import time
 
-from .pipeline import TracingPipeline
+from .pipeline import TracingPipeline, exporter_from_env_or_none
 from .span_process import _COUNTERS, _HEAD, _LEN, BATCH, FLUSH, MAX_FRAME, SPAN_PROCESS_ARG
 
 log = logging.getLogger("engine_hooks")
@@ -53,19 +53,12 @@ def serve(in_fd: int, reply_fd: int) -> int:
     would)."""
     from opentelemetry.sdk.resources import Resource
 
-    from otel_llm.otlp.export import exporter_from_env
-
     head = _read_exact(in_fd, _HEAD.size)
     if head is None:
         return 0
     settings = pickle.loads(_read_exact(in_fd, _HEAD.unpack(head)[0]) or b"")
-    try:
-        exporter = exporter_from_env()
-    except ValueError as exc:
-        log.warning("engine_hooks span process: %s; spans are not exported", exc)
-        exporter = None
     p = TracingPipeline(
-        exporter,
+        exporter_from_env_or_none(),
         boundary=settings["boundary"],
         engine=settings["engine"],
         model=settings["model"],
