@@ -48,7 +48,11 @@ def test_server_span_parents_the_engine_request(tiny_model, tmp_path):
     try:
         body = {"model": tiny_model, "prompt": prompt(32), "max_tokens": 12, "stream": True, "ignore_eos": True}
         got = b"".join(raw_stream(base_url, body, {"traceparent": f"00-{TRACE}-{PARENT}-01"}))
-        assert got.startswith(b"HTTP/1.1 200") and got.count(b"data: ") >= 12
+        assert got.startswith(b"HTTP/1.1 200") and got.rstrip().endswith(b"data: [DONE]\n\n\r\n0")
+        # vLLM merges the outputs a slow reader has not taken yet into one event (" w93 w426"),
+        # so a loaded machine sends fewer than 12 events; the tokens are counted on the span
+        events = got.count(b"data: ")
+        assert events >= 3 and got.count(b'"finish_reason":"length"') == 1
         plain = b"".join(raw_stream(base_url, {**body, "stream": False}, {}))
         assert plain.startswith(b"HTTP/1.1 200")
     finally:
@@ -62,9 +66,10 @@ def test_server_span_parents_the_engine_request(tiny_model, tmp_path):
     a = streamed.attributes
     assert a[sc.HTTP_METHOD] == "POST" and a[sc.URL_PATH] == "/v1/completions" and a[sc.HTTP_STATUS] == 200
     chunks = a[sc.HTTP_CHUNK_OFFSETS]
-    assert len(chunks) >= 12 and chunks == sorted(chunks) and 0 <= a[sc.HTTP_RESPONSE_START] <= chunks[0]
+    assert len(chunks) >= events and chunks == sorted(chunks) and 0 <= a[sc.HTTP_RESPONSE_START] <= chunks[0]
     assert chunks[-1] <= streamed.end_ns - streamed.start_ns
     (req,) = [s for s in spans if s.name == sc.SPAN_REQUEST and s.trace_id == TRACE]
+    assert req.attributes[sc.OUTPUT_TOKENS] == 12
     assert req.parent_span_id == streamed.span_id  # the engine's span is the HTTP span's child
     assert streamed.start_ns <= req.start_ns and req.end_ns <= streamed.end_ns
     # the engine core's own time for each output, before the front end handed it out
