@@ -3,10 +3,12 @@
 * ``collector.receivers._otlp_walk`` walks OTLP protobuf payloads without building protobuf
   objects;
 * ``engine_hooks._hotpath`` reads an engine step's outputs (request ids, token counts, the
-  rare fields) in one pass on the engine's thread.
+  rare fields) in one pass on the engine's thread;
+* ``otel_llm.otlp._int_text`` writes integer arrays (token-event offsets) as OTLP/JSON text.
 
-Both are optional: without a C compiler the install goes on, and the collector uses protobuf's
-parser and a Python walk, the hooks a Python scan (same results, slower).
+All are optional: without a C compiler the install goes on, and the collector uses protobuf's
+parser and a Python walk, the hooks a Python scan, the JSON writer str() and join (same results,
+slower).
 """
 
 from setuptools import Extension, setup
@@ -19,6 +21,7 @@ setup(
         for name, source in (
             ("collector.receivers._otlp_walk", "collector/receivers/_otlp_walk.c"),
             ("engine_hooks._hotpath", "engine_hooks/_hotpath.c"),
+            ("otel_llm.otlp._int_text", "otel_llm/otlp/_int_text.c"),
         )
     ]
 )

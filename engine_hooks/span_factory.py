@@ -24,13 +24,14 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import semconv as sc
-from otel_llm.otlp.sdk_internals import configured_sampler, sampling_probability
+from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut, sampling_probability
 
 from .tracker import FinishedRequest, PreemptionRecord, StepRecord
 
 _SCOPE = InstrumentationScope("engine_hooks", "0.1.0")
 _PROPAGATOR = TraceContextTextMapPropagator()
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)  # immutable: one for every span without a status
 
 
 def parent_from_headers(headers: Mapping[str, str] | None) -> SpanContext | None:
@@ -80,6 +81,7 @@ class SpanFactory:
         # which requests are traced: OTEL_TRACES_SAMPLER's sampler, decided as the SDK's tracer would
         # (a parent-based one follows the caller's traceparent); requests it drops are only counted
         self.sampler = sampler if sampler is not None else configured_sampler()
+        self._shortcut = sampler_shortcut(self.sampler)  # the usual samplers, decided without a context
         self.unsampled = 0
         self.boundary = boundary
         self.engine = engine
@@ -107,7 +109,7 @@ class SpanFactory:
             resource=self.resource,
             attributes=attrs,
             kind=kind,
-            status=status or Status(StatusCode.UNSET),
+            status=status or _UNSET,
             start_time=start,
             end_time=max(end, start),
             instrumentation_scope=_SCOPE,
@@ -115,6 +117,15 @@ class SpanFactory:
 
     def _sampled(self, parent: SpanContext | None, trace_id: int, name: str) -> tuple[bool, float | None]:
         """(keep it, the probability it was kept with where this sampler decided)."""
+        if self._shortcut == "parent":  # parentbased_always_on: the caller's flag, else keep
+            if parent is None:
+                return True, 1.0
+            if parent.trace_flags.sampled:
+                return True, None
+            self.unsampled += 1
+            return False, None
+        if self._shortcut == "always":
+            return True, 1.0
         ctx = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
         if not self.sampler.should_sample(ctx, trace_id, name, SpanKind.SERVER).decision.is_sampled():
             self.unsampled += 1
@@ -147,7 +158,8 @@ class SpanFactory:
         if len(r.gen_times_ns):
             attrs[sc.TOKEN_GENERATED_OFFSETS] = self._offsets(r.gen_times_ns, s0)
             gen_tokens = np.asarray(r.gen_tokens, dtype=np.int64)
-            if not np.array_equal(gen_tokens, out_tokens):
+            # the tracker hands one array for both where each output is all a step generated
+            if r.gen_tokens is not r.out_tokens and not np.array_equal(gen_tokens, out_tokens):
                 attrs[sc.TOKEN_GENERATED_TOKENS] = self._array(gen_tokens)
         if r.input_tokens is not None:
             attrs[sc.INPUT_TOKENS] = r.input_tokens
@@ -174,8 +186,9 @@ class SpanFactory:
         out = [self._span(sc.SPAN_REQUEST, root, parent, s0, s1, attrs, SpanKind.SERVER, status)]
         if self.detail == "request":
             return out
+        # a child without attributes of its own shares the boundary's (spans only read them)
         child = lambda name, t0, t1, a=None: out.append(
-            self._span(name, self._ctx(trace_id), root, clamp(t0), clamp(t1), {**b, **(a or {})})
+            self._span(name, self._ctx(trace_id), root, clamp(t0), clamp(t1), {**b, **a} if a else b)
         )
         sched = r.first_scheduled_ns
         queued = r.queued_ns
@@ -240,7 +253,8 @@ class SpanFactory:
             sc.BOUNDARY: "server",
             sc.HTTP_METHOD: h.method,
             sc.URL_PATH: h.path,
-            sc.HTTP_CHUNK_OFFSETS: [wall_ns(m) - t0 for m in h.chunk_mono],
+            # offsets on one clock: the record's monotonic times less its start
+            sc.HTTP_CHUNK_OFFSETS: self._array(np.asarray(h.chunk_mono, dtype=np.int64) - h.start_mono),
         }
         if h.status is not None:
             attrs[sc.HTTP_STATUS] = int(h.status)

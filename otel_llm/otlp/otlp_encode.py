@@ -6,15 +6,16 @@ OTLP/JSON form (``MessageToDict``) 1.4 ms more. Here an integer array becomes it
 wire bytes in one vectorised numpy pass (each element is ``0x0a, len, 0x18, varint``) that
 protobuf's C parser merges in; everything else is encoded field by field as the SDK does.
 ``encode_spans`` gives the same message as the SDK's (the tests compare them). The JSON writer
-builds the OTLP/JSON dictionary directly.
+writes the OTLP/JSON text directly, as json.dumps would write the protobuf JSON mapping's
+dictionary (the tests parse it back and compare), without the dictionary.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import struct
+from array import array
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,9 +23,19 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
+from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import StatusCode
 
-from .sdk_internals import encode_attributes, sdk_encode_spans
+from otel_llm import environment
+
+from .sdk_internals import dropped_attributes, encode_attributes, sdk_encode_spans, span_fields
+
+try:  # the C writer of integer arrays as JSON text (setup.py; optional)
+    from ._int_text import values_json as _values_json
+except ImportError:  # pragma: no cover - built where a C compiler is
+    _values_json = None
+if environment.env_bool(environment.PURE_PYTHON):
+    _values_json = None
 
 _KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
 _STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
@@ -80,6 +91,8 @@ def _varint(v: int) -> bytes:
     """Protobuf varint of ``v`` (an int64 as two's complement, as protobuf writes it)."""
     if 0 <= v < 128:
         return _BYTE[v]
+    if 0 <= v < 16384:  # lengths of most fields, small counts
+        return bytes(((v & 0x7F) | 0x80, v >> 7))
     v &= _MASK64
     b = bytearray()
     while v > 0x7F:
@@ -91,7 +104,8 @@ def _varint(v: int) -> bytes:
 
 def _field(tag: bytes, payload: bytes) -> bytes:
     """A length-delimited field: tag, length, payload."""
-    return tag + _varint(len(payload)) + payload
+    n = len(payload)
+    return tag + (_BYTE[n] if n < 128 else _varint(n)) + payload
 
 
 class _Cache(dict):
@@ -133,22 +147,20 @@ _PLAIN = ((bool, bool), (str, str.__str__), (int, int), (float, float))
 
 
 def _attribute(key: str, value, arrays: list) -> bytes | int | None:
-    """One ``KeyValue`` as wire bytes; for an integer array, its index in ``arrays`` (encoded
-    later, all at once); None when the SDK must encode the span."""
-    kb = _keys.get(key)
-    if kb is None:
-        kb = _keys.put(key, _field(b"\x0a", key.encode("utf-8", "surrogatepass")))
+    """One span attribute as its wire bytes, framed (``Span.attributes``, field 9: tag, length,
+    ``KeyValue``); for an integer array, its index in ``arrays`` (encoded and framed later, all at
+    once); None when the SDK must encode the span."""
     t = type(value)
-    if t is int and -(2**63) <= value < 2**63:  # the most common after str: counts, sizes
-        return kb + _field(b"\x12", b"\x18" + _varint(value))
-    if t is str or t is bool:
+    if t is str or t is bool or (t is int and -1 <= value < 4096):  # repeats: boundary, model, counts
         kv = _constants.get((key, value, t))
         if kv is None:
-            kv = _constants.put((key, value, t), kb + _field(b"\x12", _scalar(value)))
+            kv = _constants.put((key, value, t), _field(b"\x4a", _key(key) + _field(b"\x12", _scalar(value))))
         return kv
+    if t is int and -(2**63) <= value < 2**63:  # the most common after str: counts, sizes
+        return _field(b"\x4a", _key(key) + _field(b"\x12", b"\x18" + _varint(value)))
     if t is np.ndarray:  # an int64 array from engine_hooks (its span factory's int_arrays)
         if value.dtype.kind == "i" and value.ndim == 1:
-            arrays.append((kb, value))
+            arrays.append((_key(key), value))
             return len(arrays) - 1
         value = value.tolist()
         t = list
@@ -156,7 +168,7 @@ def _attribute(key: str, value, arrays: list) -> bytes | int | None:
         if value:
             ints = np.asarray(value)
             if ints.dtype.kind == "i" and ints.ndim == 1:  # int64 (bools, floats, huge ints: other dtypes)
-                arrays.append((kb, ints))
+                arrays.append((_key(key), ints))
                 return len(arrays) - 1
         parts = []
         for x in value:
@@ -164,50 +176,72 @@ def _attribute(key: str, value, arrays: list) -> bytes | int | None:
             if b is None:
                 return None
             parts.append(_field(b"\x0a", b))
-        return kb + _field(b"\x12", _field(b"\x2a", b"".join(parts)))
+        return _field(b"\x4a", _key(key) + _field(b"\x12", _field(b"\x2a", b"".join(parts))))
     for base, plain in _PLAIN:  # a subclass (an IntEnum, a str Enum) as the SDK takes it, in its order
         if isinstance(value, base):
             value = plain(value)
             break
     b = _scalar(value)
-    return None if b is None else kb + _field(b"\x12", b)
+    return None if b is None else _field(b"\x4a", _key(key) + _field(b"\x12", b))
+
+
+def _key(key: str) -> bytes:
+    """``KeyValue.key`` (field 1) of ``key``, memoised."""
+    kb = _keys.get(key)
+    if kb is None:
+        kb = _keys.put(key, _field(b"\x0a", key.encode("utf-8", "surrogatepass")))
+    return kb
+
+
+_KIND_FIELD = {id(k): b"\x30" + _BYTE[v] for k, v in _KIND.items()}  # Span.kind, by the enum member
+_FLAGS_FIELD = (b"\x85\x01" + _FLAGS.pack(_HAS_IS_REMOTE), b"\x85\x01" + _FLAGS.pack(_HAS_IS_REMOTE | _IS_REMOTE))
+_statuses = _Cache(64)  # id(status) -> (status, Span.status field): spans mostly share one status
+
+
+def _status_field(st) -> bytes:
+    """``Span.status`` (field 15) of ``st``, present even when unset, as the SDK writes it."""
+    hit = _statuses.get(id(st))
+    if hit is not None and hit[0] is st:  # the object is held in the cache: its id is its own
+        return hit[1]
+    body = b""
+    if st.description:
+        body += _field(b"\x12", st.description.encode("utf-8", "surrogatepass"))
+    if st.status_code is not StatusCode.UNSET:
+        body += b"\x18" + _BYTE[_STATUS[st.status_code]]
+    return _statuses.put(id(st), (st, _field(b"\x7a", body)))[1]
 
 
 def _span_parts(s: ReadableSpan, arrays: list) -> list | None:
     """``s`` as a list of wire pieces (bytes, and the indexes of its integer arrays in
     ``arrays``); None when the SDK must encode it (events, links, attribute types not covered)."""
-    if s.events or s.links or s.start_time is None or s.end_time is None:
+    name, ctx, parent, kind, start, end, attrs, st, events, links, _, _ = span_fields(s)
+    if events or links or start is None or end is None:
         return None
     mark = len(arrays)
-    ctx = s.get_span_context()
-    parent = s.parent
-    head = b"\x0a\x10" + ctx.trace_id.to_bytes(16, "big") + b"\x12\x08" + ctx.span_id.to_bytes(8, "big")
-    if ctx.trace_state:
-        head += _field(b"\x1a", ctx.trace_state.to_header().encode())
+    head = b"\x0a\x10" + ctx[0].to_bytes(16, "big") + b"\x12\x08" + ctx[1].to_bytes(8, "big")
+    ts = ctx[4]  # SpanContext: (trace id, span id, remote, flags, trace state, valid)
+    if ts is not DEFAULT_TRACE_STATE and ts:
+        head += _field(b"\x1a", ts.to_header().encode())
     if parent is not None:
-        head += b"\x22\x08" + parent.span_id.to_bytes(8, "big")
-    name = _names.get(s.name)
-    if name is None:
-        name = _names.put(s.name, _field(b"\x2a", s.name.encode("utf-8", "surrogatepass")))
-    parts: list = [head, name, b"\x30" + _BYTE[_KIND[s.kind]], _FIXED64_PAIR.pack(0x39, s.start_time, 0x41, s.end_time)]
-    for key, value in (s.attributes or {}).items():
-        kv = _attribute(key, value, arrays)
-        if kv is None:
-            del arrays[mark:]
-            return None
-        parts.append(kv if type(kv) is int else _field(b"\x4a", kv))
-    if s.dropped_attributes:
-        parts.append(b"\x50" + _varint(s.dropped_attributes))
-    st = s.status
-    if st is not None:  # present even when unset, as the SDK writes it
-        body = b""
-        if st.description:
-            body += _field(b"\x12", st.description.encode("utf-8", "surrogatepass"))
-        if st.status_code is not StatusCode.UNSET:
-            body += b"\x18" + _BYTE[_STATUS[st.status_code]]
-        parts.append(_field(b"\x7a", body))
-    flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0)
-    parts.append(b"\x85\x01" + _FLAGS.pack(flags))
+        head += b"\x22\x08" + parent[1].to_bytes(8, "big")
+    name_b = _names.get(name)
+    if name_b is None:
+        name_b = _names.put(name, _field(b"\x2a", name.encode("utf-8", "surrogatepass")))
+    kind_b = _KIND_FIELD.get(id(kind)) or b"\x30" + _BYTE[_KIND[kind]]
+    parts: list = [head, name_b, kind_b, _FIXED64_PAIR.pack(0x39, start, 0x41, end)]
+    if attrs:
+        for key, value in attrs.items():
+            kv = _attribute(key, value, arrays)
+            if kv is None:
+                del arrays[mark:]
+                return None
+            parts.append(kv)
+    dropped = dropped_attributes(attrs)
+    if dropped:
+        parts.append(b"\x50" + _varint(dropped))
+    if st is not None:
+        parts.append(_status_field(st))
+    parts.append(_FLAGS_FIELD[parent is not None and bool(parent[2])])
     return parts
 
 
@@ -218,15 +252,22 @@ def encode_spans_bytes(spans: Sequence[ReadableSpan]) -> bytes:
     here are encoded by the SDK."""
     groups: dict = {}  # id(resource) -> (resource, {scope: [span pieces]}), in order of appearance
     arrays: list = []  # (key bytes, int64 array) of every integer array of the batch
+    last_g, last_scope, members = None, None, []  # spans of one resource and scope mostly come together
     for s in spans:
         res, scope = s.resource, s.instrumentation_scope
         g = groups.get(id(res))
         if g is None:
             g = groups[id(res)] = (res, {})
+        mark = len(arrays)
         parts = _span_parts(s, arrays)
         if parts is None:
             parts = [sdk_encode_spans([s]).resource_spans[0].scope_spans[0].spans[0].SerializeToString()]
-        g[1].setdefault(scope, []).append(parts)
+        if len(arrays) == mark:  # no integer array: the span's bytes now
+            parts = _field(b"\x12", b"".join(parts))
+        if g is not last_g or scope is not last_scope:
+            members = g[1].setdefault(scope, [])
+            last_g, last_scope = g, scope
+        members.append(parts)
     blobs = [
         _field(b"\x4a", kb + _field(b"\x12", _field(b"\x2a", blob)))
         for (kb, _), blob in zip(arrays, int_arrays_bytes([a for _, a in arrays]))
@@ -248,10 +289,14 @@ def encode_spans_bytes(spans: Sequence[ReadableSpan]) -> bytes:
                     ss.schema_url = scope.schema_url
                 if scope.attributes:
                     ss.scope.attributes.extend(encode_attributes(scope.attributes))
+            else:
+                ss.scope.SetInParent()  # the SDK writes an empty scope for a span without one
             pieces = [ss.SerializeToString()]
             for parts in span_parts:
-                span = b"".join([blobs[p] if type(p) is int else p for p in parts])
-                pieces.append(_field(b"\x12", span))
+                if type(parts) is bytes:
+                    pieces.append(parts)
+                else:
+                    pieces.append(_field(b"\x12", b"".join([blobs[p] if type(p) is int else p for p in parts])))
             body.append(_field(b"\x12", b"".join(pieces)))
         out.append(_field(b"\x0a", b"".join(body)))
     return b"".join(out)
@@ -265,85 +310,132 @@ def encode_spans(spans: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
 
 # -- OTLP/JSON --------------------------------------------------------------------------------
 
-_RAW_TAG = "\x00otel-llm-raw-"  # placeholder prefix; json.dumps writes it as \u0000otel-llm-raw-
+#: a str as json.dumps writes it (quoted, escaped, ASCII only): the json module's C function
+_quote = json.encoder.encode_basestring_ascii
+_NONFINITE = {"nan": '"NaN"', "inf": '"Infinity"', "-inf": '"-Infinity"'}  # proto3 JSON spells these as strings
 
 
-def _json_value(value, raw: list | None = None):
+def _json_value(value) -> str:
+    """One attribute value as OTLP/JSON ``AnyValue`` text (what json.dumps writes for the dict
+    the protobuf JSON mapping gives): a subclass by the plain type it subclasses, in the SDK's order."""
     if isinstance(value, bool):
-        return {"boolValue": value}
+        return '{"boolValue":true}' if value else '{"boolValue":false}'
     if isinstance(value, int):
-        return {"intValue": str(value)}
+        return '{"intValue":"' + str(value) + '"}'
     if isinstance(value, float):
-        if not math.isfinite(value):  # proto3 JSON spells these as strings
-            return {"doubleValue": "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")}
-        return {"doubleValue": value}
+        if not math.isfinite(value):
+            return '{"doubleValue":' + _NONFINITE[repr(float(value))] + "}"
+        return '{"doubleValue":' + float.__repr__(value) + "}"
     if isinstance(value, str):
-        return {"stringValue": value}
+        return '{"stringValue":' + _quote(value) + "}"
+    if isinstance(value, (list, tuple, np.ndarray)):
+        out: list[str] = []
+        _json_array(value, out)
+        return "".join(out)
+    return '{"stringValue":' + _quote(str(value)) + "}"
+
+
+def _json_array(value, out: list[str]) -> None:
+    """An array attribute value's text, appended to ``out`` in pieces (a long one is copied once,
+    by the final join)."""
     ints = False
     if type(value) is np.ndarray:  # engine_hooks' int64 arrays need no look at each element
         ints = value.dtype.kind == "i" and value.ndim == 1
+        if ints and _values_json is not None and len(value):
+            out += ('{"arrayValue":{"values":[', _values_json(np.ascontiguousarray(value, dtype=np.int64)), "]}}")
+            return
         value = value.tolist()
-    if isinstance(value, (list, tuple)):
-        if raw is not None and value and (ints or all(type(x) is int for x in value)):
-            # integer arrays are spliced in as text after json.dumps: no dict per element
-            raw.append('{"arrayValue":{"values":[{"intValue":"' + '"},{"intValue":"'.join(map(str, value)) + '"}]}}')
-            return f"{_RAW_TAG}{id(raw)}-{len(raw) - 1}"
-        return {"arrayValue": {"values": [_json_value(x, raw) for x in value]}}
-    return {"stringValue": str(value)}
+    if value and (ints or all(type(x) is int for x in value)):  # no call per element
+        if _values_json is not None and min(value) >= -(2**63) and max(value) < 2**63:
+            out += ('{"arrayValue":{"values":[', _values_json(array("q", value)), "]}}")
+        else:
+            out += ('{"arrayValue":{"values":[{"intValue":"', '"},{"intValue":"'.join(map(str, value)), '"}]}}')
+        return
+    out += ('{"arrayValue":{"values":[', ",".join(map(_json_value, value)), "]}}")
 
 
-def _json_attrs(attrs, raw: list | None = None) -> list[dict]:
-    return [{"key": k, "value": _json_value(v, raw)} for k, v in (attrs or {}).items()]
+_json_keys, _json_constants = _Cache(), _Cache()
+
+
+def _json_attrs(attrs, out: list[str]) -> None:
+    """A span's (or an event's, a resource's) attributes as the text of an OTLP/JSON KeyValue
+    list, appended to ``out``; a string or bool attribute that repeats (the boundary, the model)
+    is written once and memoised."""
+    out.append("[")
+    sep = ""
+    for k, v in (attrs or {}).items():
+        t = type(v)
+        if t is str or t is bool:
+            kv = _json_constants.get((k, v, t))
+            if kv is None:
+                kv = _json_constants.put((k, v, t), '{"key":' + _quote(k) + ',"value":' + _json_value(v) + "}")
+            out += (sep, kv)
+        else:
+            kp = _json_keys.get(k)
+            if kp is None:
+                kp = _json_keys.put(k, '{"key":' + _quote(k) + ',"value":')
+            if t is np.ndarray or t is list or t is tuple:
+                out += (sep, kp)
+                _json_array(v, out)
+                out.append("}")
+            else:
+                out += (sep, kp, _json_value(v), "}")
+        sep = ","
+    out.append("]")
+
+
+def _json_span(s: ReadableSpan, out: list[str]) -> None:
+    """One span's OTLP/JSON text, appended to ``out``."""
+    name, ctx, parent, kind, start, end, attrs, st, events, _, _, _ = span_fields(s)
+    flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent[2] else 0)
+    status = "{}"
+    if st is not None and st.status_code is not StatusCode.UNSET:
+        status = '{"code":' + str(_STATUS[st.status_code])
+        status += (',"message":' + _quote(st.description) + "}") if st.description else "}"
+    parent_id = f',"parentSpanId":"{parent[1]:016x}"' if parent is not None else ""
+    out.append(
+        f'{{"traceId":"{ctx[0]:032x}","spanId":"{ctx[1]:016x}"{parent_id},"name":{_quote(name)},'
+        f'"kind":{_KIND[kind]},"startTimeUnixNano":"{start}","endTimeUnixNano":"{end}",'
+        f'"status":{status},"flags":{flags},"attributes":'
+    )
+    _json_attrs(attrs, out)
+    if events:
+        out.append(',"events":[')
+        for i, e in enumerate(events):
+            out.append(f'{"," if i else ""}{{"timeUnixNano":"{e.timestamp}","name":{_quote(e.name)},"attributes":')
+            _json_attrs(e.attributes, out)
+            out.append("}")
+        out.append("]")
+    out.append("}")
 
 
 def spans_to_json(spans: Sequence[ReadableSpan]) -> str:
     """One OTLP/JSON ``ExportTraceServiceRequest`` line for ``spans`` (hex ids, int64 as strings,
-    enums as integers), built without going through protobuf."""
-    out: dict = {}
-    raw: list[str] = []
+    enums as integers), written as text directly: no dictionary per span, no protobuf; the pieces
+    are joined once."""
+    groups: dict = {}  # id(resource) -> (resource, {scope: [spans]}), in order of appearance
     for s in spans:
-        ctx = s.get_span_context()
-        parent = s.parent
-        d = {
-            "traceId": format(ctx.trace_id, "032x"),
-            "spanId": format(ctx.span_id, "016x"),
-            "name": s.name,
-            "kind": _KIND[s.kind],
-            "startTimeUnixNano": str(s.start_time),
-            "endTimeUnixNano": str(s.end_time),
-            "attributes": _json_attrs(s.attributes, raw),
-            "status": {},
-            "flags": _HAS_IS_REMOTE | (_IS_REMOTE if parent is not None and parent.is_remote else 0),
-        }
-        if parent is not None:
-            d["parentSpanId"] = format(parent.span_id, "016x")
-        st = s.status
-        if st is not None and st.status_code is not StatusCode.UNSET:
-            d["status"] = {"code": _STATUS[st.status_code], **({"message": st.description} if st.description else {})}
-        if s.events:
-            d["events"] = [
-                {"timeUnixNano": str(e.timestamp), "name": e.name, "attributes": _json_attrs(e.attributes)}
-                for e in s.events
-            ]
-        key = (id(s.resource), s.instrumentation_scope)
-        if key not in out:
-            scope = s.instrumentation_scope
-            out[key] = (
-                s.resource,
-                {
-                    "scope": {"name": scope.name, **({"version": scope.version} if scope.version else {})}
-                    if scope
-                    else {},
-                    "spans": [],
-                },
-            )
-        out[key][1]["spans"].append(d)
-    by_res: dict = {}
-    for (rid, _), (res, ss) in out.items():
-        by_res.setdefault(rid, {"resource": {"attributes": _json_attrs(res.attributes)}, "scopeSpans": []})
-        by_res[rid]["scopeSpans"].append(ss)
-    text = json.dumps({"resourceSpans": list(by_res.values())}, separators=(",", ":"))
-    if not raw:
-        return text
-    pattern = re.compile(r'"\\u0000otel-llm-raw-' + str(id(raw)) + r'-(\d+)"')
-    return pattern.sub(lambda m: raw[int(m.group(1))], text)
+        res = s.resource
+        g = groups.get(id(res))
+        if g is None:
+            g = groups[id(res)] = (res, {})
+        g[1].setdefault(s.instrumentation_scope, []).append(s)
+    out = ['{"resourceSpans":[']
+    for i, (res, scopes) in enumerate(groups.values()):
+        out.append('{"resource":{"attributes":' if not i else ',{"resource":{"attributes":')
+        _json_attrs(res.attributes, out)
+        out.append('},"scopeSpans":[')
+        for j, (scope, members) in enumerate(scopes.items()):
+            head = "{}"
+            if scope:
+                head = '{"name":' + _quote(scope.name)
+                head += (',"version":' + _quote(scope.version) + "}") if scope.version else "}"
+            out.append(("," if j else "") + '{"scope":' + head + ',"spans":[')
+            for k, s in enumerate(members):
+                if k:
+                    out.append(",")
+                _json_span(s, out)
+            out.append("]}")
+        out.append("]}")
+    out.append("]}")
+    return "".join(out)

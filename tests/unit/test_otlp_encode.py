@@ -148,3 +148,46 @@ def test_subclass_values_encode_as_the_sdk_takes_them(attrs):
     s = make_span(attrs, SpanKind.INTERNAL, None, Status(StatusCode.UNSET))
     assert otlp_encode.encode_spans([s]) == sdk_encode([s])
     assert from_dict(json.loads(otlp_encode.spans_to_json([s]))) == sdk_encode([s])
+
+
+def test_spans_of_interleaved_resources_and_scopes_group_as_the_sdk_groups_them():
+    """The encoder keeps the last (resource, scope) group at hand for the next span: spans that
+    switch between resources and scopes (a None scope among them) still land in their own groups,
+    in the order the SDK gives them."""
+    a, b = Resource.create({"service.name": "a"}), Resource.create({"service.name": "b"})
+    one, two = InstrumentationScope("one", "1"), InstrumentationScope("two")
+    layout = [(a, one), (b, one), (a, one), (a, two), (b, None), (a, one), (b, None), (a, two)]
+    spans = []
+    for i, (res, scope) in enumerate(layout):
+        s = make_span(
+            {"i": i, "offs": list(range(i + 1))}, SpanKind.CLIENT, "remote", Status(StatusCode.OK), f"s{i}", res
+        )
+        s._instrumentation_scope = scope
+        spans.append(s)
+    assert otlp_encode.encode_spans(spans) == sdk_encode(spans)
+    assert from_dict(json.loads(otlp_encode.spans_to_json(spans))) == sdk_encode(spans)
+
+
+@pytest.mark.skipif(otlp_encode._values_json is None, reason="the C accelerator is not built here")
+def test_the_c_writer_of_integer_arrays_writes_what_python_writes(monkeypatch):
+    """Token-event offsets go through the C writer (otel_llm/otlp/_int_text.c) where it is built:
+    the text must be the Python writer's to the byte, at int64's edges and for every array kind
+    the span factory hands over (numpy int64, lists of ints, a non-contiguous view)."""
+    import numpy as np
+
+    edges = [0, 1, -1, 9, 10, 99, 100, 2**31, -(2**31), 2**63 - 1, -(2**63), 10**18, -(10**18) + 7]
+    base = np.arange(-5, 300, dtype=np.int64) * 1_234_567
+    values = [edges, list(range(1000)), base, base[::3], np.array(edges, dtype=np.int64), [2**63, 1], [True, 2]]
+    s = make_span({f"a{i}": v for i, v in enumerate(values)}, SpanKind.SERVER, "local", Status(StatusCode.UNSET))
+    fast = otlp_encode.spans_to_json([s])
+    monkeypatch.setattr(otlp_encode, "_values_json", None)
+    assert fast == otlp_encode.spans_to_json([s])
+    kvs = {
+        kv["key"]: kv["value"] for kv in json.loads(fast)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
+    }
+    assert [int(v["intValue"]) for v in kvs["a0"]["arrayValue"]["values"]] == edges
+    assert [int(v["intValue"]) for v in kvs["a3"]["arrayValue"]["values"]] == base[::3].tolist()
+    with pytest.raises(TypeError):
+        from otel_llm.otlp._int_text import values_json
+
+        values_json(np.zeros(3, dtype=np.int32))  # only int64 buffers
