@@ -24,11 +24,14 @@
  *
  * It keeps no reference and has no state: the engine's objects are only read.
  *
+ * TimedSend(send, chunks, record): what the HTTP server span's middleware hands the app as its
+ * ASGI ``send``: ``timed_send`` below bound to its first three arguments, called by vectorcall.
+ *
  * timed_send(send, chunks, record, message): the HTTP server span's ASGI ``send``: the time of each
  * body chunk with a body appended to ``chunks``, the response's start time and status set on
  * ``record`` (``response_start_mono``, ``status``), then ``send(message)``'s awaitable handed back
- * as it is. Bound with functools.partial, it is the ``send`` the app gets: no Python frame per
- * chunk. Times are CLOCK_MONOTONIC ns, as time.monotonic_ns() reads it.
+ * as it is. Bound (TimedSend), it is the ``send`` the app gets: no Python frame per chunk.
+ * Times are CLOCK_MONOTONIC ns, as time.monotonic_ns() reads it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -189,41 +192,110 @@ static PyObject *monotonic_ns(void) {
     return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
 }
 
+/* The time of a body chunk with a body onto ``chunks``; the response's start time and status
+ * onto ``record``. 0, or -1 with an exception set. */
+static int note(PyObject *chunks, PyObject *record, PyObject *message) {
+    if (!PyDict_Check(message) || !PyList_Check(chunks)) return 0;
+    PyObject *typ = PyDict_GetItemWithError(message, s_type); /* borrowed */
+    if (typ == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (is(typ, s_chunk)) {
+        PyObject *body = PyDict_GetItemWithError(message, s_body);
+        if (body == NULL && PyErr_Occurred()) return -1;
+        int has = body == NULL ? 0 : PyObject_IsTrue(body);
+        if (has <= 0) return has;
+        PyObject *t = monotonic_ns();
+        if (t == NULL) return -1;
+        int bad = PyList_Append(chunks, t) < 0;
+        Py_DECREF(t);
+        return bad ? -1 : 0;
+    }
+    if (is(typ, s_start)) {
+        PyObject *t = monotonic_ns();
+        if (t == NULL) return -1;
+        int bad = PyObject_SetAttr(record, s_response_start_mono, t) < 0;
+        Py_DECREF(t);
+        if (bad) return -1;
+        PyObject *status = PyDict_GetItemWithError(message, s_status);
+        if (status == NULL && PyErr_Occurred()) return -1;
+        return PyObject_SetAttr(record, s_status_attr, status ? status : Py_None);
+    }
+    return 0;
+}
+
 static PyObject *timed_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 4) {
         PyErr_SetString(PyExc_TypeError, "timed_send(send, chunks, record, message)");
         return NULL;
     }
-    PyObject *send = args[0], *chunks = args[1], *record = args[2], *message = args[3];
-    if (PyDict_Check(message) && PyList_Check(chunks)) {
-        PyObject *typ = PyDict_GetItemWithError(message, s_type); /* borrowed */
-        if (typ == NULL && PyErr_Occurred()) return NULL;
-        if (typ != NULL && is(typ, s_chunk)) {
-            PyObject *body = PyDict_GetItemWithError(message, s_body);
-            if (body == NULL && PyErr_Occurred()) return NULL;
-            int has = body == NULL ? 0 : PyObject_IsTrue(body);
-            if (has < 0) return NULL;
-            if (has) {
-                PyObject *t = monotonic_ns();
-                if (t == NULL || PyList_Append(chunks, t) < 0) {
-                    Py_XDECREF(t);
-                    return NULL;
-                }
-                Py_DECREF(t);
-            }
-        } else if (typ != NULL && is(typ, s_start)) {
-            PyObject *t = monotonic_ns();
-            if (t == NULL) return NULL;
-            int bad = PyObject_SetAttr(record, s_response_start_mono, t) < 0;
-            Py_DECREF(t);
-            if (bad) return NULL;
-            PyObject *status = PyDict_GetItemWithError(message, s_status);
-            if (status == NULL && PyErr_Occurred()) return NULL;
-            if (PyObject_SetAttr(record, s_status_attr, status ? status : Py_None) < 0) return NULL;
-        }
-    }
-    return PyObject_CallOneArg(send, message);
+    if (note(args[1], args[2], args[3]) < 0) return NULL;
+    return PyObject_CallOneArg(args[0], args[3]);
 }
+
+/* TimedSend(send, chunks, record): timed_send bound to its first three arguments, called as
+ * ``send(message)`` straight from the app's ``await send(...)`` (vectorcall: no partial, no
+ * argument tuple), handing ``send``'s awaitable back as it is. */
+typedef struct {
+    PyObject_HEAD PyObject *send, *chunks, *record;
+    vectorcallfunc vectorcall;
+} TimedSend;
+
+static PyObject *ts_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    TimedSend *t = (TimedSend *)self;
+    if (PyVectorcall_NARGS(nargsf) != 1 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "send(message)");
+        return NULL;
+    }
+    if (note(t->chunks, t->record, args[0]) < 0) return NULL;
+    return PyObject_Vectorcall(t->send, args, nargsf, NULL);
+}
+
+static PyObject *ts_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *send, *chunks, *record;
+    if (!PyArg_ParseTuple(args, "OO!O:TimedSend", &send, &PyList_Type, &chunks, &record)) return NULL;
+    TimedSend *t = (TimedSend *)type->tp_alloc(type, 0);
+    if (t == NULL) return NULL;
+    Py_INCREF(send);
+    Py_INCREF(chunks);
+    Py_INCREF(record);
+    t->send = send;
+    t->chunks = chunks;
+    t->record = record;
+    t->vectorcall = ts_call;
+    return (PyObject *)t;
+}
+
+static int ts_traverse(TimedSend *t, visitproc visit, void *arg) {
+    Py_VISIT(t->send);
+    Py_VISIT(t->chunks);
+    Py_VISIT(t->record);
+    return 0;
+}
+
+static int ts_clear(TimedSend *t) {
+    Py_CLEAR(t->send);
+    Py_CLEAR(t->chunks);
+    Py_CLEAR(t->record);
+    return 0;
+}
+
+static void ts_dealloc(TimedSend *t) {
+    PyObject_GC_UnTrack(t);
+    ts_clear(t);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyTypeObject TimedSendType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.TimedSend",
+    .tp_basicsize = sizeof(TimedSend),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "TimedSend(send, chunks, record): an ASGI send that times the body chunks (see the source)",
+    .tp_new = ts_new,
+    .tp_traverse = (traverseproc)ts_traverse,
+    .tp_clear = (inquiry)ts_clear,
+    .tp_dealloc = (destructor)ts_dealloc,
+    .tp_vectorcall_offset = offsetof(TimedSend, vectorcall),
+    .tp_call = PyVectorcall_Call,
+};
 
 static PyMethodDef methods[] = {
     {"timed_send", (PyCFunction)(void (*)(void))timed_send, METH_FASTCALL,
@@ -246,5 +318,14 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     s_status_attr = PyUnicode_InternFromString("status");
     if (!s_type || !s_body || !s_status || !s_start || !s_chunk || !s_response_start_mono || !s_status_attr)
         return NULL;
-    return PyModule_Create(&module);
+    if (PyType_Ready(&TimedSendType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&TimedSendType);
+    if (PyModule_AddObject(m, "TimedSend", (PyObject *)&TimedSendType) < 0) {
+        Py_DECREF(&TimedSendType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
 }

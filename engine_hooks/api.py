@@ -260,30 +260,36 @@ class EngineHooks:
         anchor was taken (40 ms put a request's tokens before its arrival). If the method raises,
         the request is recorded as arrived and ``rejected``."""
 
+        def fields(res, *a, **k):
+            return (
+                request_id(res, *a, **k),
+                start_time_ns(res, *a, **k) if start_time_ns else None,
+                input_tokens(res, *a, **k) if input_tokens else None,
+                trace_headers(res, *a, **k) if trace_headers else None,
+                attributes(res, *a, **k) if attributes else None,
+            )
+
+        return self.arrival_fields(fields)
+
+    def arrival_fields(self, fields: Extractor):
+        """:meth:`arrival` with its extractors in one: ``fields(result, *args, **kwargs)`` gives
+        ``(request_id, start_time_ns, input_tokens, trace_headers, attributes)``, each but the id
+        possibly None (one call a request, where an engine's adapter reads them all from one
+        object)."""
+
         def arrived(res, a, k):
-            rid = request_id(res, *a, **k)
+            rid, start, n_in, headers, attrs = fields(res, *a, **k)
             if rid is None:  # the engine refused it without an id (nothing to trace)
                 return
             now = monotonic_ns()
-            start = start_time_ns(res, *a, **k) if start_time_ns else None
             if start is not None:  # arrived no later than this hook ran
                 start = now - max(0, time.time_ns() - start)
-            self._rec(
-                (
-                    ARRIVAL,
-                    now,
-                    rid,
-                    start,
-                    input_tokens(res, *a, **k) if input_tokens else None,
-                    trace_headers(res, *a, **k) if trace_headers else None,
-                    attributes(res, *a, **k) if attributes else None,
-                )
-            )
+            self._rec((ARRIVAL, now, rid, start, n_in, headers, attrs))
 
         def deco(fn):
             def failed(exc, a, k):
                 arrived(None, a, k)
-                self._finish_failed(request_id(None, *a, **k), "rejected", exc)
+                self._finish_failed(fields(None, *a, **k)[0], "rejected", exc)
 
             return self._wrap(fn, lambda res, a, k, _: arrived(res, a, k), failed=failed)
 

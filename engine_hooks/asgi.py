@@ -23,7 +23,7 @@ instrumentation reads them; default ``/health``, ``/ping``, ``/metrics``, ``/ver
 
 from __future__ import annotations
 
-import functools
+import binascii
 import operator
 import os
 from dataclasses import dataclass, field
@@ -86,7 +86,7 @@ def stamp_first_byte() -> bool:
     return True
 
 
-@dataclass
+@dataclass(slots=True)
 class HttpRecord:
     """One HTTP request at the server. Times are monotonic ns of this process."""
 
@@ -114,10 +114,42 @@ class HttpRecord:
 _HTTP_FIELDS = operator.attrgetter(*HttpRecord.__dataclass_fields__)
 
 
+_HEADER_NAME = operator.itemgetter(0)
+_FLAGS_TAIL = [b"-%02x" % f for f in range(256)]  # a traceparent's end, by its flags
+
+
+def _find_traceparent(headers: list) -> int:
+    """The index of the first ``traceparent`` header, or -1. ASGI servers lowercase header names
+    (uvicorn does): looked up among the names in C; any other case only where the names hold
+    it."""
+    names = list(map(_HEADER_NAME, headers))
+    if _TRACEPARENT in names:
+        return names.index(_TRACEPARENT)
+    try:
+        if _TRACEPARENT not in b"\n".join(names).lower():
+            return -1
+    except TypeError:  # a name that is not bytes (not ASGI's): each looked at
+        pass
+    for i, k in enumerate(names):
+        if isinstance(k, bytes) and k.lower() == _TRACEPARENT:
+            return i
+    return -1
+
+
 def parse_traceparent(value: bytes | str | None) -> tuple[bytes, bytes, int] | None:
     """(trace id, span id, flags) of a W3C traceparent, or None."""
     if not value:
         return None
+    if type(value) is bytes and len(value) == 55 and value[:3] == b"00-" and value[35] == value[52] == 45:
+        # version 00, the usual header: read at its fixed places in C (no decode, split or str per part)
+        try:
+            t, s = binascii.unhexlify(value[3:35]), binascii.unhexlify(value[36:52])
+            flags = binascii.unhexlify(value[53:55])[0]  # two hex digits, as W3C writes them
+        except ValueError:  # binascii.Error is one
+            return None
+        if not any(t) or not any(s):
+            return None
+        return t, s, flags
     try:
         text = value.decode("ascii") if isinstance(value, bytes) else value
         ver, tid, sid, flags = text.strip().split("-")[:4]
@@ -154,12 +186,23 @@ class TracingMiddleware:
         self._recorder = recorder
         stamp_first_byte()  # for the requests after this one (Starlette builds middleware on the first)
         self._excluded = environment.excluded_urls()  # health probes, metric scrapes: no span
+        self._excluded_paths: dict[str, bool] = {}
         from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut
 
         self._sampler = configured_sampler()
         self._shortcut = sampler_shortcut(self._sampler)  # the usual samplers, decided without the SDK
         # each body chunk timed in C where the accelerator is built (no Python frame per chunk)
-        self._timed_send = _hotpath.timed_send if accelerated() else None
+        self._timed_send = _hotpath.TimedSend if accelerated() else None
+
+    def _is_excluded(self, path: str) -> bool:
+        """Whether ``path`` gets no span (``OTEL_PYTHON_ASGI_EXCLUDED_URLS``); a server's few paths
+        are looked up once each (at most 1,024 remembered)."""
+        hit = self._excluded_paths.get(path)
+        if hit is None:
+            hit = self._excluded.search(path) is not None
+            if len(self._excluded_paths) < 1024:
+                self._excluded_paths[path] = hit
+        return hit
 
     @property
     def recorder(self):
@@ -198,25 +241,25 @@ class TracingMiddleware:
         if (
             scope.get("type") != "http"
             or scope.get(_SEEN)
-            or (self._excluded is not None and self._excluded.search(scope.get("path", "")))
+            or (self._excluded is not None and self._is_excluded(scope.get("path", "")))
         ):
             await self.app(scope, receive, send)
             return
         t_app = monotonic_ns()
         t0 = min(scope.get(FIRST_BYTE) or t_app, t_app)
-        headers = list(scope.get("headers") or [])
+        headers = list(scope.get("headers") or ())
         parent = None
-        for i, (k, v) in enumerate(headers):
-            if k.lower() == _TRACEPARENT:
-                parent = parse_traceparent(v)
-                del headers[i]
-                break
+        i = _find_traceparent(headers)
+        if i >= 0:
+            parent = parse_traceparent(headers[i][1])
+            del headers[i]
         ids = os.urandom(24)  # one read of the system's randomness: the span's id, and a trace's if new
         trace_id = parent[0] if parent else ids[8:]
         span_id = ids[:8]
         sampled, p = self._decide(parent, trace_id, scope)
         flags = (parent[2] & ~1 if parent else 0) | int(sampled)  # the engine's spans follow this decision
-        headers.append((_TRACEPARENT, f"00-{trace_id.hex()}-{span_id.hex()}-{flags:02x}".encode()))
+        tp = b"00-" + binascii.hexlify(trace_id) + b"-" + binascii.hexlify(span_id) + _FLAGS_TAIL[flags]
+        headers.append((_TRACEPARENT, tp))
         rec = HttpRecord(
             t0,
             t0,
@@ -234,7 +277,7 @@ class TracingMiddleware:
             t_app,
         )
         if self._timed_send is not None:
-            traced_send = functools.partial(self._timed_send, send, rec.chunk_mono, rec)
+            traced_send = self._timed_send(send, rec.chunk_mono, rec)
         else:
             chunk = rec.chunk_mono.append
 

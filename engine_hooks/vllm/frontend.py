@@ -92,42 +92,26 @@ def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple) -> Non
             tracker.finish(o.request_id, out_ns, _STATUS.get(fr, "error"), _REASON.get(fr, str(fr)))
 
 
-def _trace_headers(res, self, request, *a, **k):
-    return incoming_trace_headers.get() or getattr(request, "trace_headers", None)
-
-
-def _start_ns(res, self, request, *a, **k):
-    t = getattr(request, "arrival_time", None)
-    return int(t * 1e9) if t else None
-
-
-def _input_tokens(res, self, request, *a, **k):
-    ids = getattr(request, "prompt_token_ids", None)
-    return len(ids) if ids is not None else None
-
-
 def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) -> bool:
     """Hook one OutputProcessor instance; returns False when it was hooked already."""
     if hooked(getattr(op, "process_outputs", None)):
         return False
-    attrs = {sc.REQUEST_MODEL: model} if model else {}
+    model_attr = {sc.REQUEST_MODEL: model} if model else {}
     cls = type(op)
 
-    def attributes(res, self, request, prompt=None, parent_req=None, request_index=0, *a, **k):
-        ext = getattr(request, "external_req_id", None) or request.request_id
-        out = {**attrs, sc.REQUEST_ID: ext, sc.REQUEST_INTERNAL_ID: request.request_id}
+    def fields(res, self, request, prompt=None, parent_req=None, request_index=0, *a, **k):
+        rid = request.request_id
+        ext = getattr(request, "external_req_id", None) or rid
+        attrs = {**model_attr, sc.REQUEST_ID: ext, sc.REQUEST_INTERNAL_ID: rid}
         if parent_req is not None:  # SamplingParams(n > 1): one child request per choice
-            out[sc.REQUEST_CHOICE] = int(request_index)
-        return out
+            attrs[sc.REQUEST_CHOICE] = int(request_index)
+        t = getattr(request, "arrival_time", None)
+        ids = getattr(request, "prompt_token_ids", None)
+        headers = incoming_trace_headers.get() or getattr(request, "trace_headers", None)
+        return rid, int(t * 1e9) if t else None, len(ids) if ids is not None else None, headers, attrs
 
     # bound to the instance: engines built without instrument() in this process stay untouched
-    op.add_request = hooks.arrival(
-        request_id=lambda res, self, request, *a, **k: request.request_id,
-        input_tokens=_input_tokens,
-        trace_headers=_trace_headers,
-        start_time_ns=_start_ns,
-        attributes=attributes,
-    )(cls.add_request).__get__(op)
+    op.add_request = hooks.arrival_fields(fields)(cls.add_request).__get__(op)
     scanner = output_scanner()
     c_scan, scan = scanner.c_scan or scanner.scan_python, scanner.scan_python
     last_ids = [None]  # the ids the last step's scan returned: a steady batch is the same list

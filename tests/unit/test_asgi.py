@@ -81,6 +81,12 @@ def test_chunks_timed_and_traceparent_handed_on(monkeypatch, pure_python):
         b"garbage",
         b"00-" + b"0" * 32 + b"-00f067aa0ba902b7-01",
         b"ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7--1",  # flags are two hex digits
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-+1",
+        b"00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-" + b"0" * 16 + b"-01",
+        b"00-4bf92f3577b34da6a3ce929d0e0e47 6-00f067aa0ba902b7-01",
+        b"00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     ],
 )
 def test_a_bad_traceparent_starts_a_new_trace(bad):
@@ -89,6 +95,27 @@ def test_a_bad_traceparent_starts_a_new_trace(bad):
     (h,) = records(rec)
     assert h.parent_span_id is None and any(h.trace_id)
     assert parse_traceparent(dict(seen["headers"])[b"traceparent"])[0] == h.trace_id
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"host", b"x"), (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")],
+        [(b"Traceparent", b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"), (b"host", b"x")],
+        [["x-a", "1"], [b"TRACEPARENT", b" 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 "]],
+    ],
+    ids=["lowercase", "any case", "list pairs, a str name, spaces"],
+)
+def test_the_caller_traceparent_is_found_however_the_server_spells_it(headers):
+    """Header names are looked up in C among lowercase names (what ASGI servers hand over), and
+    in any case otherwise; the value is read at its fixed places, or parsed in full when it is not
+    the usual 55 bytes."""
+    rec = Recorder()
+    _, _, seen = run(streaming_app, headers=headers, recorder=rec)
+    (h,) = records(rec)
+    assert h.trace_id.hex() == "4bf92f3577b34da6a3ce929d0e0e4736" and h.parent_span_id.hex() == "00f067aa0ba902b7"
+    handed = [k for k, _ in seen["headers"] if isinstance(k, bytes) and k.lower() == b"traceparent"]
+    assert handed == [b"traceparent"]  # the caller's replaced by the server span's
 
 
 def test_probes_get_no_span():
@@ -184,3 +211,32 @@ def test_the_usual_samplers_are_decided_as_the_sdk_decides(monkeypatch, sampler)
     for trace_id in (b"\x01" * 16, b"\xff" * 16, bytes(range(16))):
         for parent in (None, (trace_id, b"\x02" * 8, 1), (trace_id, b"\x02" * 8, 0)):
             assert mw._decide(parent, trace_id, scope) == asked._decide(parent, trace_id, scope), (parent, trace_id)
+
+
+@pytest.mark.skipif(asgi._hotpath is None, reason="the C accelerator is not built here")
+def test_the_c_send_hands_back_what_send_gives_and_keeps_no_reference():
+    """``_hotpath.TimedSend`` is the app's ``send`` under the accelerator: called by vectorcall
+    with exactly one message, it times body chunks with a body, takes the response's start and
+    status, hands back whatever ``send`` returns, and holds nothing it was given."""
+    import sys
+
+    from engine_hooks.asgi import HttpRecord
+
+    chunks: list = []
+    h = HttpRecord(0, 0, "POST", "/", None, None, chunks)
+    ts = asgi._hotpath.TimedSend(lambda m: ("sent", m), chunks, h)
+    start = {"type": "http.response.start", "status": 201}
+    body = {"type": "http.response.body", "body": b"data: x\n\n", "more_body": True}
+    assert ts(start) == ("sent", start) and h.status == 201 and type(h.response_start_mono) is int
+    before = sys.getrefcount(body)
+    for _ in range(100):
+        assert ts(body)[1] is body
+    assert sys.getrefcount(body) == before and len(chunks) == 100 and chunks == sorted(chunks)
+    ts({"type": "http.response.body", "body": b""})  # the empty closing body is no chunk
+    ts(["not", "a", "dict"])  # not ASGI's: handed on untouched
+    assert len(chunks) == 100
+    for call in (lambda: ts(), lambda: ts(body, body), lambda: ts(message=body)):
+        with pytest.raises(TypeError):
+            call()
+    with pytest.raises(TypeError):
+        asgi._hotpath.TimedSend(print, (), h)  # the chunk times go in a list
