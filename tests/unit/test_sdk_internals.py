@@ -23,6 +23,43 @@ def test_encode_attributes_is_the_sdks_resource_encoding():
     assert sdk_internals.encode_attributes(res.attributes) == want, f"_encode_attributes changed in {SDK}"
 
 
+def test_a_readable_spans_stored_fields_are_what_its_properties_give():
+    """span_fields reads a ReadableSpan's fields as stored (``_name``, ``_context``, ...), one C
+    call where the properties are a dozen Python calls: each must still be what its property
+    gives, and the SDK's live span (another type) goes through the properties."""
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Link, SpanKind
+    from opentelemetry.trace.status import Status, StatusCode
+    from support.tests_support_spans import one_span
+
+    span = one_span(Resource.create({"service.name": "x"}))
+    stored = sdk_internals.span_fields(span)
+    for name, got in zip(sdk_internals.SPAN_FIELDS, stored, strict=True):
+        want = getattr(span, name)
+        if name == "attributes":
+            assert dict(got) == dict(want), f"ReadableSpan._attributes changed in {SDK}"
+        elif name in ("events", "links"):
+            assert tuple(got) == tuple(want), f"ReadableSpan._{name} changed in {SDK}"
+        else:
+            assert got is want, f"ReadableSpan._{name} changed in {SDK}"
+    assert type(span) is ReadableSpan
+    memory = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    with provider.get_tracer("t").start_as_current_span(
+        "live", kind=SpanKind.CLIENT, links=[Link(span.context)]
+    ) as live:
+        live.set_status(Status(StatusCode.ERROR, "x"))
+    (done,) = memory.get_finished_spans()
+    fields = sdk_internals.span_fields(done)
+    assert fields[0] == "live" and fields[3] is SpanKind.CLIENT and len(fields[9]) == 1 and fields[7].description == "x"
+    from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
+    assert otlp_encode.encode_spans([done, span]) == encode_spans([done, span])  # both kinds, one batch
+
+
 def test_the_grpc_exporter_still_translates_through_translate_data():
     from opentelemetry.exporter.otlp.proto.grpc.exporter import OTLPExporterMixin
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
