@@ -23,12 +23,17 @@ class TraceFileError(ValueError):
 def read_trace_requests(path: str | os.PathLike) -> Iterator[tuple[int, ExportTraceServiceRequest]]:
     """``(line number, request)`` for each line of an OTLP JSON-lines file (one
     ExportTraceServiceRequest per line; blank lines skipped). A bad line raises
-    :class:`TraceFileError` naming the file and the line."""
-    with open(path, encoding="utf-8") as fh:
+    :class:`TraceFileError` naming the file and the line; but a last line without its newline
+    that does not parse is one a live writer has not finished (a file read while the engine
+    still appends to it): it is left out, not an error. Lines are decoded as ``json.loads``
+    decodes bytes (UTF-8, -16 or -32), so a line cut inside a character is such a line too."""
+    with open(path, "rb") as fh:
         for lineno, line in enumerate(fh, 1):
             if line.strip():
                 try:
                     req = from_dict(json.loads(line))
-                except (ValueError, json.JSONDecodeError) as exc:
+                except ValueError as exc:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+                    if not line.endswith(b"\n"):
+                        return  # the end of the file, still being written
                     raise TraceFileError(path, lineno, f"not an OTLP JSON trace export: {exc}") from None
                 yield lineno, req
