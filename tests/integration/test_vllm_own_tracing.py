@@ -101,14 +101,16 @@ def test_vllm_own_spans_into_the_collector_agree_with_our_hooks(make_collector, 
     # vLLM stamps a step's outputs before its OutputProcessor.process_outputs (IterationStats), our
     # hook when that returns: after vLLM's own tracing built a span for each request the step
     # finished (do_tracing, inside the method) and after detokenizing. So ours is never earlier,
-    # and later by that work: typically under 2 ms, 18 ms seen for E2E in one loaded CI run (two
+    # and later by that work: typically 1-3 ms, 18 ms seen for E2E in one loaded CI run (two
     # cores shared by the server, bench and the collector) where several requests finished at once
     late = {k: [getattr(mine[rid], k) - getattr(t, k) for rid, t in theirs.items()] for k in ("ttft", "e2e")}
     assert min(late["ttft"]) > -2e-3 and min(late["e2e"]) > -2e-3, late
     median = {k: sorted(v)[len(v) // 2] for k, v in diffs.items()}
     # TPOT is (E2E - TTFT) / 15 here: the same stamps, a fifteenth of their gap
     assert worst["ttft"] < 0.05 and worst["e2e"] < 0.05 and worst["tpot"] < 0.05 / 15, worst
-    assert median["ttft"] < 2e-3 and median["e2e"] < 2e-3, median
+    # the median too is that work, and it scales with the machine: 2.5 ms for E2E in a CI run where
+    # the same tests ran 1.9x slower than on a quiet machine
+    assert median["ttft"] < 5e-3 and median["e2e"] < 5e-3, median
     # every client pairs with vLLM's record of its request: the TTFT splits into what vLLM's span can give
     for cl in clients:
         assert cl.paired and cl.peer_request_id in theirs
