@@ -187,10 +187,11 @@ class TracingMiddleware:
         stamp_first_byte()  # for the requests after this one (Starlette builds middleware on the first)
         self._excluded = environment.excluded_urls()  # health probes, metric scrapes: no span
         self._excluded_paths: dict[str, bool] = {}
-        from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut
+        from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut, shortcut_decision
 
         self._sampler = configured_sampler()
         self._shortcut = sampler_shortcut(self._sampler)  # the usual samplers, decided without the SDK
+        self._quick = shortcut_decision
         # each body chunk timed in C where the accelerator is built (no Python frame per chunk)
         self._timed_send = _hotpath.TimedSend if accelerated() else None
 
@@ -218,10 +219,9 @@ class TracingMiddleware:
     def _decide(self, parent, trace_id: bytes, scope) -> tuple[bool, float | None]:
         """The configured sampler's decision for this request (a parent-based one follows the
         caller's flag), and the probability where it decided itself."""
-        if self._shortcut == "parent":  # what parentbased_always_on decides, without a context
-            return (bool(parent[2] & 1), None) if parent is not None else (True, 1.0)
-        if self._shortcut == "always":
-            return True, 1.0
+        quick = self._quick(self._shortcut, None if parent is None else bool(parent[2] & 1))
+        if quick is not None:  # the usual samplers, decided without a context
+            return quick
         from opentelemetry import trace as trace_api
         from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 

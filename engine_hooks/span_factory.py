@@ -24,7 +24,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import semconv as sc
-from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut, sampling_probability
+from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut, sampling_probability, shortcut_decision
 
 from .tracker import FinishedRequest, PreemptionRecord, StepRecord
 
@@ -117,15 +117,11 @@ class SpanFactory:
 
     def _sampled(self, parent: SpanContext | None, trace_id: int, name: str) -> tuple[bool, float | None]:
         """(keep it, the probability it was kept with where this sampler decided)."""
-        if self._shortcut == "parent":  # parentbased_always_on: the caller's flag, else keep
-            if parent is None:
-                return True, 1.0
-            if parent.trace_flags.sampled:
-                return True, None
-            self.unsampled += 1
-            return False, None
-        if self._shortcut == "always":
-            return True, 1.0
+        quick = shortcut_decision(self._shortcut, None if parent is None else parent.trace_flags.sampled)
+        if quick is not None:  # the usual samplers, decided without a context
+            if not quick[0]:
+                self.unsampled += 1
+            return quick
         ctx = trace_api.set_span_in_context(NonRecordingSpan(parent)) if parent is not None else None
         if not self.sampler.should_sample(ctx, trace_id, name, SpanKind.SERVER).decision.is_sampled():
             self.unsampled += 1

@@ -208,6 +208,17 @@ def sampler_shortcut(sampler) -> str | None:
     return None
 
 
+def shortcut_decision(shortcut: str | None, parent_sampled: bool | None) -> tuple[bool, float | None] | None:
+    """What a :func:`sampler_shortcut` sampler decides for a span whose parent's sampled flag is
+    ``parent_sampled`` (None: no parent): (keep it, the probability where the sampler decided
+    itself); None where the sampler must be asked."""
+    if shortcut == "always":
+        return True, 1.0
+    if shortcut == "parent":
+        return (True, 1.0) if parent_sampled is None else (parent_sampled, None)
+    return None
+
+
 def tracer_probability(tracer) -> float | None:
     """:func:`sampling_probability` of an SDK tracer's sampler for a span started now (a child of
     the current span, if there is one); None for tracers that are not the SDK's."""
