@@ -25,12 +25,10 @@
  * It keeps no reference and has no state: the engine's objects are only read.
  *
  * TimedSend(send, chunks, record): what the HTTP server span's middleware hands the app as its
- * ASGI ``send``: ``timed_send`` below bound to its first three arguments, called by vectorcall.
- *
- * timed_send(send, chunks, record, message): the HTTP server span's ASGI ``send``: the time of each
+ * ASGI ``send``, called by vectorcall with each message: the time of each
  * body chunk with a body appended to ``chunks``, the response's start time and status set on
  * ``record`` (``response_start_mono``, ``status``), then ``send(message)``'s awaitable handed back
- * as it is. Bound (TimedSend), it is the ``send`` the app gets: no Python frame per chunk.
+ * as it is: no Python frame per chunk.
  * Times are CLOCK_MONOTONIC ns, as time.monotonic_ns() reads it.
  */
 #define PY_SSIZE_T_CLEAN
@@ -222,17 +220,8 @@ static int note(PyObject *chunks, PyObject *record, PyObject *message) {
     return 0;
 }
 
-static PyObject *timed_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "timed_send(send, chunks, record, message)");
-        return NULL;
-    }
-    if (note(args[1], args[2], args[3]) < 0) return NULL;
-    return PyObject_CallOneArg(args[0], args[3]);
-}
-
-/* TimedSend(send, chunks, record): timed_send bound to its first three arguments, called as
- * ``send(message)`` straight from the app's ``await send(...)`` (vectorcall: no partial, no
+/* TimedSend(send, chunks, record): note() on each message, called as ``send(message)``
+ * straight from the app's ``await send(...)`` (vectorcall: no partial, no
  * argument tuple), handing ``send``'s awaitable back as it is. */
 typedef struct {
     PyObject_HEAD PyObject *send, *chunks, *record;
@@ -298,8 +287,6 @@ static PyTypeObject TimedSendType = {
 };
 
 static PyMethodDef methods[] = {
-    {"timed_send", (PyCFunction)(void (*)(void))timed_send, METH_FASTCALL,
-     "timed_send(send, chunks, record, message) -> send(message), the chunk timed (see the source)"},
     {"scan", scan, METH_VARARGS,
      "scan(cls, id_member, count_member, rare_members, items, previous_ids) -> (ids, counts, rare)"},
     {NULL, NULL, 0, NULL},
