@@ -24,11 +24,12 @@
  *
  * It keeps no reference and has no state: the engine's objects are only read.
  *
- * TimedSend(send, chunks, record): what the HTTP server span's middleware hands the app as its
- * ASGI ``send``, called by vectorcall with each message: the time of each
- * body chunk with a body appended to ``chunks``, the response's start time and status set on
- * ``record`` (``response_start_mono``, ``status``), then ``send(message)``'s awaitable handed back
- * as it is: no Python frame per chunk.
+ * TimedSend(send, record): what the HTTP server span's middleware hands the app as its
+ * ASGI ``send``, called by vectorcall with each message: the time of each body chunk with a body
+ * kept in a C array (no int object per chunk; ``chunks()`` gives them as an ``array('q')``, which
+ * pickles as one bytes object), the response's start time and status set on ``record``
+ * (``response_start_mono``, ``status``), then ``send(message)``'s awaitable handed back as it is:
+ * no Python frame per chunk.
  * Times are CLOCK_MONOTONIC ns, as time.monotonic_ns() reads it.
  */
 #define PY_SSIZE_T_CLEAN
@@ -179,54 +180,66 @@ fail:
 }
 
 static PyObject *s_type, *s_body, *s_status, *s_start, *s_chunk, *s_response_start_mono, *s_status_attr;
+static PyObject *array_type; /* array.array */
 
+/* ``v`` is the str ``interned``: the same object, or an exact str of the same text (an ASGI
+ * message's type is a literal of the server's or the framework's: not interned where it has dots) */
 static int is(PyObject *v, PyObject *interned) {
-    return v == interned || (PyUnicode_CheckExact(v) && PyUnicode_Compare(v, interned) == 0);
+    return v == interned || (PyUnicode_CheckExact(v) && same_str(v, interned));
 }
 
-static PyObject *monotonic_ns(void) {
+static long long monotonic(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return PyLong_FromLongLong((long long)ts.tv_sec * 1000000000LL + ts.tv_nsec);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* The time of a body chunk with a body onto ``chunks``; the response's start time and status
- * onto ``record``. 0, or -1 with an exception set. */
-static int note(PyObject *chunks, PyObject *record, PyObject *message) {
-    if (!PyDict_Check(message) || !PyList_Check(chunks)) return 0;
+/* TimedSend(send, record): called as ``send(message)`` straight from the app's
+ * ``await send(...)`` (vectorcall: no partial, no argument tuple), handing ``send``'s awaitable back
+ * as it is. */
+typedef struct {
+    PyObject_HEAD PyObject *send, *record;
+    vectorcallfunc vectorcall;
+    long long *times; /* the body chunks' times, ``n`` of ``cap`` */
+    Py_ssize_t n, cap;
+} TimedSend;
+
+/* The time of a body chunk with a body into ``t``'s array; the response's start time and status
+ * onto its record. 0, or -1 with an exception set. */
+static int note(TimedSend *t, PyObject *message) {
+    if (!PyDict_Check(message)) return 0;
     PyObject *typ = PyDict_GetItemWithError(message, s_type); /* borrowed */
     if (typ == NULL) return PyErr_Occurred() ? -1 : 0;
     if (is(typ, s_chunk)) {
         PyObject *body = PyDict_GetItemWithError(message, s_body);
         if (body == NULL && PyErr_Occurred()) return -1;
-        int has = body == NULL ? 0 : PyObject_IsTrue(body);
+        int has = body == NULL ? 0 : PyBytes_CheckExact(body) ? PyBytes_GET_SIZE(body) > 0 : PyObject_IsTrue(body);
         if (has <= 0) return has;
-        PyObject *t = monotonic_ns();
-        if (t == NULL) return -1;
-        int bad = PyList_Append(chunks, t) < 0;
-        Py_DECREF(t);
-        return bad ? -1 : 0;
+        if (t->n == t->cap) {
+            Py_ssize_t cap = t->cap ? t->cap * 2 : 64;
+            long long *grown = PyMem_Realloc(t->times, (size_t)cap * sizeof(long long));
+            if (grown == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            t->times = grown;
+            t->cap = cap;
+        }
+        t->times[t->n++] = monotonic();
+        return 0;
     }
     if (is(typ, s_start)) {
-        PyObject *t = monotonic_ns();
-        if (t == NULL) return -1;
-        int bad = PyObject_SetAttr(record, s_response_start_mono, t) < 0;
-        Py_DECREF(t);
+        PyObject *ns = PyLong_FromLongLong(monotonic());
+        if (ns == NULL) return -1;
+        int bad = PyObject_SetAttr(t->record, s_response_start_mono, ns) < 0;
+        Py_DECREF(ns);
         if (bad) return -1;
         PyObject *status = PyDict_GetItemWithError(message, s_status);
         if (status == NULL && PyErr_Occurred()) return -1;
-        return PyObject_SetAttr(record, s_status_attr, status ? status : Py_None);
+        return PyObject_SetAttr(t->record, s_status_attr, status ? status : Py_None);
     }
     return 0;
 }
-
-/* TimedSend(send, chunks, record): note() on each message, called as ``send(message)``
- * straight from the app's ``await send(...)`` (vectorcall: no partial, no
- * argument tuple), handing ``send``'s awaitable back as it is. */
-typedef struct {
-    PyObject_HEAD PyObject *send, *chunks, *record;
-    vectorcallfunc vectorcall;
-} TimedSend;
 
 static PyObject *ts_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     TimedSend *t = (TimedSend *)self;
@@ -234,35 +247,44 @@ static PyObject *ts_call(PyObject *self, PyObject *const *args, size_t nargsf, P
         PyErr_SetString(PyExc_TypeError, "send(message)");
         return NULL;
     }
-    if (note(t->chunks, t->record, args[0]) < 0) return NULL;
+    if (note(t, args[0]) < 0) return NULL;
     return PyObject_Vectorcall(t->send, args, nargsf, NULL);
 }
 
+/* chunks(): the body chunks' times so far, an array('q') of monotonic ns */
+static PyObject *ts_chunks(PyObject *self, PyObject *Py_UNUSED(ignored)) {
+    TimedSend *t = (TimedSend *)self;
+    if (t->n == 0) return PyObject_CallFunction(array_type, "s", "q"); /* "y#" of NULL would be None */
+    return PyObject_CallFunction(array_type, "sy#", "q", (const char *)t->times, t->n * (Py_ssize_t)sizeof(long long));
+}
+
 static PyObject *ts_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *send, *chunks, *record;
-    if (!PyArg_ParseTuple(args, "OO!O:TimedSend", &send, &PyList_Type, &chunks, &record)) return NULL;
+    PyObject *send, *record;
+    if (kwargs != NULL && PyDict_GET_SIZE(kwargs)) {
+        PyErr_SetString(PyExc_TypeError, "TimedSend(send, record)");
+        return NULL;
+    }
+    if (!PyArg_UnpackTuple(args, "TimedSend", 2, 2, &send, &record)) return NULL;
     TimedSend *t = (TimedSend *)type->tp_alloc(type, 0);
     if (t == NULL) return NULL;
     Py_INCREF(send);
-    Py_INCREF(chunks);
     Py_INCREF(record);
     t->send = send;
-    t->chunks = chunks;
     t->record = record;
     t->vectorcall = ts_call;
+    t->times = NULL;
+    t->n = t->cap = 0;
     return (PyObject *)t;
 }
 
 static int ts_traverse(TimedSend *t, visitproc visit, void *arg) {
     Py_VISIT(t->send);
-    Py_VISIT(t->chunks);
     Py_VISIT(t->record);
     return 0;
 }
 
 static int ts_clear(TimedSend *t) {
     Py_CLEAR(t->send);
-    Py_CLEAR(t->chunks);
     Py_CLEAR(t->record);
     return 0;
 }
@@ -270,18 +292,25 @@ static int ts_clear(TimedSend *t) {
 static void ts_dealloc(TimedSend *t) {
     PyObject_GC_UnTrack(t);
     ts_clear(t);
+    PyMem_Free(t->times);
     Py_TYPE(t)->tp_free((PyObject *)t);
 }
+
+static PyMethodDef ts_methods[] = {
+    {"chunks", ts_chunks, METH_NOARGS, "chunks() -> array('q'): the body chunks' times so far (monotonic ns)"},
+    {NULL, NULL, 0, NULL},
+};
 
 static PyTypeObject TimedSendType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.TimedSend",
     .tp_basicsize = sizeof(TimedSend),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "TimedSend(send, chunks, record): an ASGI send that times the body chunks (see the source)",
+    .tp_doc = "TimedSend(send, record): an ASGI send that times the body chunks (see the source)",
     .tp_new = ts_new,
     .tp_traverse = (traverseproc)ts_traverse,
     .tp_clear = (inquiry)ts_clear,
     .tp_dealloc = (destructor)ts_dealloc,
+    .tp_methods = ts_methods,
     .tp_vectorcall_offset = offsetof(TimedSend, vectorcall),
     .tp_call = PyVectorcall_Call,
 };
@@ -305,6 +334,11 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     s_status_attr = PyUnicode_InternFromString("status");
     if (!s_type || !s_body || !s_status || !s_start || !s_chunk || !s_response_start_mono || !s_status_attr)
         return NULL;
+    PyObject *array_module = PyImport_ImportModule("array");
+    if (array_module == NULL) return NULL;
+    array_type = PyObject_GetAttrString(array_module, "array");
+    Py_DECREF(array_module);
+    if (array_type == NULL) return NULL;
     if (PyType_Ready(&TimedSendType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

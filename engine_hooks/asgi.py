@@ -13,7 +13,8 @@ or for the first request before the stamp is installed, the span starts when the
 The caller's ``traceparent`` parents it, and the middleware hands the request on with its own
 ``traceparent``, so the engine's ``llm.request`` becomes its child.
 
-Cheap on the event loop: a monotonic clock read and a list append per chunk; the span is built
+Cheap on the event loop: a monotonic clock read per chunk, kept in C where the accelerator is
+built (:class:`engine_hooks._hotpath.TimedSend`), else appended to an ``array('q')``; the span is built
 later on the tracing pipeline's thread (a RAW event, as the engine hooks record). vLLM's API server
 takes it through the plugin (``OTEL_LLM_ENABLE=1``) or as ``--middleware
 engine_hooks.asgi.TracingMiddleware``. Health probes and metric scrapes get no span
@@ -26,6 +27,7 @@ from __future__ import annotations
 import binascii
 import operator
 import os
+from array import array
 from dataclasses import dataclass, field
 
 from otel_llm import environment
@@ -96,7 +98,7 @@ class HttpRecord:
     path: str
     status: int | None
     response_start_mono: int | None
-    chunk_mono: list[int] = field(default_factory=list)
+    chunk_mono: array = field(default_factory=lambda: array("q"))  # int64: pickled as one bytes object
     trace_id: bytes = b""
     span_id: bytes = b""
     parent_span_id: bytes | None = None
@@ -114,6 +116,7 @@ class HttpRecord:
 _HTTP_FIELDS = operator.attrgetter(*HttpRecord.__dataclass_fields__)
 
 
+_NO_CHUNKS = array("q")  # never appended to: a request's own array replaces it at its end
 _HEADER_NAME = operator.itemgetter(0)
 _FLAGS_TAIL = [b"-%02x" % f for f in range(256)]  # a traceparent's end, by its flags
 
@@ -260,6 +263,7 @@ class TracingMiddleware:
         flags = (parent[2] & ~1 if parent else 0) | int(sampled)  # the engine's spans follow this decision
         tp = b"00-" + binascii.hexlify(trace_id) + b"-" + binascii.hexlify(span_id) + _FLAGS_TAIL[flags]
         headers.append((_TRACEPARENT, tp))
+        timed = self._timed_send
         rec = HttpRecord(
             t0,
             t0,
@@ -267,7 +271,7 @@ class TracingMiddleware:
             scope.get("path", ""),
             None,
             None,
-            [],
+            _NO_CHUNKS if timed is not None else array("q"),  # TimedSend keeps them until the end
             trace_id,
             span_id,
             parent[1] if parent else None,
@@ -276,8 +280,8 @@ class TracingMiddleware:
             p,
             t_app,
         )
-        if self._timed_send is not None:
-            traced_send = self._timed_send(send, rec.chunk_mono, rec)
+        if timed is not None:
+            traced_send = timed(send, rec)
         else:
             chunk = rec.chunk_mono.append
 
@@ -296,6 +300,8 @@ class TracingMiddleware:
             await self.app({**scope, "headers": headers, _SEEN: True}, receive, traced_send)
         finally:
             rec.end_mono = monotonic_ns()
+            if timed is not None:
+                rec.chunk_mono = traced_send.chunks()
             try:
                 self.recorder.record((RAW, rec.end_mono, _expand, rec))
             except Exception:  # tracing never breaks the server

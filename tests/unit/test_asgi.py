@@ -5,6 +5,8 @@ still gets its span and its exception."""
 from __future__ import annotations
 
 import asyncio
+import pickle
+from array import array
 
 import pytest
 
@@ -70,7 +72,8 @@ def test_chunks_timed_and_traceparent_handed_on(monkeypatch, pure_python):
     (h,) = records(rec)
     assert h.status == 200 and len(h.chunk_mono) == 5  # the empty closing body is not a chunk
     assert all(type(t) is int for t in h.chunk_mono) and type(h.response_start_mono) is int
-    assert h.start_mono <= h.response_start_mono <= h.chunk_mono[0] and h.chunk_mono == sorted(h.chunk_mono)
+    assert h.start_mono <= h.response_start_mono <= h.chunk_mono[0] and list(h.chunk_mono) == sorted(h.chunk_mono)
+    assert type(h.chunk_mono) is array  # to the span process as one bytes object, not an int object each
     assert h.chunk_mono[-1] - h.chunk_mono[0] >= 4 * 2_000_000 * 0.9
     assert h.parent_span_id.hex() == "00f067aa0ba902b7" and h.span_id == new[1]
 
@@ -134,7 +137,7 @@ def test_a_failing_app_keeps_its_exception_and_its_span():
     with pytest.raises(RuntimeError, match="engine died"):
         run(boom, recorder=rec)
     (h,) = records(rec)
-    assert h.status == 500 and h.chunk_mono == []
+    assert h.status == 500 and list(h.chunk_mono) == []
 
 
 def test_the_span_follows_the_http_conventions():
@@ -222,21 +225,28 @@ def test_the_c_send_hands_back_what_send_gives_and_keeps_no_reference():
 
     from engine_hooks.asgi import HttpRecord
 
-    chunks: list = []
-    h = HttpRecord(0, 0, "POST", "/", None, None, chunks)
-    ts = asgi._hotpath.TimedSend(lambda m: ("sent", m), chunks, h)
+    h = HttpRecord(0, 0, "POST", "/", None, None, None)
+    ts = asgi._hotpath.TimedSend(lambda m: ("sent", m), h)
+    assert ts.chunks() == array("q")  # none yet
     start = {"type": "http.response.start", "status": 201}
     body = {"type": "http.response.body", "body": b"data: x\n\n", "more_body": True}
     assert ts(start) == ("sent", start) and h.status == 201 and type(h.response_start_mono) is int
     before = sys.getrefcount(body)
-    for _ in range(100):
-        assert ts(body)[1] is body
-    assert sys.getrefcount(body) == before and len(chunks) == 100 and chunks == sorted(chunks)
+    for i in range(100):  # past the first 64 the C array grows
+        message = body if i % 2 else {**body, "body": bytearray(b"x")}  # any body that is not empty
+        assert ts(message)[1] is message
+    del message
+    assert sys.getrefcount(body) == before
+    chunks = ts.chunks()
+    assert type(chunks) is array and chunks.typecode == "q" and len(chunks) == 100 and list(chunks) == sorted(chunks)
+    assert h.response_start_mono <= chunks[0] and pickle.loads(pickle.dumps(chunks, 5)) == chunks
     ts({"type": "http.response.body", "body": b""})  # the empty closing body is no chunk
+    ts({"type": "http.response.body"})  # nor one without a body
+    ts({"type": "http." + "response.body", "body": b"x"})  # the type compared by its text
     ts(["not", "a", "dict"])  # not ASGI's: handed on untouched
-    assert len(chunks) == 100
+    assert len(ts.chunks()) == 101
     for call in (lambda: ts(), lambda: ts(body, body), lambda: ts(message=body)):
         with pytest.raises(TypeError):
             call()
     with pytest.raises(TypeError):
-        asgi._hotpath.TimedSend(print, (), h)  # the chunk times go in a list
+        asgi._hotpath.TimedSend(print)  # send and the record
