@@ -127,6 +127,10 @@ def drive(args: argparse.Namespace) -> None:
     flush()  # the warm-up's spans are not the counted batch's work
     print(f"READY {os.getpid()}", flush=True)
     for line in sys.stdin:
+        if line.strip() == "PREP":  # before counting starts
+            sitecustomize.settle_heap()
+            print("PREPARED", flush=True)
+            continue
         if line.strip() != "GO":
             break
         run_batch()
@@ -243,6 +247,7 @@ def _variant_env(variant: str, out_dir: str, otlp_endpoint: str | None) -> dict:
         OTEL_LLM_SCHEDULE_DELAY=str(10**9),  # the span round runs at the end of each batch, counted
         OTEL_BSP_SCHEDULE_DELAY=str(10**9),  # vLLM's own tracing: likewise
         OTEL_METRIC_EXPORT_INTERVAL=str(10**9),
+        VLLM_LOG_STATS_INTERVAL=str(10**9),  # the server's stats log line, every 10 s of wall clock
         OMP_NUM_THREADS="1",
         # the same string hashes in every process of every variant: set and dict work that depends
         # on them is the same in plain and traced (a random seed moved one engine core by 0.3%)
@@ -298,14 +303,19 @@ def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint:
         )
     _engines.append(proc)
 
-    def batch() -> int:
+    def prepare() -> None:
+        proc.stdin.write("PREP\n")
+        proc.stdin.flush()
+        _read_line(proc, "PREPARED", args.batch_timeout)
+
+    def batch() -> tuple[int, str]:
         proc.stdin.write("GO\n")
         proc.stdin.flush()
-        return int(_read_line(proc, "DONE", args.batch_timeout).split()[1])
+        return int(_read_line(proc, "DONE", args.batch_timeout).split()[1]), ""
 
     try:
         driver = int(_read_line(proc, "READY", args.start_timeout).split()[1])
-        return _count(variant, args, out_dir, driver, batch, t0)
+        return _count(variant, args, out_dir, driver, prepare, batch, t0)
     finally:
         try:
             proc.stdin.close()  # the driver's end: it shuts its engine down
@@ -318,9 +328,11 @@ def measure(variant: str, args: argparse.Namespace, workdir: str, otlp_endpoint:
         stop_cpu_server(proc, 60)  # then SIGKILL to the whole group, should anything be left
 
 
-def _count(variant: str, args: argparse.Namespace, out_dir: str, front_pid: int, batch, t0: float) -> Counts:
+def _count(variant: str, args: argparse.Namespace, out_dir: str, front_pid: int, prepare, batch, t0: float) -> Counts:
     """Count ``args.repeat`` calls of ``batch()`` (which runs one batch and returns the engine
-    steps it took) in every process of the engine under ``front_pid``."""
+    steps it took, and a note for the progress line) in every process of the engine under
+    ``front_pid``; ``prepare()`` runs before each, uncounted (the front end's heap settled:
+    ``cost_site/sitecustomize.py``, ``settle_heap``)."""
     counts = Counts(variant)
     roles = _roles(front_pid)
     missing = set(PROCESS_NAMES) - set(roles)
@@ -329,11 +341,12 @@ def _count(variant: str, args: argparse.Namespace, out_dir: str, front_pid: int,
     label = f"{args.mode} {variant}"
     print(f"  {label}: engine up in {time.monotonic() - t0:.0f} s (pids {roles})", file=sys.stderr, flush=True)
     for r in range(args.repeat):
+        prepare()
         for pid in roles.values():
             _control("-z", str(pid))
             _control("-i", "on", str(pid))
         t_go = time.monotonic()
-        steps = batch()
+        steps, note = batch()
         t_batch = time.monotonic()
         for pid in roles.values():
             _control("-i", "off", str(pid))
@@ -352,7 +365,7 @@ def _count(variant: str, args: argparse.Namespace, out_dir: str, front_pid: int,
             counts.by_process[role].append(n)
         print(
             f"  {label}: batch {r + 1}/{args.repeat}: {steps} steps, {sum(one.values()) / 1e6:,.1f} M instructions "
-            f"({t_batch - t_go:.0f} s)",
+            f"({t_batch - t_go:.0f} s{note})",
             file=sys.stderr,
             flush=True,
         )
@@ -369,18 +382,25 @@ def _http(method: str, url: str, timeout: float, body: dict | None = None) -> di
         return json.loads(resp.read() or b"{}")
 
 
-def _server_batch(base: str, args: argparse.Namespace, batch_no: int) -> int:
-    """One batch through the API server, as the offline driver runs it: the scheduler paused while
-    every request arrives (streamed completions of the offline batch's prompts, greedy,
-    ``ignore_eos``), then resumed; every stream read to its end; then the span rounds. Returns
-    the engine steps it took."""
+def _server_prepare(base: str, args: argparse.Namespace) -> None:
+    """Before a batch, uncounted: pause the scheduler, and settle the front end's heap."""
+    _http("POST", f"{base}/otel-llm/pause", args.batch_timeout)
+
+
+def _server_batch(base: str, args: argparse.Namespace, batch_no: int) -> tuple[int, str]:
+    """One batch through the API server, as the offline driver runs it: the scheduler paused (by
+    :func:`_server_prepare`) while every request arrives (streamed completions of the offline
+    batch's prompts, greedy, ``ignore_eos``), then resumed; every stream read to its end; then
+    the span rounds. Returns the engine steps it took and the SSE events received (vLLM merges
+    the outputs a stream has not taken yet into one event: fewer events than tokens means the
+    server sent less)."""
     import httpx
 
     from engine_hooks.tiny_model import prompt
 
     timeout = args.batch_timeout
-    _http("POST", f"{base}/otel-llm/pause", timeout)
     errors: list[str] = []
+    events = [0] * args.requests
 
     def one(i: int) -> None:
         body = {
@@ -393,8 +413,8 @@ def _server_batch(base: str, args: argparse.Namespace, batch_no: int) -> int:
         }
         try:
             with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout) as resp:
-                for _ in resp.iter_lines():
-                    pass
+                for line in resp.iter_lines():
+                    events[i] += line.startswith("data:")
                 if resp.status_code != 200:
                     errors.append(f"HTTP {resp.status_code}")
         except httpx.HTTPError as exc:
@@ -409,7 +429,8 @@ def _server_batch(base: str, args: argparse.Namespace, batch_no: int) -> int:
         t.join(timeout)
     if errors:
         raise RuntimeError(f"batch {batch_no}: {len(errors)} requests failed ({errors[0]})")
-    return int(_http("POST", f"{base}/otel-llm/flush", timeout)["steps"])
+    steps = int(_http("POST", f"{base}/otel-llm/flush", timeout)["steps"])
+    return steps, f", {sum(events)} SSE events for {args.requests * args.tokens} tokens"
 
 
 def _measure_server(variant: str, args: argparse.Namespace, out_dir: str, env: dict, otlp_endpoint) -> Counts:
@@ -441,9 +462,14 @@ def _measure_server(variant: str, args: argparse.Namespace, out_dir: str, env: d
                     raise RuntimeError(f"{variant}: the server was not healthy in {args.start_timeout:.0f} s") from None
                 time.sleep(2)
         for w in range(args.warmup):
+            _server_prepare(base, args)
             _server_batch(base, args, -w)
         batches = iter(range(1, args.repeat + 1))
-        return _count(variant, args, out_dir, proc.pid, lambda: _server_batch(base, args, next(batches)), t0)
+
+        def batch() -> tuple[int, str]:
+            return _server_batch(base, args, next(batches))
+
+        return _count(variant, args, out_dir, proc.pid, lambda: _server_prepare(base, args), batch, t0)
     finally:
         stop_cpu_server(proc, 120)
 

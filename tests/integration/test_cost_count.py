@@ -114,6 +114,47 @@ def test_the_site_hook_pins_vllms_spinning_and_adds_the_flush(on):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == ([0, True] if on else [1, False])
 
 
+_TIMERS = """
+import asyncio, gc, json, os, signal, sys, threading
+import sitecustomize, uvicorn, vllm.entrypoints.launchers.launcher as launcher
+
+async def app(scope, receive, send):
+    pass
+
+signal.signal(signal.SIGTERM, lambda *a: None)  # uvicorn raises the signal it exited on again, after
+server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, lifespan="off", log_level="error"))
+ticks = [0]
+on_tick = server.on_tick
+async def counted(counter):
+    ticks[0] += 1
+    return await on_tick(counter)
+server.on_tick = counted
+threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+asyncio.run(server.serve())
+sitecustomize.settle_heap()
+print(json.dumps([ticks[0], gc.get_threshold()[1:], launcher.watchdog_loop.__module__]))
+"""
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_site_hook_quiets_the_servers_wall_clock_timers(on):
+    """uvicorn's main loop ticks every 0.1 s of wall clock and vLLM's watchdog every 5 s: under
+    callgrind's slower clock, work that grew with a batch's wall time. With the site hook a real
+    uvicorn server ticks only at its start and when told to exit, and still exits at once on
+    SIGTERM; the watchdog is the hook's; the heap settled leaves the older generations alone."""
+    env = _site_env()
+    if not on:
+        env.pop("OTEL_LLM_COST_COUNT")
+    out = subprocess.run([sys.executable, "-c", _TIMERS], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    ticks, thresholds, watchdog = json.loads(out.stdout.strip().splitlines()[-1])
+    assert thresholds == [1 << 30, 1 << 30]
+    if on:
+        assert ticks == 2 and watchdog == "sitecustomize"
+    else:  # 1.5 s of uvicorn's own loop
+        assert ticks >= 10 and watchdog == "vllm.entrypoints.launchers.launcher"
+
+
 @pytest.mark.slow
 @pytest.mark.parallel_safe  # instructions counted, not time
 @pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (make valgrind)")
