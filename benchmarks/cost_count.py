@@ -8,12 +8,15 @@ again, ``--repeat`` times. The batch is fixed: ``--requests`` prompts of 32 toke
 ``--tokens`` output tokens each with ``ignore_eos``, all waiting before the first step (the
 scheduler is paused while they are added), so every run takes the same steps.
 
-Three things are pinned in every variant alike (``benchmarks/cost_site/sitecustomize.py``):
-vLLM's shared-memory queues block at once instead of spinning for a second of wall clock (which
-callgrind slows about 50-fold); the span thread's timer is set out of reach
-(``OTEL_LLM_SCHEDULE_DELAY``, and ``OTEL_BSP_SCHEDULE_DELAY`` for vLLM's own tracing) and the round
-it would run (build the batch's spans and export them) runs at the end of each counted batch
-instead, in the front end and, by a utility call, in the engine core, so it is counted once.
+Pinned in every variant alike (``benchmarks/cost_site/sitecustomize.py``): vLLM's shared-memory
+queues block at once instead of spinning for a second of wall clock (which callgrind slows about
+50-fold); the span thread's timer is set out of reach (``OTEL_LLM_SCHEDULE_DELAY``, and
+``OTEL_BSP_SCHEDULE_DELAY`` for vLLM's own tracing) and the round it would run (build the batch's
+spans and export them) runs at the end of each counted batch instead, in the front end and, by a
+utility call, in the engine core, so it is counted once; behind the server, uvicorn's 0.1 s tick,
+vLLM's watchdog and its stats log line do not run on the wall clock; before each batch, outside
+the count, the front end's heap is collected and the batch counts only the youngest generation's
+collections (an older one's fell in or out of a batch by timing).
 
 Processes: ``front end`` (this driver, vLLM's ``OutputProcessor``, our span thread), ``engine
 core`` (scheduler, our step hook), ``worker`` (the model). Prints, per variant, the instructions
