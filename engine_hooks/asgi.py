@@ -300,9 +300,9 @@ class TracingMiddleware:
             await self.app({**scope, "headers": headers, _SEEN: True}, receive, traced_send)
         finally:
             rec.end_mono = monotonic_ns()
-            if timed is not None:
-                rec.chunk_mono = traced_send.chunks()
             try:
+                if timed is not None:
+                    rec.chunk_mono = traced_send.chunks()
                 self.recorder.record((RAW, rec.end_mono, _expand, rec))
             except Exception:  # tracing never breaks the server
                 pass
