@@ -98,19 +98,23 @@ def test_vllm_own_spans_into_the_collector_agree_with_our_hooks(make_collector, 
     # the same scheduler timestamps (queue, prefill, decode: engine core), the same front-end clock
     # (TTFT, E2E: vLLM stamps its outputs as it processes them, our hooks as they hand them out)
     assert worst["queue"] < 5e-5 and worst["prefill"] < 5e-5 and worst["decode"] < 5e-5, worst
-    # vLLM stamps a step's outputs before its OutputProcessor.process_outputs (IterationStats), our
-    # hook when that returns: after vLLM's own tracing built a span for each request the step
-    # finished (do_tracing, inside the method) and after detokenizing. So ours is never earlier,
-    # and later by that work: typically 1-3 ms, 18 ms seen for E2E in one loaded CI run (two
-    # cores shared by the server, bench and the collector) where several requests finished at once
-    late = {k: [getattr(mine[rid], k) - getattr(t, k) for rid, t in theirs.items()] for k in ("ttft", "e2e")}
-    assert min(late["ttft"]) > -2e-3 and min(late["e2e"]) > -2e-3, late
-    median = {k: sorted(v)[len(v) // 2] for k, v in diffs.items()}
-    # TPOT is (E2E - TTFT) / 15 here: the same stamps, a fifteenth of their gap
-    assert worst["ttft"] < 0.05 and worst["e2e"] < 0.05 and worst["tpot"] < 0.05 / 15, worst
-    # the median too is that work, and it scales with the machine: 2.5 ms for E2E in a CI run where
-    # the same tests ran 1.9x slower than on a quiet machine
-    assert median["ttft"] < 5e-3 and median["e2e"] < 5e-3, median
+    # vLLM stamps a step's outputs when its output handler takes them (IterationStats, before
+    # OutputProcessor.process_outputs); our hooks have both ends of that: when the engine core
+    # generated the token (its step's timestamp) and when process_outputs handed it out (after
+    # detokenizing, and after vLLM's own tracing built a span for each request the step finished).
+    # vLLM's stamp lies between them for every request, however loaded the machine is (the gap is
+    # 1-3 ms on a quiet machine, 18 ms seen in a loaded CI run). TTFT and E2E are each a difference
+    # of wall-clock (vLLM) or monotonic (ours) stamps: NTP's slew (up to 500 ppm) over a request of
+    # at most a few seconds is the 1 ms allowed either side.
+    slew = 1e-3
+    for rid, t in theirs.items():
+        m = mine[rid]
+        first_generated = m.ttft - m.engine_delivery  # after arrival, s
+        last_generated = first_generated + m.decode
+        assert first_generated - slew <= t.ttft <= m.ttft + slew, (rid, first_generated, t.ttft, m.ttft)
+        assert last_generated - slew <= t.e2e <= m.e2e + slew, (rid, last_generated, t.e2e, m.e2e)
+    late = {k: sorted(getattr(mine[rid], k) - getattr(t, k) for rid, t in theirs.items()) for k in ("ttft", "e2e")}
+    print("our hooks later than vLLM's stamp, median (s):", {k: v[len(v) // 2] for k, v in late.items()})
     # every client pairs with vLLM's record of its request: the TTFT splits into what vLLM's span can give
     for cl in clients:
         assert cl.paired and cl.peer_request_id in theirs
