@@ -54,11 +54,16 @@ def _says(p: dict) -> str:
 
 
 def test_the_search_answers_the_sustained_rate_not_a_burst(server):
+    """Started far above the server (64 requests/s against a few dozen at most): the burst the
+    server's queue absorbs does not pass the first point; it fails on what it could not keep up
+    with, and the next point is lower. The search then brackets the rate the server sustains, and
+    longer points on either side of its answer agree (one search, not two: a minute less of the
+    suite)."""
     got = bench(
         server,
-        *("--find-capacity", "--slo", "ttft=60", "--start-rate", "4", "--resolution", str(RES)),
+        *("--find-capacity", "--slo", "ttft=60", "--start-rate", "64", "--resolution", str(RES)),
         *("--min-point-duration", "12", "--attainment-error", "0.15", "--max-points", "9"),
-        *("--run-id", "steady4"),
+        *("--run-id", "steady"),
     )
     points, end = got["points"], got["conclusion"]
     for p in points:  # every point said how it knew: offered vs completed, the number in flight
@@ -67,6 +72,9 @@ def test_the_search_answers_the_sustained_rate_not_a_burst(server):
         assert p["passed"] == st["keeps_up"]  # the SLO itself never failed a point here
         if not st["keeps_up"]:
             assert st["in_flight_end"] > st["in_flight_start"]
+    first = points[0]["steady_state"]
+    assert not points[0]["passed"] and first["completed_per_s"] < first["offered_per_s"]
+    assert [p["rate"] for p in points[:2]] == [64, 32]
     cap, hi = end["capacity_rate_per_s"], end["lowest_failing_rate_per_s"]
     print(f"the search: capacity {cap}, lowest failing {hi}, stopped: {end['stopped']}", flush=True)
     assert end["stopped"] == "bracketed" and hi / cap <= 1 + RES and not end["capacity_is_lower_bound"]
@@ -79,26 +87,6 @@ def test_the_search_answers_the_sustained_rate_not_a_burst(server):
     print("longer points:", _says(lo_p), "|", _says(hi_p), flush=True)
     assert lo_p["steady_state"]["keeps_up"], "a rate below the answer was not sustained"
     assert not hi_p["steady_state"]["keeps_up"], "a rate above the lowest failing one was sustained"
-
-
-def test_a_first_point_beyond_the_server_fails_and_the_search_goes_down(server):
-    """Started far above the server (64 requests/s against a few): the burst the server's queue
-    absorbs does not pass the point; it fails on what it could not keep up with, and the next point
-    is lower. Where the search then lands is the test above's and tests/unit/test_capacity.py's (two
-    points here, not a whole search: a minute less of the suite)."""
-    got = bench(
-        server,
-        *("--find-capacity", "--slo", "ttft=60", "--start-rate", "64", "--resolution", str(RES)),
-        *("--min-point-duration", "12", "--attainment-error", "0.15", "--max-points", "2"),
-        *("--run-id", "steady64"),
-    )
-    points, end = got["points"], got["conclusion"]
-    for p in points:
-        print(_says(p), flush=True)
-    first = points[0]["steady_state"]
-    assert not points[0]["passed"] and not first["keeps_up"]
-    assert first["in_flight_end"] > first["in_flight_start"] and first["completed_per_s"] < first["offered_per_s"]
-    assert [p["rate"] for p in points] == [64, 32] and end["stopped"] == "max points"
 
 
 def test_a_search_that_never_fails_says_at_least(server):
