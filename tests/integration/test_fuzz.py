@@ -28,6 +28,7 @@ def test_kept_corpus_agrees_with_protobuf():
 
 
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # inputs tried, not time: beside other tests it tries fewer
 @pytest.mark.skipif(shutil.which("clang") is None, reason="clang is installed by `make test` (make clang)")
 def test_bounded_fuzz_run_finds_nothing():
     """Half a minute of libFuzzer over the sanitized walk (tests/fuzz/run.sh; `make fuzz` runs a

@@ -95,6 +95,7 @@ def blank(png: Path) -> bool:
 
 @needs_chromium
 @pytest.mark.slow
+@pytest.mark.parallel_safe  # Chromium on virtual time: nothing here depends on the machine's speed
 def test_the_report_opens_offline_in_a_browser(rich_store, tmp_path):
     out = tmp_path / "report.html"
     p = report(rich_store, out, "--png", str(tmp_path / "png"), "--slo", "ttft=0.2,tpot=0.02")
