@@ -13,7 +13,7 @@ import sys
 import time
 
 from .pipeline import TracingPipeline, exporter_from_env_or_none
-from .span_process import _COUNTERS, _HEAD, _LEN, BATCH, FLUSH, MAX_FRAME, SPAN_PROCESS_ARG
+from .span_process import _COUNTERS, _HEAD, _LEN, BATCH, FLUSH, MAX_FRAME, SPAN_PROCESS_ARG, http_from_wire
 
 log = logging.getLogger("engine_hooks")
 
@@ -107,7 +107,7 @@ def serve(in_fd: int, reply_fd: int) -> int:
                         tracker.feed((it,))
                     else:
                         getattr(tracker, it[0])(*it[1])
-                tracker.http_done.extend(http)
+                tracker.http_done.extend(http_from_wire(http))
                 p.deliver_round(final, everything)
             elif kind == FLUSH:
                 seq = obj
