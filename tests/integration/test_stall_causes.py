@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 import time
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -187,8 +188,12 @@ def test_preemptions_forced_by_a_small_kv_cache(make_collector, tiny_model):
     preempted = [r for r in got if r.stall == "engine:preemption"]
     assert preempted, [(r.stall, r.stall_gap, r.preemptions) for r in got]
     assert all(r.preemptions > 0 for r in preempted)
-    # nothing else was injected: every stall is the engine's
-    assert {r.stall for r in got} <= {"none", "engine:preemption", "engine:prefill", "engine:batch", "engine:idle"}, [
+    # nothing else was injected: every stall is the engine's. Which of its causes the steps name
+    # depends on how long each step took on the machine (a prefill is a step of at least twice the
+    # median): one CI run had six requests whose 80 ms gaps no step-level cause explained, so they
+    # were engine:other, the core's
+    assert all(r.stall == "none" or r.stall.startswith("engine:") for r in got), [
         (r.stall, r.stall_gap, r.preemptions, r.client_ttft, r.engine_ttft) for r in got
     ]
+    print("stall causes:", sorted(Counter(r.stall for r in got).items()))
     assert t.counters()["engine:preemption"] == len(preempted)
