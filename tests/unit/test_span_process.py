@@ -59,6 +59,37 @@ def test_the_span_process_exports_what_the_pipeline_thread_would(tmp_path, monke
     assert child.sink._proc is None  # ended with the pipeline
 
 
+def test_the_http_server_span_crosses_to_the_span_process_whole(tmp_path, monkeypatch):
+    """An HTTP record goes to the span process as a plain tuple (its chunk times as bytes): the
+    server span built there is the one the pipeline's thread builds, every chunk's time in it."""
+    from array import array
+
+    from engine_hooks.asgi import HttpRecord, _expand
+    from engine_hooks.recorder import RAW
+    from engine_hooks.span_process import http_from_wire, http_to_wire
+
+    chunks = array("q", [3_000 + 7 * i for i in range(300)])
+    rec = HttpRecord(1_000, 9_000_000, "POST", "/v1/completions", 200, 2_000, chunks)
+    rec.trace_id, rec.span_id, rec.parent_span_id, rec.probability = b"\x01" * 16, b"\x02" * 8, b"\x03" * 8, 0.25
+    (back,) = http_from_wire(http_to_wire([rec]))
+    assert back == rec and type(back.chunk_mono) is array
+    here, there = tmp_path / "here.jsonl", tmp_path / "there.jsonl"
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(there))
+    inproc = TracingPipeline(FileSpanExporter(str(here)), engine="toy")
+    child = TracingPipeline(None, engine="toy", span_process=True)
+    try:
+        for p in (inproc, child):
+            p.recorder.record((RAW, rec.end_mono, _expand, rec))
+            p.flush()
+        assert child.sink is not None and child.sink.starts == 1
+        a, b = read_trace_file(here), read_trace_file(there)
+        assert len(a) == len(b) == 1 and _comparable(b) == _comparable(a)
+        assert list(b[0].attributes[sc.HTTP_CHUNK_OFFSETS]) == [2_000 + 7 * i for i in range(300)]
+    finally:
+        inproc.shutdown()
+        child.shutdown()
+
+
 def test_the_default_pipeline_uses_a_span_process_unless_told_not_to(tmp_path, monkeypatch):
     monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "t.jsonl"))
     assert default_pipeline(engine="sp-default").sink is not None
