@@ -18,8 +18,8 @@ The wire, parent to child on the child's stdin: frames of ``<uint32 length><kind
 
 * ``s``: the settings (the parent's resource attributes, boundary, engine, model, detail, anchor);
 * ``b``: a batch: ``(number, items, http records, final, everything)``, each HTTP record as the
-  tuple of its fields with its chunk times as bytes (:func:`http_to_wire`: pickled as a
-  dataclass, through its ``__reduce__``, it took three times the instructions);
+  tuple of its fields with its chunk times as bytes (``HttpRecord.to_wire``: pickled as a
+  dataclass, it took three times the instructions);
 * ``f``: flush (with a sequence number): build and export what came before, then answer.
 
 Child to parent, on a pipe of its own (its stdout stays the console exporter's): after each batch
@@ -47,11 +47,9 @@ import struct
 import subprocess
 import sys
 import time
-from array import array
 
 from otel_llm import environment
 
-from .asgi import _HTTP_FIELDS, HttpRecord
 from .recorder import RAW, STEP
 
 log = logging.getLogger("engine_hooks")
@@ -70,29 +68,6 @@ SPAN_PROCESS_ARG = "--otel-llm-span-process"
 def _frame(kind: int, obj) -> bytes:
     body = pickle.dumps(obj, 5)
     return _HEAD.pack(len(body), kind) + body
-
-
-_HTTP_CHUNKS = 6  # the index of HttpRecord.chunk_mono among its fields
-
-
-def http_to_wire(records: list) -> list[tuple]:
-    """:class:`~engine_hooks.asgi.HttpRecord` objects as plain tuples: each the tuple of its fields
-    in order, its chunk times (``array('q')``) as their bytes."""
-    out = []
-    for r in records:
-        t = _HTTP_FIELDS(r)
-        out.append(t[:_HTTP_CHUNKS] + (t[_HTTP_CHUNKS].tobytes(),) + t[_HTTP_CHUNKS + 1 :])
-    return out
-
-
-def http_from_wire(tuples: list) -> list:
-    """The span process's side of :func:`http_to_wire`."""
-    out = []
-    for t in tuples:
-        chunks = array("q")
-        chunks.frombytes(t[_HTTP_CHUNKS])
-        out.append(HttpRecord(*t[:_HTTP_CHUNKS], chunks, *t[_HTTP_CHUNKS + 1 :]))
-    return out
 
 
 class CallRecorder:
@@ -334,7 +309,8 @@ class SpanProcessSink:
             self._retired = [p for p in self._retired if p.poll() is None]
         try:
             items, http, final, everything = batch
-            frame = _frame(BATCH, (self._batches + 1, items, http_to_wire(http), final, everything))
+            wire = [h.to_wire() for h in http]  # engine_hooks.asgi.HttpRecord
+            frame = _frame(BATCH, (self._batches + 1, items, wire, final, everything))
         except Exception as exc:  # something an expander passed on that pickle cannot take
             self.lost_events += events
             if not self._pickle_warned:

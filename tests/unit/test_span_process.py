@@ -66,12 +66,11 @@ def test_the_http_server_span_crosses_to_the_span_process_whole(tmp_path, monkey
 
     from engine_hooks.asgi import HttpRecord, _expand
     from engine_hooks.recorder import RAW
-    from engine_hooks.span_process import http_from_wire, http_to_wire
 
     chunks = array("q", [3_000 + 7 * i for i in range(300)])
     rec = HttpRecord(1_000, 9_000_000, "POST", "/v1/completions", 200, 2_000, chunks)
     rec.trace_id, rec.span_id, rec.parent_span_id, rec.probability = b"\x01" * 16, b"\x02" * 8, b"\x03" * 8, 0.25
-    (back,) = http_from_wire(http_to_wire([rec]))
+    back = HttpRecord.from_wire(rec.to_wire())
     assert back == rec and type(back.chunk_mono) is array
     here, there = tmp_path / "here.jsonl", tmp_path / "there.jsonl"
     monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(there))
