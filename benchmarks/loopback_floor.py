@@ -2,7 +2,7 @@
 loopback, with nothing but a trivial app behind uvicorn (httptools and uvloop, as vLLM's API server
 runs) and httpx as the client. The same two stamps as a traced request: httpcore's
 ``send_request_headers.started`` (otel_llm's client) and uvicorn's message-begin callback
-(:func:`engine_hooks.asgi.stamp_first_byte`). Whatever this prints is the part of a traced
+(:func:`engine_hooks.asgi.instrument_uvicorn`). Whatever this prints is the part of a traced
 server's ``network_in`` no server can remove on this host: the kernel's loopback, and the time
 the server's event loop takes to wake for readable bytes.
 
@@ -22,8 +22,8 @@ import numpy as np
 
 SERVER = """
 import sys, uvicorn
-from engine_hooks.asgi import FIRST_BYTE, stamp_first_byte
-stamp_first_byte()
+from engine_hooks.asgi import FIRST_BYTE, instrument_uvicorn
+instrument_uvicorn()
 async def app(scope, receive, send):
     if scope["type"] != "http":
         return

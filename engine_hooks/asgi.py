@@ -7,15 +7,19 @@ the last body chunk was written, and carries the time the app was called (``llm.
 offset_ns``: HTTP parsing and the wait for the event loop before it), the time the response
 started and the time of every body chunk written (``llm.http.chunk_offsets_ns``, ns after the
 span's start, like the token events; no SSE payload is read). The first byte's time comes from
-uvicorn's protocol (:func:`stamp_first_byte`: the parser's message-begin callback for httptools,
+uvicorn's protocol (:func:`instrument_uvicorn`: the parser's message-begin callback for httptools,
 the ``data_received`` that brought a new request for h11, O(1) a request); under another server,
 or for the first request before the stamp is installed, the span starts when the app is called.
 The caller's ``traceparent`` parents it, and the middleware hands the request on with its own
 ``traceparent``, so the engine's ``llm.request`` becomes its child.
 
-Cheap on the event loop: a monotonic clock read per chunk, kept in C where the accelerator is
-built (:class:`engine_hooks._hotpath.TimedSend`), else appended to an ``array('q')``; the span is built
-later on the tracing pipeline's thread (a RAW event, as the engine hooks record). vLLM's API server
+Cheap on the event loop. Under uvicorn with the C accelerator built, each connection's transport
+is a :class:`engine_hooks._hotpath.TimedTransport` (:func:`instrument_uvicorn`): the response's
+head and each body chunk are timed as uvicorn writes them, in C, and the app gets the server's
+``send`` untouched; under another server, the app's ``send`` is wrapped (a
+:class:`engine_hooks._hotpath.TimedSend`, or :class:`_TimedSend` in Python). Either way the record
+is a plain tuple, built into a span later on the tracing pipeline's thread or in the span process
+(a RAW event, as the engine hooks record). vLLM's API server
 takes it through the plugin (``OTEL_LLM_ENABLE=1``) or as ``--middleware
 engine_hooks.asgi.TracingMiddleware``. Health probes and metric scrapes get no span
 (``OTEL_PYTHON_ASGI_EXCLUDED_URLS`` / ``OTEL_PYTHON_EXCLUDED_URLS``, as OpenTelemetry's ASGI
@@ -25,10 +29,9 @@ instrumentation reads them; default ``/health``, ``/ping``, ``/metrics``, ``/ver
 from __future__ import annotations
 
 import binascii
-import operator
+import functools
 import os
 from array import array
-from dataclasses import dataclass, field
 
 from otel_llm import environment
 from otel_llm.clock import monotonic_ns
@@ -39,34 +42,63 @@ from .recorder import RAW
 _TRACEPARENT = b"traceparent"
 _SEEN = "otel_llm.http_traced"  # scope key: an inner copy of the middleware passes through
 FIRST_BYTE = "otel_llm.first_byte_mono_ns"  # scope key: when the server began reading the request
-_STAMPED = "_otel_llm_stamped"
+TIMED_TRANSPORT = "otel_llm.timed_transport"  # scope key: the connection's TimedTransport
+_PATCHED = "_otel_llm_patched"
 
 
-def stamp_first_byte() -> bool:
+def _timed_transport(transport):
+    """A new connection's transport, timed where the C accelerator is built and on."""
+    if _hotpath is None or not accelerated():
+        return transport
+    try:
+        return _hotpath.TimedTransport(transport)
+    except Exception:  # a transport without write(): left as it is
+        return transport
+
+
+def _time_connections(protocol: type) -> None:
+    """Make ``protocol`` (one of uvicorn's HTTP protocols) write through a timed transport."""
+    made = protocol.connection_made
+
+    @functools.wraps(made)
+    def connection_made(self, transport) -> None:
+        made(self, _timed_transport(transport))
+
+    protocol.connection_made = connection_made
+
+
+def instrument_uvicorn() -> bool:
     """Make uvicorn put, into each HTTP request's ASGI scope, the monotonic ns at which its
-    protocol began reading the request (``FIRST_BYTE``). Idempotent; False where uvicorn is not
-    installed."""
+    protocol began reading the request (``FIRST_BYTE``) and, where the C accelerator is built,
+    the connection's :class:`~engine_hooks._hotpath.TimedTransport` (``TIMED_TRANSPORT``): every
+    connection's transport is wrapped when it is made, so that the middleware times its response's
+    writes there. Idempotent; False where uvicorn is not installed."""
     done = False
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
     except ImportError:
         HttpToolsProtocol = None
-    if HttpToolsProtocol is not None and not getattr(HttpToolsProtocol.on_message_begin, _STAMPED, False):
+    if HttpToolsProtocol is not None and not getattr(HttpToolsProtocol.on_message_begin, _PATCHED, False):
         begin = HttpToolsProtocol.on_message_begin
 
         def on_message_begin(self) -> None:
             t = monotonic_ns()
             begin(self)
-            self.scope[FIRST_BYTE] = t
+            scope = self.scope
+            scope[FIRST_BYTE] = t
+            if type(self.transport) is not _TRANSPORT_TYPE:
+                return
+            scope[TIMED_TRANSPORT] = self.transport
 
-        setattr(on_message_begin, _STAMPED, True)
+        setattr(on_message_begin, _PATCHED, True)
         HttpToolsProtocol.on_message_begin = on_message_begin
+        _time_connections(HttpToolsProtocol)
         done = True
     try:
         from uvicorn.protocols.http.h11_impl import H11Protocol
     except ImportError:
         return done
-    if not getattr(H11Protocol.data_received, _STAMPED, False):
+    if not getattr(H11Protocol.data_received, _PATCHED, False):
         received, handle = H11Protocol.data_received, H11Protocol.handle_events
 
         def data_received(self, data: bytes) -> None:
@@ -78,75 +110,68 @@ def stamp_first_byte() -> bool:
         def handle_events(self) -> None:
             handle(self)
             scope = getattr(self, "scope", None)  # the new request's, read by its task once this returns
+            if scope is None:
+                return
+            if type(self.transport) is _TRANSPORT_TYPE:  # a pipelined request's too: it has no first byte
+                scope[TIMED_TRANSPORT] = self.transport
             first = getattr(self, "_otel_llm_first", None)
-            if scope is not None and first is not None and FIRST_BYTE not in scope:
+            if first is not None and FIRST_BYTE not in scope:
                 scope[FIRST_BYTE] = first
                 self._otel_llm_first = None  # taken: the next bytes after this request begin another
 
-        setattr(data_received, _STAMPED, True)
+        setattr(data_received, _PATCHED, True)
         H11Protocol.data_received, H11Protocol.handle_events = data_received, handle_events
+        _time_connections(H11Protocol)
     return True
 
 
-@dataclass(slots=True)
-class HttpRecord:
-    """One HTTP request at the server. Times are monotonic ns of this process."""
-
-    start_mono: int  # the server began reading the request (else: the app was called)
-    end_mono: int
-    method: str
-    path: str
-    status: int | None
-    response_start_mono: int | None
-    chunk_mono: array = field(default_factory=lambda: array("q"))  # int64: pickled as one bytes object
-    trace_id: bytes = b""
-    span_id: bytes = b""
-    parent_span_id: bytes | None = None
-    parent_flags: int = 1
-    sampled: bool = True  # the sampler's decision (OTEL_TRACES_SAMPLER), handed on in the traceparent
-    probability: float | None = None  # what it kept the request with, where it decided itself
-    app_start_mono: int = 0  # the app (this middleware) was called
-
-    def to_wire(self) -> tuple:
-        """Its fields in order, the chunk times as their bytes: what goes to the span process
-        (pickled as a dataclass, through a ``__reduce__`` and the array's own, it took three times
-        the instructions)."""
-        t = _HTTP_FIELDS(self)
-        return t[:_CHUNKS] + (t[_CHUNKS].tobytes(),) + t[_CHUNKS + 1 :]
-
-    @classmethod
-    def from_wire(cls, t: tuple) -> HttpRecord:
-        """The record :meth:`to_wire` gave."""
-        chunks = array("q")
-        chunks.frombytes(t[_CHUNKS])
-        return cls(*t[:_CHUNKS], chunks, *t[_CHUNKS + 1 :])
+_TRANSPORT_TYPE = _hotpath.TimedTransport if _hotpath is not None else None
 
 
-_HTTP_FIELDS = operator.attrgetter(*HttpRecord.__dataclass_fields__)
-_CHUNKS = tuple(HttpRecord.__dataclass_fields__).index("chunk_mono")
+class _TimedSend:
+    """:class:`engine_hooks._hotpath.TimedSend` in Python (no C accelerator, or
+    ``OTEL_LLM_PURE_PYTHON``): the app's ``send``, timing the response."""
+
+    __slots__ = ("send", "started", "status", "times")
+
+    def __init__(self, send):
+        self.send = send
+        self.times = array("q")
+        self.status = self.started = None
+
+    def __call__(self, message):
+        # hands back send's own awaitable: no coroutine of ours per chunk
+        typ = message.get("type")
+        if typ == "http.response.body":
+            if message.get("body"):
+                self.times.append(monotonic_ns())
+        elif typ == "http.response.start":
+            self.started = monotonic_ns()
+            self.status = message.get("status")
+        return self.send(message)
+
+    def take(self) -> tuple:
+        """(status, the response's start, the chunks' times as bytes), as the C one gives them."""
+        return self.status, self.started, self.times.tobytes()
 
 
-_NO_CHUNKS = array("q")  # never appended to: a request's own array replaces it at its end
-_HEADER_NAME = operator.itemgetter(0)
 _FLAGS_TAIL = [b"-%02x" % f for f in range(256)]  # a traceparent's end, by its flags
 
 
-def _find_traceparent(headers: list) -> int:
-    """The index of the first ``traceparent`` header, or -1. ASGI servers lowercase header names
-    (uvicorn does): looked up among the names in C; any other case only where the names hold
-    it."""
-    names = list(map(_HEADER_NAME, headers))
-    if _TRACEPARENT in names:
-        return names.index(_TRACEPARENT)
-    try:
-        if _TRACEPARENT not in b"\n".join(names).lower():
-            return -1
-    except TypeError:  # a name that is not bytes (not ASGI's): each looked at
-        pass
-    for i, k in enumerate(names):
-        if isinstance(k, bytes) and k.lower() == _TRACEPARENT:
-            return i
-    return -1
+def find_traceparent(headers: list) -> tuple | None:
+    """:func:`engine_hooks._hotpath.find_traceparent` in Python, and for headers that are not
+    ASGI's (a str name, list pairs): None where no header is named ``traceparent`` in any case,
+    else ``(index,)`` of the first (its value for :func:`parse_traceparent`)."""
+    for i, h in enumerate(headers):
+        k = h[0]
+        if isinstance(k, bytes) and len(k) == 11 and k.lower() == _TRACEPARENT:
+            return (i,)
+    return None
+
+
+def make_traceparent(trace_id: bytes, span_id: bytes, flags: int) -> bytes:
+    """:func:`engine_hooks._hotpath.traceparent` in Python: the W3C header value, version 00."""
+    return b"00-" + binascii.hexlify(trace_id) + b"-" + binascii.hexlify(span_id) + _FLAGS_TAIL[flags]
 
 
 def parse_traceparent(value: bytes | str | None) -> tuple[bytes, bytes, int] | None:
@@ -186,8 +211,8 @@ def serve_engine(recorder_of) -> None:
     _server_recorder = recorder_of
 
 
-def _expand(tracker, mono: int, rec: HttpRecord) -> None:
-    tracker.http_done.append(rec)
+def _expand(tracker, mono: int, rec: tuple) -> None:
+    tracker.http_done.append(rec)  # engine_hooks.tracker.HttpRecord's fields, made a record when built
 
 
 class TracingMiddleware:
@@ -197,7 +222,7 @@ class TracingMiddleware:
 
         self.app = app
         self._recorder = recorder
-        stamp_first_byte()  # for the requests after this one (Starlette builds middleware on the first)
+        instrument_uvicorn()  # for the requests after this one (Starlette builds middleware on the first)
         self._excluded = environment.excluded_urls()  # health probes, metric scrapes: no span
         self._excluded_paths: dict[str, bool] = {}
         from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut, shortcut_decision
@@ -205,8 +230,13 @@ class TracingMiddleware:
         self._sampler = configured_sampler()
         self._shortcut = sampler_shortcut(self._sampler)  # the usual samplers, decided without the SDK
         self._quick = shortcut_decision
-        # each body chunk timed in C where the accelerator is built (no Python frame per chunk)
-        self._timed_send = _hotpath.TimedSend if accelerated() else None
+        # the response timed in C where the accelerator is built: below ASGI under uvicorn (the
+        # connection's TimedTransport), else as the app's send; the traceparent read and written
+        c = _hotpath if accelerated() else None
+        self._timed_send = c.TimedSend if c else None
+        self._timer = self._timed_send or _TimedSend
+        self._find = c.find_traceparent if c else find_traceparent
+        self._traceparent = c.traceparent if c else make_traceparent
 
     def _is_excluded(self, path: str) -> bool:
         """Whether ``path`` gets no span (``OTEL_PYTHON_ASGI_EXCLUDED_URLS``); a server's few paths
@@ -261,58 +291,49 @@ class TracingMiddleware:
         t_app = monotonic_ns()
         t0 = min(scope.get(FIRST_BYTE) or t_app, t_app)
         headers = list(scope.get("headers") or ())
+        try:
+            found = self._find(headers)
+        except TypeError:  # not ASGI's shape: looked at in Python
+            found = find_traceparent(headers)
         parent = None
-        i = _find_traceparent(headers)
-        if i >= 0:
-            parent = parse_traceparent(headers[i][1])
+        if found is not None:
+            i = found[0]
+            parent = found[1] if len(found) == 2 else parse_traceparent(headers[i][1])
             del headers[i]
         ids = os.urandom(24)  # one read of the system's randomness: the span's id, and a trace's if new
         trace_id = parent[0] if parent else ids[8:]
         span_id = ids[:8]
         sampled, p = self._decide(parent, trace_id, scope)
         flags = (parent[2] & ~1 if parent else 0) | int(sampled)  # the engine's spans follow this decision
-        tp = b"00-" + binascii.hexlify(trace_id) + b"-" + binascii.hexlify(span_id) + _FLAGS_TAIL[flags]
-        headers.append((_TRACEPARENT, tp))
-        timed = self._timed_send
-        rec = HttpRecord(
-            t0,
-            t0,
-            scope.get("method", ""),
-            scope.get("path", ""),
-            None,
-            None,
-            _NO_CHUNKS if timed is not None else array("q"),  # TimedSend keeps them until the end
-            trace_id,
-            span_id,
-            parent[1] if parent else None,
-            parent[2] if parent else 1,
-            sampled,
-            p,
-            t_app,
-        )
-        if timed is not None:
-            traced_send = timed(send, rec)
-        else:
-            chunk = rec.chunk_mono.append
-
-            def traced_send(message):
-                # a plain function handing back send's own awaitable: no coroutine of ours per chunk
-                typ = message.get("type")
-                if typ == "http.response.body":
-                    if message.get("body"):
-                        chunk(monotonic_ns())
-                elif typ == "http.response.start":
-                    rec.response_start_mono = monotonic_ns()
-                    rec.status = message.get("status")
-                return send(message)
-
+        headers.append((_TRACEPARENT, self._traceparent(trace_id, span_id, flags)))
+        timer = self._timer(send)
+        transport = scope.get(TIMED_TRANSPORT) if self._timed_send is not None else None
+        if transport is not None:
+            transport.timer = timer  # this response's writes, timed as uvicorn writes them
         try:
-            await self.app({**scope, "headers": headers, _SEEN: True}, receive, traced_send)
+            await self.app({**scope, "headers": headers, _SEEN: True}, receive, timer if transport is None else send)
         finally:
-            rec.end_mono = monotonic_ns()
+            end = monotonic_ns()
             try:
-                if timed is not None:
-                    rec.chunk_mono = traced_send.chunks()
-                self.recorder.record((RAW, rec.end_mono, _expand, rec))
+                if transport is not None and transport.timer is timer:
+                    transport.timer = None
+                status, started, chunks = timer.take()
+                rec = (  # engine_hooks.tracker.HttpRecord's fields, in order
+                    t0,
+                    end,
+                    scope.get("method", ""),
+                    scope.get("path", ""),
+                    status,
+                    started,
+                    chunks,
+                    trace_id,
+                    span_id,
+                    parent[1] if parent else None,
+                    parent[2] if parent else 1,
+                    sampled,
+                    p,
+                    t_app,
+                )
+                self.recorder.record((RAW, end, _expand, rec))
             except Exception:  # tracing never breaks the server
                 pass

@@ -12,7 +12,6 @@ import select
 import sys
 import time
 
-from .asgi import HttpRecord
 from .pipeline import TracingPipeline, exporter_from_env_or_none
 from .span_process import _COUNTERS, _HEAD, _LEN, BATCH, FLUSH, MAX_FRAME, SPAN_PROCESS_ARG
 
@@ -108,7 +107,7 @@ def serve(in_fd: int, reply_fd: int) -> int:
                         tracker.feed((it,))
                     else:
                         getattr(tracker, it[0])(*it[1])
-                tracker.http_done.extend(map(HttpRecord.from_wire, http))
+                tracker.http_done.extend(http)
                 p.deliver_round(final, everything)
             elif kind == FLUSH:
                 seq = obj

@@ -18,8 +18,9 @@ The wire, parent to child on the child's stdin: frames of ``<uint32 length><kind
 
 * ``s``: the settings (the parent's resource attributes, boundary, engine, model, detail, anchor);
 * ``b``: a batch: ``(number, items, http records, final, everything)``, each HTTP record as the
-  tuple of its fields with its chunk times as bytes (``HttpRecord.to_wire``: pickled as a
-  dataclass, it took three times the instructions);
+  tuple of its fields with its chunk times as bytes, as the middleware built it
+  (``engine_hooks.tracker.HttpRecord``: pickled as a dataclass, it took three times the
+  instructions);
 * ``f``: flush (with a sequence number): build and export what came before, then answer.
 
 Child to parent, on a pipe of its own (its stdout stays the console exporter's): after each batch
@@ -78,7 +79,7 @@ class CallRecorder:
     def __init__(self, anchor):
         self.anchor = anchor
         self.items: list = []
-        self.http_done: list = []  # engine_hooks.asgi.HttpRecord, as the tracker collects them
+        self.http_done: list[tuple] = []  # HTTP records as the middleware hands them on (tuples)
         self._gpu: list[tuple] = []  # step events whose GPU time is not read back yet
         self.failed_expansions = 0
 
@@ -309,8 +310,7 @@ class SpanProcessSink:
             self._retired = [p for p in self._retired if p.poll() is None]
         try:
             items, http, final, everything = batch
-            wire = [h.to_wire() for h in http]  # engine_hooks.asgi.HttpRecord
-            frame = _frame(BATCH, (self._batches + 1, items, wire, final, everything))
+            frame = _frame(BATCH, (self._batches + 1, items, http, final, everything))
         except Exception as exc:  # something an expander passed on that pickle cannot take
             self.lost_events += events
             if not self._pickle_warned:

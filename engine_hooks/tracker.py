@@ -36,7 +36,7 @@ from __future__ import annotations
 from array import array
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 from operator import call
 
@@ -117,6 +117,47 @@ class StepRecord:
     wait_reason: str | None = None  # why, as the engine says
 
 
+@dataclass(slots=True)
+class HttpRecord:
+    """One HTTP request at the server (:mod:`engine_hooks.asgi`). Times are monotonic ns of the
+    server's process.
+
+    The middleware hands it on as the plain tuple of its fields in this order, with the chunk
+    times as the bytes of their int64s (:meth:`from_wire` makes the record): built as a tuple on
+    the event loop, it crosses to the span process as one (a dataclass pickled through
+    ``__reduce__`` and an array's took three times the instructions)."""
+
+    start_mono: int  # the server began reading the request (else: the app was called)
+    end_mono: int
+    method: str
+    path: str
+    status: int | None
+    response_start_mono: int | None
+    chunk_mono: array = field(default_factory=lambda: array("q"))  # int64
+    trace_id: bytes = b""
+    span_id: bytes = b""
+    parent_span_id: bytes | None = None
+    parent_flags: int = 1
+    sampled: bool = True  # the sampler's decision (OTEL_TRACES_SAMPLER), handed on in the traceparent
+    probability: float | None = None  # what it kept the request with, where it decided itself
+    app_start_mono: int = 0  # the app (this middleware) was called
+
+    @classmethod
+    def from_wire(cls, t: tuple) -> HttpRecord:
+        """The record of the tuple the middleware handed on."""
+        chunks = array("q")
+        chunks.frombytes(t[_HTTP_CHUNKS])
+        return cls(*t[:_HTTP_CHUNKS], chunks, *t[_HTTP_CHUNKS + 1 :])
+
+    def to_wire(self) -> tuple:
+        """The tuple :meth:`from_wire` takes."""
+        t = tuple(getattr(self, f) for f in self.__dataclass_fields__)
+        return t[:_HTTP_CHUNKS] + (t[_HTTP_CHUNKS].tobytes(),) + t[_HTTP_CHUNKS + 1 :]
+
+
+_HTTP_CHUNKS = tuple(HttpRecord.__dataclass_fields__).index("chunk_mono")
+
+
 _TOKEN_BITS = 20  # a packed step entry: step index << 20 | tokens; 43 bits of steps
 _TOKEN_MASK = (1 << _TOKEN_BITS) - 1  # as tokens: "more than fit", the count is in _Live.big
 # a run entry (below zero): -(first step << 20 | steps), one token at each; at most _TOKEN_MASK steps
@@ -187,7 +228,7 @@ class RequestTracker:
         self.pending_gpu: list[tuple[StepRecord, object]] = []
         self.evicted = 0
         self.unknown_events = 0
-        self.http_done: list = []  # engine_hooks.asgi.HttpRecord, finished
+        self.http_done: list[tuple] = []  # HttpRecord.to_wire()'s tuples, as the middleware hands them on
         # batch steps (emitted): the wall ns each step's tokens were generated and handed out,
         # the first kept being step number ``_step_base``; and each live request's packed append
         self._step_gen = array("q")
@@ -597,9 +638,9 @@ class RequestTracker:
         p, self.preemptions = self.preemptions, []
         return p
 
-    def take_http(self) -> list:
+    def take_http(self) -> list[HttpRecord]:
         h, self.http_done = self.http_done, []
-        return h
+        return list(map(HttpRecord.from_wire, h))
 
     def take(self) -> tuple[list[FinishedRequest], list[StepRecord]]:
         f, s = self.finished, self.steps

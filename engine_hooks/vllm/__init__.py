@@ -247,7 +247,7 @@ def install_http_middleware() -> bool:
     init = getattr(launcher, "init_entrypoints_middleware", None)
     if init is None or hooked(init):
         return init is not None
-    asgi.stamp_first_byte()  # before uvicorn reads the first request
+    asgi.instrument_uvicorn()  # before uvicorn reads the first request
 
     @functools.wraps(init)
     def init_entrypoints_middleware(args, app, *rest, **kwargs):

@@ -5,7 +5,9 @@ still gets its span and its exception."""
 from __future__ import annotations
 
 import asyncio
-import pickle
+import collections
+import contextlib
+import itertools
 from array import array
 
 import pytest
@@ -92,7 +94,10 @@ def test_chunks_timed_and_traceparent_handed_on(monkeypatch, pure_python):
         b"00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
     ],
 )
-def test_a_bad_traceparent_starts_a_new_trace(bad):
+@pytest.mark.parametrize("pure_python", [False, True], ids=["C", "Python"])
+def test_a_bad_traceparent_starts_a_new_trace(monkeypatch, bad, pure_python):
+    if pure_python:
+        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
     rec = Recorder()
     _, _, seen = run(streaming_app, headers=[(b"traceparent", bad)], recorder=rec)
     (h,) = records(rec)
@@ -109,10 +114,13 @@ def test_a_bad_traceparent_starts_a_new_trace(bad):
     ],
     ids=["lowercase", "any case", "list pairs, a str name, spaces"],
 )
-def test_the_caller_traceparent_is_found_however_the_server_spells_it(headers):
-    """Header names are looked up in C among lowercase names (what ASGI servers hand over), and
-    in any case otherwise; the value is read at its fixed places, or parsed in full when it is not
-    the usual 55 bytes."""
+@pytest.mark.parametrize("pure_python", [False, True], ids=["C", "Python"])
+def test_the_caller_traceparent_is_found_however_the_server_spells_it(monkeypatch, headers, pure_python):
+    """Header names are looked up in any case (in C where ASGI's shape: a list of tuples with
+    bytes names; in Python otherwise); the value is read at its fixed places, or parsed in full
+    when it is not the usual 55 bytes."""
+    if pure_python:
+        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
     rec = Recorder()
     _, _, seen = run(streaming_app, headers=headers, recorder=rec)
     (h,) = records(rec)
@@ -156,12 +164,9 @@ def test_the_span_follows_the_http_conventions():
     assert a[sc.BOUNDARY] == "server" and list(a[sc.HTTP_CHUNK_OFFSETS]) == [m - h.start_mono for m in h.chunk_mono]
 
 
-@pytest.mark.parametrize("http", ["httptools", "h11"])
-def test_the_span_starts_at_the_request_first_byte_under_uvicorn(http):
-    """A real uvicorn server: the request's first half, 80 ms, then the rest. The server span
-    starts when uvicorn began reading it, and says when the app was called (80 ms later here:
-    what network_in held before, named for what it is)."""
-    import socket
+@contextlib.contextmanager
+def uvicorn_server(app, http: str):
+    """A real uvicorn server (``http``: httptools or h11) in a thread; yields its port."""
     import threading
     import time
 
@@ -169,8 +174,6 @@ def test_the_span_starts_at_the_request_first_byte_under_uvicorn(http):
 
     from engine_hooks.tiny_model import free_port
 
-    rec = Recorder()
-    app = TracingMiddleware(streaming_app, recorder=rec)  # installs the first-byte stamp
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=http, log_level="error"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -179,21 +182,122 @@ def test_the_span_starts_at_the_request_first_byte_under_uvicorn(http):
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.02)
     try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def read_responses(sock, n: int) -> bytes:
+    """``n`` whole chunked responses, or content-length ones, off one connection."""
+    answer = b""
+    while answer.count(b"HTTP/1.1 2") < n or not _whole(answer):
+        more = sock.recv(65536)
+        assert more, answer
+        answer += more
+    return answer
+
+
+def _whole(answer: bytes) -> bool:
+    last = answer[answer.rindex(b"HTTP/1.1 2") :]
+    if b"content-length: " in last.lower():
+        head, _, body = last.partition(b"\r\n\r\n")
+        size = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        return len(body) >= size
+    return last.endswith(b"0\r\n\r\n")
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_the_span_starts_at_the_request_first_byte_under_uvicorn(http):
+    """A real uvicorn server: the request's first half, 80 ms, then the rest. The server span
+    starts when uvicorn began reading it, and says when the app was called (80 ms later here:
+    what network_in held before, named for what it is)."""
+    import socket
+    import time
+
+    rec = Recorder()
+    app = TracingMiddleware(streaming_app, recorder=rec)  # installs the first-byte stamp
+    with uvicorn_server(app, http) as port:
         request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
         with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
             s.sendall(request[:20])
             time.sleep(0.08)
             s.sendall(request[20:])
-            answer = b""
-            while not answer.endswith(b"0\r\n\r\n"):
-                answer += s.recv(65536)
+            answer = read_responses(s, 1)
         assert answer.startswith(b"HTTP/1.1 200")
-    finally:
-        server.should_exit = True
-        thread.join(10)
     (h,) = records(rec)
     assert 0.07e9 <= h.app_start_mono - h.start_mono <= 1e9
     assert h.start_mono <= h.app_start_mono <= h.response_start_mono <= h.chunk_mono[0]
+
+
+async def sized_app(scope, receive, send):
+    """A content-length response in three writes; the middle one is what a chunked response's end
+    looks like, and is a chunk here."""
+    await send({"type": "http.response.start", "status": 203, "headers": [(b"content-length", b"11")]})
+    for part in (b"abc", b"0\r\n\r\n", b"xyz"):
+        await send({"type": "http.response.body", "body": part, "more_body": True})
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+@pytest.mark.parametrize("pure_python", [False, True], ids=["C", "Python"])
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_under_uvicorn_the_writes_are_timed_and_the_app_gets_the_servers_send(monkeypatch, http, pure_python):
+    """Under uvicorn with the C accelerator each connection's transport is timed: the app is
+    handed uvicorn's own ``send``, and every response still gets its status, its start and one
+    time per body chunk written, whatever the framing: chunked (its empty last chunk is no
+    chunk), content-length, an interim ``100 Continue`` first (not the response's start), and
+    several requests pipelined on one kept-alive connection, each its own. In Python, the app's
+    send is wrapped, and the records are the same."""
+    import socket
+
+    if pure_python:
+        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    elif asgi._hotpath is None:
+        pytest.skip("the C accelerator is not built here")
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+    from uvicorn.protocols.http.h11_impl import RequestResponseCycle as H11Cycle
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.protocols.http.httptools_impl import RequestResponseCycle as ToolsCycle
+
+    sends = []
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":  # uvicorn's lifespan: nothing to do
+            return
+        sends.append(send)
+        await receive()
+        if scope["path"] == "/sized":
+            await sized_app(scope, receive, send)
+        else:
+            await streaming_app(scope, receive, send)
+
+    rec = Recorder()
+    traced = TracingMiddleware(app, recorder=rec)
+    for protocol in (HttpToolsProtocol, H11Protocol):  # each protocol's connections made as its own
+        assert protocol.connection_made.__wrapped__.__qualname__ == f"{protocol.__name__}.connection_made"
+    with uvicorn_server(traced, http) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        post = b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        s.sendall(post % b"/a" + post % b"/sized" + post % b"/b")  # pipelined
+        answer = read_responses(s, 3)
+        s.sendall(b"POST /c HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n")
+        interim = s.recv(65536)
+        if interim.startswith(b"HTTP/1.1 100"):
+            s.sendall(b"{}")
+            answer += read_responses(s, 1)
+        else:  # the interim answer comes with the body read: not before it
+            s.sendall(b"{}")
+            answer += interim + read_responses(s, 1)
+    assert answer.count(b"data: 4") == 3 and b"abc0\r\n\r\nxyz" in answer
+    cycles = (ToolsCycle, H11Cycle)
+    assert len(sends) == 4 and all(isinstance(getattr(f, "__self__", None), cycles) != pure_python for f in sends)
+    hs = sorted(records(rec), key=lambda h: h.start_mono)
+    assert [h.path for h in hs] == ["/a", "/sized", "/b", "/c"]
+    assert [h.status for h in hs] == [200, 203, 200, 200]
+    assert [len(h.chunk_mono) for h in hs] == [5, 3, 5, 5]
+    for h in hs:
+        assert h.app_start_mono <= h.response_start_mono <= h.chunk_mono[0] <= h.chunk_mono[-1] <= h.end_mono
+    for a, b in itertools.pairwise(hs):  # one after another, each its own writes
+        assert a.chunk_mono[-1] <= b.response_start_mono
 
 
 @pytest.mark.parametrize(
@@ -223,30 +327,149 @@ def test_the_c_send_hands_back_what_send_gives_and_keeps_no_reference():
     status, hands back whatever ``send`` returns, and holds nothing it was given."""
     import sys
 
-    from engine_hooks.asgi import HttpRecord
-
-    h = HttpRecord(0, 0, "POST", "/", None, None, None)
-    ts = asgi._hotpath.TimedSend(lambda m: ("sent", m), h)
-    assert ts.chunks() == array("q")  # none yet
+    ts = asgi._hotpath.TimedSend(lambda m: ("sent", m))
+    assert ts.take() == (None, None, b"")  # nothing yet
     start = {"type": "http.response.start", "status": 201}
     body = {"type": "http.response.body", "body": b"data: x\n\n", "more_body": True}
-    assert ts(start) == ("sent", start) and h.status == 201 and type(h.response_start_mono) is int
+    assert ts(start) == ("sent", start)
+    status, started, _ = ts.take()
+    assert status == 201 and type(started) is int
     before = sys.getrefcount(body)
     for i in range(100):  # past the first 64 the C array grows
         message = body if i % 2 else {**body, "body": bytearray(b"x")}  # any body that is not empty
         assert ts(message)[1] is message
     del message
     assert sys.getrefcount(body) == before
-    chunks = ts.chunks()
-    assert type(chunks) is array and chunks.typecode == "q" and len(chunks) == 100 and list(chunks) == sorted(chunks)
-    assert h.response_start_mono <= chunks[0] and pickle.loads(pickle.dumps(chunks, 5)) == chunks
+    chunks = array("q", ts.take()[2])
+    assert len(chunks) == 100 and list(chunks) == sorted(chunks) and started <= chunks[0]
     ts({"type": "http.response.body", "body": b""})  # the empty closing body is no chunk
     ts({"type": "http.response.body"})  # nor one without a body
     ts({"type": "http." + "response.body", "body": b"x"})  # the type compared by its text
     ts(["not", "a", "dict"])  # not ASGI's: handed on untouched
-    assert len(ts.chunks()) == 101
+    assert len(ts.take()[2]) == 101 * 8
     for call in (lambda: ts(), lambda: ts(body, body), lambda: ts(message=body)):
         with pytest.raises(TypeError):
             call()
     with pytest.raises(TypeError):
-        asgi._hotpath.TimedSend(print)  # send and the record
+        asgi._hotpath.TimedSend(print, None)  # send alone
+
+
+@pytest.mark.skipif(asgi._hotpath is None, reason="the C accelerator is not built here")
+def test_the_timed_transport_notes_the_writes_and_is_the_transport_otherwise():
+    """``_hotpath.TimedTransport`` is what uvicorn's protocol writes through: every write goes to
+    the transport as it is; with a timer set, the response's head (not an interim 1xx) gives its
+    start and status, and each write with a body after it is a chunk, but for the chunked coding's
+    empty last chunk; junk is written and never noted, nothing raises but the transport's own
+    errors, and no reference is kept but the transport's."""
+    import gc
+    import sys
+
+    class Raw:
+        def __init__(self):
+            self.out = []
+            self.closing = False
+
+        def write(self, data):
+            if data == b"boom":
+                raise ConnectionResetError("gone")
+            self.out.append(data)
+
+        def is_closing(self):
+            return self.closing
+
+    raw = Raw()
+    before = sys.getrefcount(raw)
+    tt = asgi._hotpath.TimedTransport(raw)
+    assert tt.timer is None and tt.transport is raw
+    tt.write(b"HTTP/1.1 200 OK\r\n\r\n")  # no timer: written only
+    tt.closing = True  # anything but its own attributes is the transport's
+    assert tt.is_closing() is True and raw.closing is True
+    with pytest.raises(AttributeError):
+        tt.no_such_thing  # noqa: B018
+    with pytest.raises(TypeError):
+        tt.timer = object()
+    chunked = asgi._hotpath.TimedSend(print)
+    tt.timer = chunked
+    head = b"HTTP/1.1 404 Not Found\r\ncontent-type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for data in (b"HTTP/1.1 100 Continue\r\n\r\n", head, b"", b"5\r\nhello\r\n", bytearray(b"x"), b"0\r\n\r\n"):
+        tt.write(data)
+    status, started, chunks = chunked.take()
+    assert status == 404 and type(started) is int and len(chunks) == 8  # one chunk: hello
+    assert raw.out[-5:] == [head, b"", b"5\r\nhello\r\n", bytearray(b"x"), b"0\r\n\r\n"]
+    sized = asgi._hotpath.TimedSend(print)
+    tt.timer = sized
+    for junk in (b"HTTP/1.1 2x0 OK\r\n\r\n", b"HTTP/1.", b"GARBAGE 200 OK\r\n\r\n", "HTTP/1.1 200 OK\r\n\r\n", None):
+        tt.write(junk)
+    assert sized.take() == (None, None, b"")  # no head seen: nothing noted
+    tt.write(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n")
+    tt.write(b"0\r\n\r\n")  # a body that looks like the chunked end: a chunk here
+    assert sized.take()[0] == 200 and len(sized.take()[2]) == 8
+    with pytest.raises(ConnectionResetError):
+        tt.write(b"boom")  # the transport's own error, as it raised it
+    assert len(sized.take()[2]) == 16  # noted before it was handed on
+    tt.timer = None
+    assert tt.timer is None
+    del tt
+    gc.collect()
+    assert sys.getrefcount(raw) == before
+
+
+@pytest.mark.skipif(asgi._hotpath is None, reason="the C accelerator is not built here")
+def test_the_c_traceparent_reader_and_writer_agree_with_the_python_ones():
+    """Header lists and traceparent values shaped by hand and mutated at random, byte by byte:
+    ``_hotpath.find_traceparent`` finds the header the Python reader finds and reads the same
+    parent from it (or hands the value to the full parser), and refuses what is not ASGI's shape;
+    ``_hotpath.traceparent`` writes what the Python writer writes."""
+    import random
+
+    c = asgi._hotpath
+    rng = random.Random(7)
+    good = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    alphabet = b"0123456789abcdefABCDEFgG-_ \x00\xff"
+
+    def mutated() -> bytes:
+        v = bytearray(good)
+        for _ in range(rng.choice([0, 1, 1, 2, 3])):
+            roll = rng.random()
+            if roll < 0.6:
+                v[rng.randrange(len(v))] = rng.choice(alphabet)
+            elif roll < 0.8:
+                del v[rng.randrange(len(v))]
+            else:
+                v.insert(rng.randrange(len(v)), rng.choice(alphabet))
+        if rng.random() < 0.1:
+            v[3:35] = b"0" * 32  # an all-zero trace id
+        return bytes(v)
+
+    def python(headers):
+        found = asgi.find_traceparent(headers)
+        return None if found is None else (found[0], asgi.parse_traceparent(headers[found[0]][1]))
+
+    names = [b"traceparent", b"TraceParent", b"TRACEPARENT", b"traceparenT", b"traceparent2", b"trace-parent", b"x"]
+    kinds = collections.Counter()
+    for _ in range(3000):
+        headers = [(rng.choice(names), mutated()) for _ in range(rng.randrange(4))]
+        headers.insert(rng.randrange(len(headers) + 1), (b"host", b"x"))
+        found = c.find_traceparent(headers)
+        want = python(headers)
+        if found is None:
+            assert want is None, headers
+            kinds["none"] += 1
+            continue
+        kinds["full parser" if len(found) == 1 else "invalid" if found[1] is None else "parent"] += 1
+        got = (found[0], found[1] if len(found) == 2 else asgi.parse_traceparent(headers[found[0]][1]))
+        assert got == want, headers
+        if len(found) == 1:  # handed to the full parser: not the usual form
+            v = headers[found[0]][1]
+            assert len(v) != 55 or v[:3] != b"00-" or v[35:36] != b"-" or v[52:53] != b"-"
+    assert min(kinds[k] for k in ("none", "full parser", "invalid", "parent")) >= 100, kinds  # each way, often
+    for not_asgi in ([["traceparent", good]], [(b"traceparent",)], [(b"a", b"b", b"c")], ((b"traceparent", good),)):
+        with pytest.raises(TypeError):
+            c.find_traceparent(not_asgi)
+    for _ in range(200):
+        t, s, f = rng.randbytes(16), rng.randbytes(8), rng.randrange(256)
+        assert c.traceparent(t, s, f) == asgi.make_traceparent(t, s, f)
+        assert asgi.parse_traceparent(c.traceparent(t, s, f)) == ((t, s, f) if any(t) and any(s) else None)
+    for bad in ((b"x" * 15, b"s" * 8, 1), (b"t" * 16, b"s" * 8, 256), (b"t" * 16, "s" * 8, 1)):
+        with pytest.raises((TypeError, ValueError)):
+            c.traceparent(*bad)

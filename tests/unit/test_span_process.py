@@ -64,8 +64,9 @@ def test_the_http_server_span_crosses_to_the_span_process_whole(tmp_path, monkey
     server span built there is the one the pipeline's thread builds, every chunk's time in it."""
     from array import array
 
-    from engine_hooks.asgi import HttpRecord, _expand
+    from engine_hooks.asgi import _expand
     from engine_hooks.recorder import RAW
+    from engine_hooks.tracker import HttpRecord
 
     chunks = array("q", [3_000 + 7 * i for i in range(300)])
     rec = HttpRecord(1_000, 9_000_000, "POST", "/v1/completions", 200, 2_000, chunks)
@@ -78,7 +79,7 @@ def test_the_http_server_span_crosses_to_the_span_process_whole(tmp_path, monkey
     child = TracingPipeline(None, engine="toy", span_process=True)
     try:
         for p in (inproc, child):
-            p.recorder.record((RAW, rec.end_mono, _expand, rec))
+            p.recorder.record((RAW, rec.end_mono, _expand, rec.to_wire()))  # as the middleware records it
             p.flush()
         assert child.sink is not None and child.sink.starts == 1
         a, b = read_trace_file(here), read_trace_file(there)
