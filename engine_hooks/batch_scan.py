@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import operator
+import os
 from collections.abc import Sequence
 from itertools import compress, repeat
 
@@ -34,7 +35,10 @@ except ImportError:  # no C compiler at install: the Python scan
 
 def accelerated() -> bool:
     """Whether the hooks' C accelerator runs here (steps scanned, HTTP body chunks timed in C)."""
-    return _hotpath is not None and not environment.env_bool(environment.PURE_PYTHON)
+    if _hotpath is None:
+        return False
+    # unset, the usual case, looked up alone: this runs for each connection an HTTP server takes
+    return os.environ.get(environment.PURE_PYTHON) is None or not environment.env_bool(environment.PURE_PYTHON)
 
 
 class BatchScanner:
