@@ -286,6 +286,9 @@ class TracingMiddleware:
             or scope.get(_SEEN)
             or (self._excluded is not None and self._is_excluded(scope.get("path", "")))
         ):
+            transport = scope.get(TIMED_TRANSPORT)
+            if transport is not None:  # the connection's last traced response is complete by now:
+                transport.timer = None  # not this one's writes, if its app has not returned yet
             await self.app(scope, receive, send)
             return
         t_app = monotonic_ns()

@@ -8,6 +8,7 @@ import asyncio
 import collections
 import contextlib
 import itertools
+import time
 from array import array
 
 import pytest
@@ -473,3 +474,40 @@ def test_the_c_traceparent_reader_and_writer_agree_with_the_python_ones():
     for bad in ((b"x" * 15, b"s" * 8, 1), (b"t" * 16, b"s" * 8, 256), (b"t" * 16, "s" * 8, 1)):
         with pytest.raises((TypeError, ValueError)):
             c.traceparent(*bad)
+
+
+@pytest.mark.skipif(asgi._hotpath is None, reason="the C accelerator is not built here")
+def test_a_probe_on_the_same_connection_is_not_counted_in_the_traced_response_before_it():
+    """A traced response whose app is still running after its last body write (a background
+    task, here 0.3 s), and a health probe pipelined behind it on the same connection: uvicorn
+    answers the probe meanwhile, and its writes are not the traced response's chunks."""
+    import socket
+
+    async def app(scope, receive, send):
+        if scope["type"] != "http":
+            return
+        await receive()
+        if scope["path"] == "/health":
+            await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        await streaming_app(scope, receive, send)
+        await asyncio.sleep(0.3)  # still running: the probe is answered before this returns
+
+    rec = Recorder()
+    with (
+        uvicorn_server(TracingMiddleware(app, recorder=rec), "httptools") as port,
+        socket.create_connection(("127.0.0.1", port), timeout=10) as s,
+    ):
+        s.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+            b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+        )
+        answer = b""
+        while not answer.endswith(b"ok"):
+            more = s.recv(65536)
+            assert more, answer
+            answer += more
+        time.sleep(0.5)  # the traced app returns and records
+    (h,) = records(rec)  # the probe: no span
+    assert h.path == "/v1/completions" and h.status == 200 and len(h.chunk_mono) == 5
