@@ -180,3 +180,47 @@ def test_counted_batches_repeat_within_two_tenths_of_a_percent(tmp_path):
     assert fe[1] > fe[0] * 1.005  # the hooks' own work is seen
     budget = [line for line in proc.stdout.splitlines() if line.startswith(f"offline budget ({cc.DEFAULT_VARIANT})")]
     assert len(budget) == 2 and all(line.endswith(": ok") for line in budget), budget
+
+
+HTTP_BENCH = ROOT / "benchmarks" / "http_span_cost.py"
+
+
+def _load_http_bench():
+    spec = importlib.util.spec_from_file_location("http_span_cost", HTTP_BENCH)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_http_span_cost_is_per_request_and_per_chunk_over_plain():
+    hb = _load_http_bench()
+    counts = {("plain", 0): 1_000, ("plain", 10): 11_000, ("send", 0): 3_000, ("send", 10): 23_000}
+    counts |= {("transport", 0): 3_200, ("transport", 10): 14_200}
+    # 2 responses: send adds 1,000 a response and (12,000 / 2 - 1,000) / 10 = 500 a chunk
+    assert hb.added(counts, requests=2, chunks=10) == {"send": (1_000, 500), "transport": (1_100, 50)}
+
+
+@pytest.mark.slow
+@pytest.mark.parallel_safe  # instructions counted, not time
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (make valgrind)")
+def test_the_http_span_times_chunks_below_asgi_for_a_fraction_of_the_send_wrapper():
+    """benchmarks/http_span_cost.py under callgrind: uvicorn's own response cycle, plain and
+    traced both ways; each way adds work a request, and a chunk timed at the transport costs
+    under a third of one timed by wrapping the app's send."""
+    proc = subprocess.run(
+        [sys.executable, str(HTTP_BENCH), "--requests", "20", "--chunks", "32"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("| the "):
+            name, per_request, per_chunk = (c.strip() for c in line.strip("|").split("|"))
+            rows[name] = (float(per_request.removesuffix(" k")) * 1000, float(per_chunk.replace(",", "")))
+    send, transport = rows["the app's send (TimedSend)"], rows["the connection's transport (TimedTransport)"]
+    assert send[0] > 0 and transport[0] > 0
+    assert 0 < transport[1] < send[1] / 3, rows
