@@ -106,7 +106,7 @@ def serve(in_fd: int, reply_fd: int) -> int:
                     if type(it[0]) is int:
                         tracker.feed((it,))
                     else:
-                        getattr(tracker, it[0])(*it[1])
+                        getattr(tracker, it[0])(*it[1:])  # a CallRecorder call: (name, *args)
                 tracker.http_done.extend(http)
                 p.deliver_round(final, everything)
             elif kind == FLUSH:

@@ -73,8 +73,9 @@ def _frame(kind: int, obj) -> bytes:
 
 class CallRecorder:
     """The tracker as an engine's expander sees it in the engine's process, in span-process mode:
-    its wall-clock ``anchor``, and its recording methods, each call kept (name and arguments) to
-    be made on the span process's tracker, in order with the recorder's own events."""
+    its wall-clock ``anchor``, and its recording methods, each call kept as one flat tuple (the
+    method's name, then its arguments: one tracked object to allocate and pickle a call, not two)
+    to be made on the span process's tracker, in order with the recorder's own events."""
 
     def __init__(self, anchor):
         self.anchor = anchor
@@ -124,31 +125,31 @@ class CallRecorder:
 
     # the tracker's recording methods (engine_hooks.tracker.RequestTracker), each call kept
     def arrival(self, *args) -> None:
-        self.items.append(("arrival", args))
+        self.items.append(("arrival",) + args)
 
     def queued(self, *args) -> None:
-        self.items.append(("queued", args))
+        self.items.append(("queued",) + args)
 
     def scheduled(self, *args) -> None:
-        self.items.append(("scheduled", args))
+        self.items.append(("scheduled",) + args)
 
     def preempted(self, *args) -> None:
-        self.items.append(("preempted", args))
+        self.items.append(("preempted",) + args)
 
     def annotate(self, *args) -> None:
-        self.items.append(("annotate", args))
+        self.items.append(("annotate",) + args)
 
     def generated(self, *args) -> None:
-        self.items.append(("generated", args))
+        self.items.append(("generated",) + args)
 
     def token_out(self, *args) -> None:
-        self.items.append(("token_out", args))
+        self.items.append(("token_out",) + args)
 
     def emitted(self, *args) -> None:
-        self.items.append(("emitted", args))
+        self.items.append(("emitted",) + args)
 
     def finish(self, *args) -> None:
-        self.items.append(("finish", args))
+        self.items.append(("finish",) + args)
 
 
 #: a GPU step time that could not be read back (given up on): no time, and not a handle
