@@ -25,20 +25,15 @@ valgrind (``make valgrind``).
 from __future__ import annotations
 
 import argparse
-import glob
 import os
-import subprocess
 import sys
-import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 MODES = ("plain", "send", "transport")
 
 
 def drive() -> None:
-    """The counted process: one line ``GO <mode> <chunks> <requests>`` on stdin per count,
-    answered ``DONE`` when its responses have been written."""
+    """The counted process (:mod:`counted`): one line ``GO <mode> <chunks> <requests>`` on stdin
+    per count, answered ``DONE`` when its responses have been written."""
     import asyncio
     import collections
     import gc
@@ -161,38 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.drive:
         drive()
         return 0
-    sys.path.insert(0, HERE)
-    from cost_count import _control, _total
+    from counted import count_steps
 
-    with tempfile.TemporaryDirectory(prefix="http-span-cost-") as out:
-        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}/cg.%p"]
-        cmd += [f"--log-file={out}/valgrind.log", sys.executable, os.path.abspath(__file__), "--drive"]
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
-        env["PYTHONHASHSEED"] = "0"
-        env.pop("OTEL_LLM_PURE_PYTHON", None)
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        counts: dict[tuple[str, int], int] = {}
-        try:
-            if proc.stdout.readline().strip() != "READY":
-                raise RuntimeError(f"the counted process did not start: see {out}/valgrind.log")
-            pid = str(proc.pid)
-            for mode in MODES:
-                for chunks in (0, args.chunks):
-                    _control("-z", pid)
-                    _control("-i", "on", pid)
-                    proc.stdin.write(f"GO {mode} {chunks} {args.requests}\n")
-                    proc.stdin.flush()
-                    if proc.stdout.readline().strip() != "DONE":
-                        raise RuntimeError(f"the counted process stopped: see {out}/valgrind.log")
-                    _control("-i", "off", pid)
-                    before = set(glob.glob(f"{out}/cg.{pid}.*"))
-                    _control("-d", f"{mode}-{chunks}", pid)
-                    (dump,) = set(glob.glob(f"{out}/cg.{pid}.*")) - before
-                    counts[mode, chunks] = _total(dump)
-                    print(f"  {mode}, {chunks} chunks: {counts[mode, chunks]:,} instructions", flush=True)
-        finally:
-            proc.stdin.close()
-            proc.wait(timeout=120)
+    env = dict(os.environ)
+    env.pop("OTEL_LLM_PURE_PYTHON", None)
+    steps = [(mode, chunks) for mode in MODES for chunks in (0, args.chunks)]
+    totals = count_steps(__file__, [f"{mode} {chunks} {args.requests}" for mode, chunks in steps], env)
+    counts = dict(zip(steps, totals, strict=True))
     print(f"\nwhat the HTTP server span adds over plain ({args.requests} responses, {args.chunks} chunks each):\n")
     print("| timed at | instructions a request | instructions a chunk |")
     print("|---|---|---|")

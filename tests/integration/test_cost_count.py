@@ -224,3 +224,30 @@ def test_the_http_span_times_chunks_below_asgi_for_a_fraction_of_the_send_wrappe
     send, transport = rows["the app's send (TimedSend)"], rows["the connection's transport (TimedTransport)"]
     assert send[0] > 0 and transport[0] > 0
     assert 0 < transport[1] < send[1] / 3, rows
+
+
+@pytest.mark.slow
+@pytest.mark.parallel_safe  # instructions counted, not time
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (make valgrind)")
+def test_the_vllm_hooks_of_one_batch_cost_less_than_the_budget_a_token():
+    """benchmarks/hooks_cost.py: the front end's hooks on vLLM's own output objects, the budget's
+    batch (32 x 64) replayed without an engine, the engine thread's part and the round sent to
+    the span process each counted: together under the 3,000 instructions a token the budget
+    gives the whole front end."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "hooks_cost.py")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=ROOT,
+    )
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {}
+    for line in proc.stdout.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if len(cells) == 4 and cells[1].endswith(" M"):
+            rows[cells[0]] = float(cells[3].removesuffix(" k")) * 1000
+    assert set(rows) == {"engine thread", "round to the span process", "both"}, proc.stdout
+    assert rows["engine thread"] > 0 and rows["round to the span process"] > 0
+    assert rows["both"] < 3000, rows

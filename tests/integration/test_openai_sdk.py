@@ -237,7 +237,8 @@ def test_real_vllm_sync_idioms(vllm_server, tiny_model, tp, mem):
     assert whole.usage.completion_tokens == 12
     ok, cut, plain = sorted(client_spans(tp, mem, 3), key=lambda s: s.start_time)
     assert ok.attributes[sc.STATUS] == "ok" and ok.attributes[sc.OUTPUT_TOKENS] == 12
-    assert ok.attributes[sc.TOKEN_EVENT_ESTIMATED] is False
+    events = len(ok.attributes[sc.TOKEN_EVENT_OFFSETS])  # 12, but where vLLM merged two tokens in a chunk
+    assert 1 <= events <= 12 and ok.attributes[sc.TOKEN_EVENT_ESTIMATED] is (events != 12), events
     assert cut.attributes[sc.STATUS] == "cancelled"
     assert plain.attributes[sc.STATUS] == "ok" and plain.attributes[sc.OUTPUT_TOKENS] == 12
     # the engine saw the hang-up: it aborted the request long before its 400 tokens
@@ -398,7 +399,10 @@ def test_real_vllm_every_async_idiom(vllm_server, tiny_model, tp, mem):
     asyncio.run(go())
     read, left, whole = sorted(client_spans(tp, mem, 3), key=lambda s: s.start_time)
     assert read.attributes[sc.STATUS] == "ok" and read.attributes[sc.OUTPUT_TOKENS] == 8
-    assert read.attributes[sc.TOKEN_EVENT_ESTIMATED] is False
+    # one event a token, exact, unless vLLM put two tokens in one chunk: it merges them for a
+    # reader that falls behind (a loaded machine), and then the counts are estimated
+    events = len(read.attributes[sc.TOKEN_EVENT_OFFSETS])
+    assert 1 <= events <= 8 and read.attributes[sc.TOKEN_EVENT_ESTIMATED] is (events != 8), events
     assert left.attributes[sc.STATUS] == "cancelled"
     assert engine_span_of(traces, left.context.trace_id)[sc.STATUS] == "cancelled"
     assert whole.attributes[sc.STATUS] == "ok" and whole.attributes[sc.OUTPUT_TOKENS] == 8

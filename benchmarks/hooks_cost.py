@@ -1,0 +1,131 @@
+"""Benchmark: what the vLLM front end's hooks cost, in instructions (callgrind), without an engine.
+
+One batch as the hooks see it, replayed on a stand-in ``OutputProcessor`` hooked by
+``engine_hooks.vllm.frontend.instrument_output_processor``: ``--requests`` requests arrive
+(``add_request``), then ``--tokens`` steps hand out one token each (``process_outputs``, on
+vLLM's own ``EngineCoreOutput`` objects: the first with the engine core's QUEUED and SCHEDULED
+events, the last with a finish reason, as ``benchmarks/frontend_cost.py`` makes them). Two
+counts, the two parts of the front end's cost that are ours:
+
+* ``engine thread``: the hooks as the engine's thread runs them (the arrival's fields, the C scan
+  of each step's outputs, the recorded events);
+* ``round``: what the pipeline does with them in the front end when it sends the round to its
+  span process (the steps' outputs expanded, the batch pickled and written); the span process's
+  own work is not counted here (``cost_count.py`` counts it).
+
+The same batch through a real engine is what ``cost_count.py`` counts (offline and behind the
+server), with an engine's start under valgrind for each variant and, behind the server, more
+noise between starts; this takes seconds and repeats to the instruction. The cyclic garbage
+collector is off while counting: its share is the engine's heap's (``cost_count.py`` has it).
+
+Run: ``.venv/bin/python benchmarks/hooks_cost.py [--requests 32] [--tokens 64]``. Needs valgrind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+
+def drive(n_requests: int, n_tokens: int) -> None:
+    """The counted process (:mod:`counted`): the batch made before counting starts; ``GO
+    engine`` runs its hooks, ``GO round`` sends what they recorded to the span process."""
+    import gc
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from frontend_cost import step_outputs
+
+    from engine_hooks.api import EngineHooks
+    from engine_hooks.vllm.frontend import instrument_output_processor
+
+    class Request:
+        """What the arrival hook reads of vLLM's ``EngineCoreRequest``."""
+
+        def __init__(self, rid: str):
+            self.request_id = rid
+            self.external_req_id = "cmpl-" + rid
+            self.arrival_time = time.time()
+            self.prompt_token_ids = [1] * 32
+            self.trace_headers = None
+
+    class OutputProcessor:
+        """vLLM's ``OutputProcessor`` as the hooks wrap it: its own work left out."""
+
+        def add_request(self, request, prompt=None, parent_req=None, request_index=0, queue=None):
+            return None
+
+        def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
+            return None
+
+        def abort_requests(self, request_ids, internal=False):
+            return []
+
+    op = OutputProcessor()
+    hooks = EngineHooks(engine="vllm", service_name="hooks-cost")
+    instrument_output_processor(op, hooks, "tiny")
+    pipeline = hooks.pipeline
+
+    def batch(name: str, requests: int, tokens: int) -> tuple[list, list]:
+        steps = step_outputs(requests, tokens)
+        for outputs in steps:
+            for o in outputs:
+                o.request_id = f"{name}-{o.request_id}"
+        return [Request(f"{name}-r{i}") for i in range(requests)], steps
+
+    def run(requests: list, steps: list) -> None:
+        for r in requests:
+            op.add_request(r)
+        t = time.monotonic()
+        for outputs in steps:
+            t += 0.01
+            op.process_outputs(outputs, t)
+
+    gc.disable()
+    for i in range(2):  # warm: every code path specialized, the span process started
+        run(*batch(f"w{i}", 4, 4))
+        pipeline.flush()
+    counted = batch("b", n_requests, n_tokens)
+    print("READY", flush=True)
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts or parts[0] != "GO":
+            break
+        if parts[1] == "engine":
+            run(*counted)
+        else:
+            pipeline.flush()
+        print("DONE", flush=True)
+    pipeline.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=32, help="requests in the batch (default 32)")
+    ap.add_argument("--tokens", type=int, default=64, help="output tokens each, one a step (default 64)")
+    ap.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.drive:
+        drive(args.requests, args.tokens)
+        return 0
+    from counted import count_steps
+
+    with tempfile.TemporaryDirectory(prefix="hooks-cost-") as out:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLLM_"))}
+        env.update(OTEL_LLM_TRACES_FILE=os.path.join(out, "spans.jsonl"), OTEL_LLM_SCHEDULE_DELAY=str(10**9))
+        size = ("--requests", str(args.requests), "--tokens", str(args.tokens))
+        engine, sent = count_steps(__file__, ["engine", "round"], env, size)
+    n = args.requests * args.tokens
+    print(f"\nthe vLLM front end's hooks, one batch of {args.requests} x {args.tokens} (k = 1,000 instructions):\n")
+    print("| part | a batch | a request | an output token |")
+    print("|---|---|---|---|")
+    for name, total in (("engine thread", engine), ("round to the span process", sent), ("both", engine + sent)):
+        print(f"| {name} | {total / 1e6:.2f} M | {total / args.requests / 1000:.1f} k | {total / n / 1000:.2f} k |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
