@@ -15,7 +15,8 @@ counts, the two parts of the front end's cost that are ours:
 
 The same batch through a real engine is what ``cost_count.py`` counts (offline and behind the
 server), with an engine's start under valgrind for each variant and, behind the server, more
-noise between starts; this takes seconds and repeats to the instruction. The cyclic garbage
+noise between starts; this takes about a minute and repeats within 0.1% (the round: 1,525,287
+and 1,526,705 instructions in two runs). The cyclic garbage
 collector is off while counting: its share is the engine's heap's (``cost_count.py`` has it).
 
 Run: ``.venv/bin/python benchmarks/hooks_cost.py [--requests 32] [--tokens 64]``. Needs valgrind.
