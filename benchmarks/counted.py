@@ -9,6 +9,7 @@ The benchmarks that count one Python process without an engine (``http_span_cost
 
 from __future__ import annotations
 
+import argparse
 import glob
 import os
 import subprocess
@@ -20,6 +21,14 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from cost_count import _control, _total  # noqa: E402
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """A counting benchmark's command line: its docstring as the help, and the hidden ``--drive``
+    that makes it the counted process."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
+    return ap
 
 
 def count_steps(script: str, steps: list[str], env: dict | None = None, args: tuple[str, ...] = ()) -> list[int]:

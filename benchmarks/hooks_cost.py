@@ -24,11 +24,13 @@ Run: ``.venv/bin/python benchmarks/hooks_cost.py [--requests 32] [--tokens 64]``
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import counted
 
 
 def drive(n_requests: int, n_tokens: int) -> None:
@@ -37,7 +39,6 @@ def drive(n_requests: int, n_tokens: int) -> None:
     import gc
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from frontend_cost import step_outputs
 
     from engine_hooks.api import EngineHooks
@@ -89,14 +90,14 @@ def drive(n_requests: int, n_tokens: int) -> None:
     for i in range(2):  # warm: every code path specialized, the span process started
         run(*batch(f"w{i}", 4, 4))
         pipeline.flush()
-    counted = batch("b", n_requests, n_tokens)
+    prepared = batch("b", n_requests, n_tokens)
     print("READY", flush=True)
     for line in sys.stdin:
         parts = line.split()
         if not parts or parts[0] != "GO":
             break
         if parts[1] == "engine":
-            run(*counted)
+            run(*prepared)
         else:
             pipeline.flush()
         print("DONE", flush=True)
@@ -104,21 +105,19 @@ def drive(n_requests: int, n_tokens: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = counted.parser(__doc__)
     ap.add_argument("--requests", type=int, default=32, help="requests in the batch (default 32)")
     ap.add_argument("--tokens", type=int, default=64, help="output tokens each, one a step (default 64)")
-    ap.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.drive:
         drive(args.requests, args.tokens)
         return 0
-    from counted import count_steps
 
     with tempfile.TemporaryDirectory(prefix="hooks-cost-") as out:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "VLLM_"))}
         env.update(OTEL_LLM_TRACES_FILE=os.path.join(out, "spans.jsonl"), OTEL_LLM_SCHEDULE_DELAY=str(10**9))
         size = ("--requests", str(args.requests), "--tokens", str(args.tokens))
-        engine, sent = count_steps(__file__, ["engine", "round"], env, size)
+        engine, sent = counted.count_steps(__file__, ["engine", "round"], env, size)
     n = args.requests * args.tokens
     print(f"\nthe vLLM front end's hooks, one batch of {args.requests} x {args.tokens} (k = 1,000 instructions):\n")
     print("| part | a batch | a request | an output token |")

@@ -24,9 +24,11 @@ valgrind (``make valgrind``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import counted
 
 MODES = ("plain", "send", "transport")
 
@@ -148,20 +150,18 @@ def added(counts: dict[tuple[str, int], int], requests: int, chunks: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = counted.parser(__doc__)
     ap.add_argument("--requests", type=int, default=50, help="responses per count (default 50)")
     ap.add_argument("--chunks", type=int, default=64, help="body chunks per streamed response (default 64)")
-    ap.add_argument("--drive", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.drive:
         drive()
         return 0
-    from counted import count_steps
 
     env = dict(os.environ)
     env.pop("OTEL_LLM_PURE_PYTHON", None)
     steps = [(mode, chunks) for mode in MODES for chunks in (0, args.chunks)]
-    totals = count_steps(__file__, [f"{mode} {chunks} {args.requests}" for mode, chunks in steps], env)
+    totals = counted.count_steps(__file__, [f"{mode} {chunks} {args.requests}" for mode, chunks in steps], env)
     counts = dict(zip(steps, totals, strict=True))
     print(f"\nwhat the HTTP server span adds over plain ({args.requests} responses, {args.chunks} chunks each):\n")
     print("| timed at | instructions a request | instructions a chunk |")

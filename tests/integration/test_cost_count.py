@@ -182,6 +182,18 @@ def test_counted_batches_repeat_within_two_tenths_of_a_percent(tmp_path):
     assert len(budget) == 2 and all(line.endswith(": ok") for line in budget), budget
 
 
+def _table(bench, *args: str) -> list[list[str]]:
+    """The rows of the table a benchmark prints (its cells), after it ran without error."""
+    proc = subprocess.run([sys.executable, str(bench), *args], capture_output=True, text=True, timeout=900, cwd=ROOT)
+    print(proc.stdout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [
+        [c.strip() for c in line.strip().strip("|").split("|")]
+        for line in proc.stdout.splitlines()
+        if line.startswith("| ")
+    ]
+
+
 HTTP_BENCH = ROOT / "benchmarks" / "http_span_cost.py"
 
 
@@ -207,19 +219,9 @@ def test_the_http_span_times_chunks_below_asgi_for_a_fraction_of_the_send_wrappe
     """benchmarks/http_span_cost.py under callgrind: uvicorn's own response cycle, plain and
     traced both ways; each way adds work a request, and a chunk timed at the transport costs
     under a third of one timed by wrapping the app's send."""
-    proc = subprocess.run(
-        [sys.executable, str(HTTP_BENCH), "--requests", "20", "--chunks", "32"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=ROOT,
-    )
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("| the "):
-            name, per_request, per_chunk = (c.strip() for c in line.strip("|").split("|"))
+    for name, per_request, per_chunk in _table(HTTP_BENCH, "--requests", "20", "--chunks", "32"):
+        if name.startswith("the "):
             rows[name] = (float(per_request.removesuffix(" k")) * 1000, float(per_chunk.replace(",", "")))
     send, transport = rows["the app's send (TimedSend)"], rows["the connection's transport (TimedTransport)"]
     assert send[0] > 0 and transport[0] > 0
@@ -234,20 +236,10 @@ def test_the_vllm_hooks_of_one_batch_cost_less_than_the_budget_a_token():
     batch (32 x 64) replayed without an engine, the engine thread's part and the round sent to
     the span process each counted: together under the 3,000 instructions a token the budget
     gives the whole front end."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "hooks_cost.py")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-    )
-    print(proc.stdout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {}
-    for line in proc.stdout.splitlines():
-        cells = [c.strip() for c in line.strip("|").split("|")]
-        if len(cells) == 4 and cells[1].endswith(" M"):
-            rows[cells[0]] = float(cells[3].removesuffix(" k")) * 1000
-    assert set(rows) == {"engine thread", "round to the span process", "both"}, proc.stdout
+    for name, batch, _, per_token in _table(ROOT / "benchmarks" / "hooks_cost.py"):
+        if batch.endswith(" M"):
+            rows[name] = float(per_token.removesuffix(" k")) * 1000
+    assert set(rows) == {"engine thread", "round to the span process", "both"}, rows
     assert rows["engine thread"] > 0 and rows["round to the span process"] > 0
     assert rows["both"] < 3000, rows
