@@ -28,7 +28,11 @@ from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow
 
-FLOOR = 0.05  # s: the injected stalls are 0.15-0.5 s; free-running gaps here are under 0.02 s
+# s: the injected stalls are 0.15-0.5 s. Free-running gaps here are mostly under 0.02 s, but the
+# API server's loop sometimes stops for one 50-80 ms spell with every stream in it (a CI run: five
+# streams each with one 56 ms gap at the same moment, nothing injected), which is not what these
+# tests inject
+FLOOR = 0.1
 TESTS = str(Path(__file__).resolve().parents[1])  # tests/: support.busy_loop importable in the server
 
 
