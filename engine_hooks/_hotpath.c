@@ -339,17 +339,22 @@ static PyTypeObject TimedSendType = {
     .tp_call = PyVectorcall_Call,
 };
 
+/* ``p``'s first ``k`` bytes are ``lower`` (lowercase ASCII) in any ASCII case: HTTP field names. */
+static int same_in_any_case(const char *p, const char *lower, Py_ssize_t k) {
+    for (Py_ssize_t j = 0; j < k; j++) {
+        char c = p[j];
+        if ((c >= 'A' && c <= 'Z' ? c | 0x20 : c) != lower[j]) return 0;
+    }
+    return 1;
+}
+
 /* Whether an HTTP/1.1 response head names a transfer coding (then it is chunked: RFC 9112 6.1
  * has chunked last whenever the field is sent in a response that is not close-delimited). */
 static int names_transfer_coding(const char *p, Py_ssize_t n) {
     static const char field[] = "\ntransfer-encoding:";
     const Py_ssize_t k = sizeof(field) - 1;
-    for (Py_ssize_t i = 0; i + k <= n; i++) {
-        if (p[i] != '\n') continue;
-        Py_ssize_t j = 1;
-        while (j < k && (p[i + j] | 0x20) == field[j]) j++; /* ASCII letters, '-' and ':' unchanged by | 0x20 */
-        if (j == k) return 1;
-    }
+    for (Py_ssize_t i = 0; i + k <= n; i++)
+        if (p[i] == '\n' && same_in_any_case(p + i, field, k)) return 1;
     return 0;
 }
 
@@ -550,10 +555,7 @@ static PyObject *find_traceparent(PyObject *self, PyObject *headers) {
         }
         PyObject *k = PyTuple_GET_ITEM(h, 0);
         if (PyBytes_GET_SIZE(k) != 11) continue;
-        const char *kp = PyBytes_AS_STRING(k);
-        int same = 1;
-        for (int j = 0; j < 11 && same; j++) same = (kp[j] | 0x20) == name[j]; /* letters only: | 0x20 is lower() */
-        if (!same) continue;
+        if (!same_in_any_case(PyBytes_AS_STRING(k), name, 11)) continue;
         PyObject *v = PyTuple_GET_ITEM(h, 1);
         const char *p = PyBytes_CheckExact(v) ? PyBytes_AS_STRING(v) : NULL;
         if (p == NULL || PyBytes_GET_SIZE(v) != 55 || memcmp(p, "00-", 3) != 0 || p[35] != '-' || p[52] != '-')
