@@ -281,11 +281,10 @@ class TracingMiddleware:
         return True, sampling_probability(self._sampler, parent is not None)
 
     async def __call__(self, scope, receive, send):
-        if (
-            scope.get("type") != "http"
-            or scope.get(_SEEN)
-            or (self._excluded is not None and self._is_excluded(scope.get("path", "")))
-        ):
+        if scope.get(_SEEN):  # an outer copy of this middleware traces it
+            await self.app(scope, receive, send)
+            return
+        if scope.get("type") != "http" or (self._excluded is not None and self._is_excluded(scope.get("path", ""))):
             transport = scope.get(TIMED_TRANSPORT)
             if transport is not None:  # the connection's last traced response is complete by now:
                 transport.timer = None  # not this one's writes, if its app has not returned yet

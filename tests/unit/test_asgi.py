@@ -511,3 +511,19 @@ def test_a_probe_on_the_same_connection_is_not_counted_in_the_traced_response_be
         time.sleep(0.5)  # the traced app returns and records
     (h,) = records(rec)  # the probe: no span
     assert h.path == "/v1/completions" and h.status == 200 and len(h.chunk_mono) == 5
+
+
+@pytest.mark.parametrize("http", ["httptools", "h11"])
+def test_two_copies_of_the_middleware_under_uvicorn_record_one_span_with_every_chunk(http):
+    """The plugin's middleware and a ``--middleware`` copy both in the app: the outer one traces
+    the request, the inner one passes it through and leaves the outer one's timing alone."""
+    import socket
+
+    rec = Recorder()
+    app = TracingMiddleware(TracingMiddleware(streaming_app, recorder=rec), recorder=rec)
+    with uvicorn_server(app, http) as port, socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        assert read_responses(s, 1).startswith(b"HTTP/1.1 200")
+        time.sleep(0.2)  # the app returns and records
+    (h,) = records(rec)
+    assert h.status == 200 and len(h.chunk_mono) == 5
