@@ -28,10 +28,11 @@ from engine_hooks.tiny_model import stop_cpu_server
 
 pytestmark = pytest.mark.slow
 
-# s: the injected stalls are 0.15-0.5 s. Free-running gaps here are mostly under 0.02 s, but the
-# API server's loop sometimes stops for one 50-80 ms spell with every stream in it (a CI run: five
-# streams each with one 56 ms gap at the same moment, nothing injected), which is not what these
-# tests inject
+# s: the injected stalls are 0.3-0.5 s (the prefill burst, 128 prompts of 480 tokens, made gaps of
+# 0.33-0.43 s here; 32 of them made 0.08-0.16 s, under this floor on a faster CI machine).
+# Free-running gaps here are mostly under 0.02 s, but the API server's loop sometimes stops for one
+# 50-80 ms spell with every stream in it (a CI run: five streams each with one 56 ms gap at the same
+# moment, nothing injected), which is not what these tests inject
 FLOOR = 0.1
 TESTS = str(Path(__file__).resolve().parents[1])  # tests/: support.busy_loop importable in the server
 
@@ -129,7 +130,7 @@ def test_each_injected_stall_is_found_at_its_layer(make_collector, tiny_model):
         tiny_model,
         64 * 2**20,
         # the burst below fits one step: it is what makes that step long
-        ["--middleware", "support.busy_loop.BlockTheLoop", "--max-num-batched-tokens", "16384"],
+        ["--middleware", "support.busy_loop.BlockTheLoop", "--max-num-batched-tokens", "65536"],
     )
     try:
         clean = t.scenario("clean", *[(f"c{i}", lambda: t.stream(64)) for i in range(4)])
@@ -153,7 +154,7 @@ def test_each_injected_stall_is_found_at_its_layer(make_collector, tiny_model):
 
             assert burst_seen.wait(60)
             plain = openai.OpenAI(base_url=t.base_url, api_key="x", max_retries=0)  # untraced: engine spans only
-            plain.completions.create(model=t.model, prompt=[prompt(480, seed=i + 1) for i in range(32)], max_tokens=2)
+            plain.completions.create(model=t.model, prompt=[prompt(480, seed=i + 1) for i in range(128)], max_tokens=2)
             return ""
 
         burst_seen = threading.Event()
@@ -168,7 +169,9 @@ def test_each_injected_stall_is_found_at_its_layer(make_collector, tiny_model):
     assert cause["reader"] == "network/client" and cause["s0"] == cause["s1"] == "none"
     assert rows[slow["reader"]].stall_gap == pytest.approx(0.4, abs=0.1)
     assert [cause[f"b{i}"] for i in range(3)] == ["api_server"] * 3
-    assert [cause[f"p{i}"] for i in range(3)] == ["engine:prefill"] * 3
+    assert [cause[f"p{i}"] for i in range(3)] == ["engine:prefill"] * 3, [
+        (rows[prefill_ids[f"p{i}"]].stall, rows[prefill_ids[f"p{i}"]].stall_gap) for i in range(3)
+    ]
     # the collector counted the same, by the coarse classes it has without the steps
     n = t.counters()
     assert n["network/client"] == 1 and n["api_server"] == 3 and n["engine:other"] == 3, n
