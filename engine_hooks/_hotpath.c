@@ -1,20 +1,20 @@
 /* engine_hooks._hotpath: the hooks' work that runs for every engine step and every streamed chunk,
  * in C.
  *
- * scan(): one pass over an engine step's outputs, on the engine's thread.
+ * Scanner: one pass over an engine step's outputs, on the engine's thread.
  *
  * A batching engine hands out one output object per running request at every step; the tracing
  * needs, of each, its request id, how many tokens it carries, and whether it holds anything rare
  * (events, a finish reason). Read through Python (operator.attrgetter over the list), that is
  * about 1,800 instructions per output; here the fields are read straight from the objects' slots
- * (the member descriptors of their class, checked once per call), about 60.
+ * (the member descriptors of their class, checked once, when the scanner is made), about 60.
  *
- * scan(cls, id_member, count_member, rare_members, items, previous_ids)
- *   items:         a list of ``cls`` instances (anything else: TypeError, and the caller falls
- *                  back to Python)
+ * Scanner(cls, id_member, count_member, rare_members)(items, previous_ids)
  *   id_member:     the member descriptor of the request id
  *   count_member:  the member descriptor of the token list (its len() is the count)
  *   rare_members:  a tuple of member descriptors; an item any of which is not None is "rare"
+ *   items:         a list of ``cls`` instances (anything else: TypeError, and the caller falls
+ *                  back to Python)
  *   previous_ids:  the ids list this returned for the last step, or None
  * returns (ids, counts, rare):
  *   ids:    ``previous_ids`` itself when every id equals it in order (the same batch again), else a
@@ -22,7 +22,11 @@
  *   counts: None when every item carries exactly one token, else a list of ints
  *   rare:   None, or the list of the rare items
  *
- * It keeps no reference and has no state: the engine's objects are only read.
+ * It keeps no reference to them and has no state: the engine's objects are only read.
+ *
+ * RawHook(fn, payload, expander, owner, failed, kind): EngineHooks.raw's traced method (vLLM's
+ * process_outputs, once a step): the engine's method called with its caller's arguments as they
+ * came, then the payload made and the event recorded, with no Python frame of ours in between.
  *
  * TimedSend(send): one HTTP response's times, for the HTTP server span's middleware: the time of
  * each body chunk with a body kept in a C array (no int object per chunk), the response's start
@@ -70,26 +74,9 @@ static int same_str(PyObject *a, PyObject *b) {
            memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * kind) == 0;
 }
 
-static PyObject *scan(PyObject *self, PyObject *args) {
-    PyObject *items, *cls_obj, *id_descr, *count_descr, *rare_descrs, *previous;
-    if (!PyArg_ParseTuple(args, "O!OOO!O!O", &PyType_Type, &cls_obj, &id_descr, &count_descr, &PyTuple_Type,
-                          &rare_descrs, &PyList_Type, &items, &previous))
-        return NULL;
-    PyTypeObject *cls = (PyTypeObject *)cls_obj;
-    PyMemberDef *id_m = object_member(id_descr, cls);
-    if (id_m == NULL) return NULL;
-    PyMemberDef *count_m = object_member(count_descr, cls);
-    if (count_m == NULL) return NULL;
-    Py_ssize_t n_rare = PyTuple_GET_SIZE(rare_descrs);
-    PyMemberDef *rare_m[8];
-    if (n_rare > 8) {
-        PyErr_SetString(PyExc_ValueError, "at most 8 rare members");
-        return NULL;
-    }
-    for (Py_ssize_t j = 0; j < n_rare; j++) {
-        rare_m[j] = object_member(PyTuple_GET_ITEM(rare_descrs, j), cls);
-        if (rare_m[j] == NULL) return NULL;
-    }
+/* The scan itself: ``items`` a list, the members already checked to be object slots of ``cls``. */
+static PyObject *scan_items(PyTypeObject *cls, PyMemberDef *id_m, PyMemberDef *count_m, PyMemberDef *const *rare_m,
+                            Py_ssize_t n_rare, PyObject *items, PyObject *previous) {
     Py_ssize_t n = PyList_GET_SIZE(items);
     /* the same batch as the last step: compared first, so that a steady batch builds no list */
     int same = previous != Py_None && PyList_Check(previous) && PyList_GET_SIZE(previous) == n;
@@ -177,13 +164,96 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         rare = Py_None;
         Py_INCREF(Py_None);
     }
-    return Py_BuildValue("(NNN)", ids, counts, rare);
+    PyObject *out = PyTuple_New(3);
+    if (out == NULL) goto fail;
+    PyTuple_SET_ITEM(out, 0, ids);
+    PyTuple_SET_ITEM(out, 1, counts);
+    PyTuple_SET_ITEM(out, 2, rare);
+    return out;
 fail:
     Py_XDECREF(ids);
     Py_XDECREF(counts);
     Py_XDECREF(rare);
     return NULL;
 }
+
+#define MAX_RARE 8
+
+/* Scanner(cls, id_member, count_member, rare_members): scan() with its class and members checked
+ * once; called (by vectorcall) as scanner(items, previous_ids). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyTypeObject *cls;
+    PyObject *members; /* the descriptors, kept alive: their PyMemberDefs are read below */
+    PyMemberDef *id_m, *count_m, *rare_m[MAX_RARE];
+    Py_ssize_t n_rare;
+} Scanner;
+
+static PyObject *sc_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Scanner *sc = (Scanner *)self;
+    if (PyVectorcall_NARGS(nargsf) != 2 || (kwnames != NULL && PyTuple_GET_SIZE(kwnames))) {
+        PyErr_SetString(PyExc_TypeError, "Scanner(items, previous_ids): two positional arguments");
+        return NULL;
+    }
+    if (!PyList_Check(args[0])) {
+        PyErr_Format(PyExc_TypeError, "items is a %.100s, not a list", Py_TYPE(args[0])->tp_name);
+        return NULL;
+    }
+    return scan_items(sc->cls, sc->id_m, sc->count_m, sc->rare_m, sc->n_rare, args[0], args[1]);
+}
+
+static PyObject *sc_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *cls_obj, *id_descr, *count_descr, *rare_descrs;
+    if (!PyArg_ParseTuple(args, "O!OOO!:Scanner", &PyType_Type, &cls_obj, &id_descr, &count_descr, &PyTuple_Type,
+                          &rare_descrs))
+        return NULL;
+    PyTypeObject *cls = (PyTypeObject *)cls_obj;
+    Py_ssize_t n_rare = PyTuple_GET_SIZE(rare_descrs);
+    if (n_rare > MAX_RARE) {
+        PyErr_SetString(PyExc_ValueError, "at most 8 rare members");
+        return NULL;
+    }
+    PyMemberDef *id_m = object_member(id_descr, cls), *count_m = id_m ? object_member(count_descr, cls) : NULL;
+    if (count_m == NULL) return NULL;
+    Scanner *sc = (Scanner *)type->tp_alloc(type, 0);
+    if (sc == NULL) return NULL;
+    sc->vectorcall = sc_call;
+    sc->id_m = id_m;
+    sc->count_m = count_m;
+    sc->n_rare = n_rare;
+    for (Py_ssize_t j = 0; j < n_rare; j++) {
+        if ((sc->rare_m[j] = object_member(PyTuple_GET_ITEM(rare_descrs, j), cls)) == NULL) {
+            Py_DECREF(sc);
+            return NULL;
+        }
+    }
+    Py_INCREF(cls);
+    sc->cls = cls;
+    sc->members = Py_BuildValue("(OOO)", id_descr, count_descr, rare_descrs);
+    if (sc->members == NULL) {
+        Py_DECREF(sc);
+        return NULL;
+    }
+    return (PyObject *)sc;
+}
+
+static void sc_dealloc(Scanner *sc) {
+    Py_XDECREF(sc->cls);
+    Py_XDECREF(sc->members);
+    Py_TYPE(sc)->tp_free((PyObject *)sc);
+}
+
+static PyTypeObject ScannerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.Scanner",
+    .tp_basicsize = sizeof(Scanner),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "Scanner(cls, id_member, count_member, rare_members)(items, previous_ids) -> (ids, counts, rare)",
+    .tp_new = sc_new,
+    .tp_dealloc = (destructor)sc_dealloc,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Scanner, vectorcall),
+};
 
 static PyObject *s_type, *s_body, *s_status, *s_start, *s_chunk;
 
@@ -512,6 +582,176 @@ static PyTypeObject TimedTransportType = {
 };
 
 /* The value of one hex digit, or -1. */
+/* RawHook(fn, payload, expander, owner, failed, kind): a traced method that keeps a reference to
+ * what its engine handed out (engine_hooks.api.EngineHooks.raw), as _wrap's Python wrapper does,
+ * in C: ``fn(*args, **kwargs)`` called with the caller's own arguments (vectorcall: no tuple or
+ * dict built), then ``owner._rec((kind, monotonic ns, expander, payload(result, *args, **kwargs)))``
+ * (looked up at each call: the owner's pipeline is made on first use, and may be changed);
+ * an exception (an Exception) of payload or record goes to ``failed(exc)`` and the result is
+ * returned all the same (unless ``failed`` raises: strict mode). One of fn's own goes on as it is.
+ * A descriptor like a function (bound to the instance it is read from) with a __dict__ (what
+ * functools.wraps and mark_hooked set). */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *fn, *payload, *expander, *owner, *failed, *kind, *dict;
+} RawHook;
+
+static PyObject *s_rec;
+
+#define RAW_MAX_ARGS 16
+
+static PyObject *rh_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    RawHook *h = (RawHook *)self;
+    PyObject *res = PyObject_Vectorcall(h->fn, args, nargsf, kwnames);
+    if (res == NULL) return NULL;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    PyObject *p = NULL, *ev = NULL, *ok = NULL;
+    if (nargs + nkw + 1 <= RAW_MAX_ARGS) {
+        PyObject *stack[RAW_MAX_ARGS];
+        stack[0] = res;
+        memcpy(stack + 1, args, (size_t)(nargs + nkw) * sizeof(PyObject *));
+        p = PyObject_Vectorcall(h->payload, stack, (size_t)nargs + 1, kwnames);
+    } else {  /* many arguments: through a tuple */
+        PyObject *pos = PyTuple_New(nargs + 1), *kw = NULL;
+        if (pos != NULL) {
+            Py_INCREF(res);
+            PyTuple_SET_ITEM(pos, 0, res);
+            for (Py_ssize_t i = 0; i < nargs; i++) {
+                Py_INCREF(args[i]);
+                PyTuple_SET_ITEM(pos, i + 1, args[i]);
+            }
+            if (nkw && (kw = PyDict_New()) != NULL) {
+                for (Py_ssize_t i = 0; i < nkw && kw != NULL; i++)
+                    if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) Py_CLEAR(kw);
+            }
+            if (!nkw || kw != NULL) p = PyObject_Call(h->payload, pos, kw);
+            Py_XDECREF(kw);
+            Py_DECREF(pos);
+        }
+    }
+    if (p != NULL) {
+        PyObject *t = PyLong_FromLongLong(monotonic());
+        if (t != NULL) {
+            ev = PyTuple_New(4);
+            if (ev == NULL) {
+                Py_DECREF(t);
+            } else {
+                Py_INCREF(h->kind);
+                PyTuple_SET_ITEM(ev, 0, h->kind);
+                PyTuple_SET_ITEM(ev, 1, t);
+                Py_INCREF(h->expander);
+                PyTuple_SET_ITEM(ev, 2, h->expander);
+                PyTuple_SET_ITEM(ev, 3, p);
+                p = NULL;
+                PyObject *record = PyObject_GetAttr(h->owner, s_rec);
+                if (record != NULL) {
+                    ok = PyObject_CallOneArg(record, ev);
+                    Py_DECREF(record);
+                }
+            }
+        }
+    }
+    Py_XDECREF(p);
+    Py_XDECREF(ev);
+    if (ok != NULL) {
+        Py_DECREF(ok);
+        return res;
+    }
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) {  /* KeyboardInterrupt, SystemExit: not ours to keep */
+        Py_DECREF(res);
+        return NULL;
+    }
+    PyObject *exc;
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+    exc = value;
+    PyObject *r = exc != NULL ? PyObject_CallOneArg(h->failed, exc) : NULL;
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    if (r == NULL) {  /* strict: the hook's failure is raised */
+        Py_DECREF(res);
+        return NULL;
+    }
+    Py_DECREF(r);
+    return res;
+}
+
+static PyObject *rh_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *fn, *payload, *expander, *owner, *failed, *kind;
+    if (!PyArg_ParseTuple(args, "OOOOOO:RawHook", &fn, &payload, &expander, &owner, &failed, &kind)) return NULL;
+    RawHook *h = (RawHook *)type->tp_alloc(type, 0);
+    if (h == NULL) return NULL;
+    h->vectorcall = rh_call;
+    PyObject **slots[] = {&h->fn, &h->payload, &h->expander, &h->owner, &h->failed, &h->kind};
+    PyObject *vals[] = {fn, payload, expander, owner, failed, kind};
+    for (int i = 0; i < 6; i++) {
+        Py_INCREF(vals[i]);
+        *slots[i] = vals[i];
+    }
+    return (PyObject *)h;
+}
+
+static PyObject *rh_get(PyObject *self, PyObject *obj, PyObject *type) {
+    if (obj == NULL || obj == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    return PyMethod_New(self, obj);
+}
+
+static int rh_traverse(RawHook *h, visitproc visit, void *arg) {
+    Py_VISIT(h->fn);
+    Py_VISIT(h->payload);
+    Py_VISIT(h->expander);
+    Py_VISIT(h->owner);
+    Py_VISIT(h->failed);
+    Py_VISIT(h->kind);
+    Py_VISIT(h->dict);
+    return 0;
+}
+
+static int rh_clear(RawHook *h) {
+    Py_CLEAR(h->fn);
+    Py_CLEAR(h->payload);
+    Py_CLEAR(h->expander);
+    Py_CLEAR(h->owner);
+    Py_CLEAR(h->failed);
+    Py_CLEAR(h->kind);
+    Py_CLEAR(h->dict);
+    return 0;
+}
+
+static void rh_dealloc(RawHook *h) {
+    PyObject_GC_UnTrack(h);
+    rh_clear(h);
+    Py_TYPE(h)->tp_free((PyObject *)h);
+}
+
+static PyGetSetDef rh_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject RawHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.RawHook",
+    .tp_basicsize = sizeof(RawHook),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_doc = "RawHook(fn, payload, expander, owner, failed, kind): a traced method (see the source)",
+    .tp_new = rh_new,
+    .tp_dealloc = (destructor)rh_dealloc,
+    .tp_traverse = (traverseproc)rh_traverse,
+    .tp_clear = (inquiry)rh_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(RawHook, vectorcall),
+    .tp_descr_get = rh_get,
+    .tp_dictoffset = offsetof(RawHook, dict),
+    .tp_getset = rh_getset,
+};
+
 static int hex_value(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     c |= 0x20;
@@ -598,8 +838,6 @@ static PyObject *traceparent(PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 
 static PyMethodDef methods[] = {
-    {"scan", scan, METH_VARARGS,
-     "scan(cls, id_member, count_member, rare_members, items, previous_ids) -> (ids, counts, rare)"},
     {"find_traceparent", find_traceparent, METH_O,
      "find_traceparent(headers) -> None | (index, parent) | (index,): the caller's traceparent (see the source)"},
     {"traceparent", (PyCFunction)(void (*)(void))traceparent, METH_FASTCALL,
@@ -617,11 +855,15 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     s_start = PyUnicode_InternFromString("http.response.start");
     s_chunk = PyUnicode_InternFromString("http.response.body");
     s_write = PyUnicode_InternFromString("write");
-    if (!s_type || !s_body || !s_status || !s_start || !s_chunk || !s_write) return NULL;
-    if (PyType_Ready(&TimedSendType) < 0 || PyType_Ready(&TimedTransportType) < 0) return NULL;
+    s_rec = PyUnicode_InternFromString("_rec");
+    if (!s_type || !s_body || !s_status || !s_start || !s_chunk || !s_write || !s_rec) return NULL;
+    if (PyType_Ready(&ScannerType) < 0 || PyType_Ready(&RawHookType) < 0 || PyType_Ready(&TimedSendType) < 0 || PyType_Ready(&TimedTransportType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObjectRef(m, "TimedSend", (PyObject *)&TimedSendType) < 0 ||
+    if (PyModule_AddObjectRef(m, "Scanner", (PyObject *)&ScannerType) < 0 ||
+        PyModule_AddObjectRef(m, "RawHook", (PyObject *)&RawHookType) < 0 ||
+        PyModule_AddObjectRef(m, "TimedSend", (PyObject *)&TimedSendType) < 0 ||
         PyModule_AddObjectRef(m, "TimedTransport", (PyObject *)&TimedTransportType) < 0) {
         Py_DECREF(m);
         return NULL;

@@ -59,6 +59,7 @@ from typing import Any
 from otel_llm import environment
 from otel_llm.clock import monotonic_ns
 
+from .batch_scan import _hotpath, accelerated
 from .pipeline import TracingPipeline, default_pipeline
 from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, QUEUED, RAW, SCHEDULED, STEP, TOKEN_OUT
 
@@ -474,15 +475,47 @@ class EngineHooks:
     def raw(self, payload: Extractor, expander: Callable):
         """Keep a reference to ``payload(result, *args, **kwargs)`` and call
         ``expander(tracker, mono_ns, payload)`` later, on the span-building thread: O(1) on the
-        engine's thread for whatever the payload holds."""
+        engine's thread for whatever the payload holds. An expander marked with
+        :func:`plain_payload` gets the payload made plain, and runs in the span process."""
 
         def deco(fn):
             def after(res, a, k, _):
                 self._rec((RAW, monotonic_ns(), expander, payload(res, *a, **k)))
 
-            return self._wrap(fn, after)
+            if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+                return self._wrap(fn, after)
+            hook_failed = self._hook_failed
+            if accelerated():  # the wrapper below, in C (engine_hooks._hotpath.RawHook)
+                return mark_hooked(functools.wraps(fn)(_hotpath.RawHook(fn, payload, expander, self, hook_failed, RAW)))
+
+            def wrapper(*args, **kwargs):  # _wrap's, with its hook written in: this runs at every engine step
+                result = fn(*args, **kwargs)
+                try:
+                    self._rec((RAW, monotonic_ns(), expander, payload(result, *args, **kwargs)))
+                except Exception as exc:
+                    hook_failed(exc)
+                return result
+
+            return mark_hooked(functools.wraps(fn)(wrapper))
 
         return deco
+
+
+def plain_payload(to_plain: Callable[[Any], Any]) -> Callable[[Callable], Callable]:
+    """Declare an expander's (:meth:`EngineHooks.raw`) payload convertible to plain data:
+    ``to_plain(payload)`` gives it holding no engine object (only what pickles: numbers, strings,
+    bytes, tuples, lists), the engine's objects read where they are. The expander is then given
+    that plain payload, and with a span process it runs there: the engine's process only converts
+    and sends (a steady decode step's payload can be sent as it is: ``to_plain`` returns it). The
+    span process imports the expander by its module and name: a module-level function of an
+    importable module (not ``__main__``; anything else runs in the engine's process, as without
+    this)."""
+
+    def deco(expander: Callable) -> Callable:
+        expander.to_plain = to_plain
+        return expander
+
+    return deco
 
 
 _HOOKED = "__otel_llm_hooked__"

@@ -19,7 +19,6 @@ The answer, ``(ids, counts, rare)``:
 
 from __future__ import annotations
 
-import functools
 import operator
 import os
 from collections.abc import Sequence
@@ -52,9 +51,10 @@ class BatchScanner:
         members = [cls.__dict__.get(f) for f in (id_field, count_field, *rare_fields)]
         c_ok = accelerated() and all(type(m).__name__ == "member_descriptor" for m in members)
         self._c = (cls, members[0], members[1], tuple(members[2:])) if c_ok else None
-        #: ``c_scan(items, previous)``: the C pass with this scanner's class and members bound (no
-        #: Python frame), or None; TypeError / AttributeError for items it was not made for
-        self.c_scan = functools.partial(_hotpath.scan, *self._c) if c_ok else None
+        #: ``c_scan(items, previous)``: the C pass with this scanner's class and members bound
+        #: (``_hotpath.Scanner``: no Python frame), or None; TypeError / AttributeError for items it
+        #: was not made for
+        self.c_scan = _hotpath.Scanner(*self._c) if c_ok else None
 
     def __call__(self, items: list, previous: list | None = None) -> tuple[list, list[int] | None, list | None]:
         if self.c_scan is not None:

@@ -12,6 +12,9 @@ from collections import deque
 
 # event kinds (first element of each tuple); payloads documented in engine_hooks.tracker
 ARRIVAL, SCHEDULED, PREEMPTED, GENERATED, TOKEN_OUT, FINISH, STEP, RAW, QUEUED = range(9)
+#: not recorded by a hook: a RAW event whose payload its expander's ``to_plain`` made plain data,
+#: as the engine's process sends it to the span process (which runs the expander)
+PLAIN_RAW = 9
 
 DEFAULT_CAPACITY = 1 << 18
 

@@ -8,9 +8,11 @@ default for the exporter the environment configures (``OTEL_LLM_SPAN_PROCESS=0``
 the pipeline's thread instead); it takes over 90% of what tracing costs off the engine's process.
 
 Each round, the pipeline's thread drains the recorder and hands the span process the events as
-they are, and for each event the engine left by reference (``EngineHooks.raw``), the calls its
-expander makes on the tracker (:class:`CallRecorder`: the expander runs here, where the engine's
-objects are, and tells a stand-in what it would tell the tracker). The span process feeds them to
+they are, and for each event the engine left by reference (``EngineHooks.raw``) either its
+payload made plain data here by its expander's ``to_plain`` (:func:`engine_hooks.api.plain_payload`;
+the span process runs the expander) or else the calls its expander makes on the tracker
+(:class:`CallRecorder`: the expander runs here, where the engine's objects are, and tells a
+stand-in what it would tell the tracker). The span process feeds them to
 a pipeline of its own (the same tracker, span factory and exporter) with this process's
 wall-clock anchor, and builds what finished.
 
@@ -48,10 +50,11 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from otel_llm import environment
 
-from .recorder import RAW, STEP
+from .recorder import PLAIN_RAW, RAW, STEP
 
 log = logging.getLogger("engine_hooks")
 
@@ -83,17 +86,26 @@ class CallRecorder:
         self.http_done: list[tuple] = []  # HTTP records as the middleware hands them on (tuples)
         self._gpu: list[tuple] = []  # step events whose GPU time is not read back yet
         self.failed_expansions = 0
+        self._to_plain: dict = {}  # expander -> its to_plain where the span process can run it, else None
 
     def translate(self, events: list[tuple], gpu_elapsed=None, force: bool = False) -> list:
         """This round's events for the span process: each plain event as it is, each raw one as
-        the calls its expander made; a step timed on the GPU once its time is read back (here:
-        CUDA events belong to this process), as an int where its handle was."""
+        its plain payload (its expander's ``to_plain``, :func:`engine_hooks.api.plain_payload`:
+        the span process expands it) or else as the calls its expander made here; a step timed on
+        the GPU once its time is read back (here: CUDA events belong to this process), as an int
+        where its handle was."""
         items = self.items = []
         for ev in events:
             kind = ev[0]
             if kind == RAW:
                 try:
-                    ev[2](self, ev[1], ev[3])
+                    to_plain = self._to_plain.get(ev[2], _UNSEEN)
+                    if to_plain is _UNSEEN:
+                        to_plain = self._to_plain[ev[2]] = _sendable_to_plain(ev[2])
+                    if to_plain is not None:  # plain data: the span process runs the expander
+                        items.append((PLAIN_RAW, ev[1], ev[2], to_plain(ev[3])))
+                    else:
+                        self._expand_here(ev)
                 except Exception as exc:  # one engine object its expander could not read: the rest go on
                     self.failed_expansions += 1
                     if self.failed_expansions == 1:
@@ -118,6 +130,12 @@ class CallRecorder:
             self._gpu = waiting
         self.items = []
         return items
+
+    def _expand_here(self, ev: tuple) -> None:
+        """A RAW event's expander run here, on this stand-in (given its plain payload if it has a
+        ``to_plain`` the span process cannot run)."""
+        to_plain = getattr(ev[2], "to_plain", None)
+        ev[2](self, ev[1], ev[3] if to_plain is None else to_plain(ev[3]))
 
     def take_http(self) -> list:
         h, self.http_done = self.http_done, []
@@ -150,6 +168,25 @@ class CallRecorder:
 
     def finish(self, *args) -> None:
         self.items.append(("finish",) + args)
+
+
+_UNSEEN = object()
+
+
+def _sendable_to_plain(expander: Callable):
+    """``expander.to_plain`` where the span process can run ``expander`` (pickle sends a function
+    as its module and name: it must be a module-level function of a module other than
+    ``__main__``, which the span process, started with this interpreter and environment, imports),
+    else None: its calls are then made here."""
+    to_plain = getattr(expander, "to_plain", None)
+    if to_plain is None or getattr(expander, "__module__", "__main__") == "__main__":
+        return None
+    try:
+        pickle.dumps(expander, 5)
+    except Exception:  # a lambda, a closure: not importable by name
+        log.warning("engine_hooks: expander %r cannot be sent to the span process; it runs here", expander)
+        return None
+    return to_plain
 
 
 #: a GPU step time that could not be read back (given up on): no time, and not a handle

@@ -14,7 +14,11 @@ FINISH      ``(FINISH, mono, request_id, status, reason|None)``: status ``ok|err
 STEP        ``(STEP, mono_start, mono_end, index, batch, prefill_tokens, decode_tokens, preempted,
             kv_usage|None, gpu_handle|None)``
 RAW         ``(RAW, mono, expander, payload)``: ``expander(tracker, mono, payload)`` unpacks an engine's
-            own objects later, so that the hot path only keeps a reference
+            own objects later, so that the hot path only keeps a reference. An expander with a
+            ``to_plain`` (:func:`engine_hooks.api.plain_payload`) is given
+            ``expander.to_plain(payload)``: plain data, made where the engine's objects are
+PLAIN_RAW   ``(PLAIN_RAW, mono, expander, plain payload)``: the same, made plain already (by the
+            engine's process, for its span process)
 =========== =============================================================================
 
 An engine without a separate GENERATED hook gets its token-out times used as generation times.
@@ -33,6 +37,7 @@ The step arrays are trimmed to what requests still in flight refer to.
 
 from __future__ import annotations
 
+import logging
 from array import array
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -44,7 +49,9 @@ import numpy as np
 
 from otel_llm.clock import WallAnchor
 
-from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, QUEUED, RAW, SCHEDULED, STEP, TOKEN_OUT
+from .recorder import ARRIVAL, FINISH, GENERATED, PLAIN_RAW, PREEMPTED, QUEUED, RAW, SCHEDULED, STEP, TOKEN_OUT
+
+log = logging.getLogger("engine_hooks")
 
 
 @dataclass(slots=True)
@@ -228,6 +235,7 @@ class RequestTracker:
         self.pending_gpu: list[tuple[StepRecord, object]] = []
         self.evicted = 0
         self.unknown_events = 0
+        self.failed_expansions = 0  # RAW events whose expander raised (each lost alone)
         self.http_done: list[tuple] = []  # HttpRecord.to_wire()'s tuples, as the middleware hands them on
         # batch steps (emitted): the wall ns each step's tokens were generated and handed out,
         # the first kept being step number ``_step_base``; and each live request's packed append
@@ -615,8 +623,8 @@ class RequestTracker:
         wall = self.anchor.wall_ns
         for ev in events:
             kind = ev[0]
-            if kind == RAW:
-                ev[2](self, ev[1], ev[3])
+            if kind in (RAW, PLAIN_RAW):
+                self._expand(ev, kind == RAW)
             elif kind == TOKEN_OUT:
                 self.token_out(ev[2], wall(ev[1]), ev[3])
             elif kind == GENERATED:
@@ -633,6 +641,20 @@ class RequestTracker:
                 self.finish(ev[2], wall(ev[1]), ev[3], ev[4])
             elif kind == QUEUED:
                 self.queued(ev[2], wall(ev[1]))
+
+    def _expand(self, ev: tuple, raw: bool) -> None:
+        """One RAW or PLAIN_RAW event's expander on this tracker; one that fails costs its own
+        event only (counted in ``failed_expansions``, said once)."""
+        expander, payload = ev[2], ev[3]
+        try:
+            if raw and (to_plain := getattr(expander, "to_plain", None)) is not None:
+                payload = to_plain(payload)
+            expander(self, ev[1], payload)
+        except Exception as exc:  # one engine object its expander could not read: the rest go on
+            self.failed_expansions += 1
+            if self.failed_expansions == 1:
+                why = f"{type(exc).__name__}: {exc}"
+                log.warning("engine_hooks: unpacking an engine's event failed (%s); the others go on", why)
 
     def take_preemptions(self) -> list[PreemptionRecord]:
         p, self.preemptions = self.preemptions, []

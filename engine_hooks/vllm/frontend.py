@@ -24,7 +24,7 @@ from typing import Any
 
 from otel_llm import semconv as sc
 
-from ..api import EngineHooks, hooked, mark_hooked
+from ..api import EngineHooks, hooked, mark_hooked, plain_payload
 from ..batch_scan import BatchScanner
 from ..tracker import RequestTracker
 
@@ -37,6 +37,13 @@ incoming_trace_headers: contextvars.ContextVar[Mapping[str, str] | None] = conte
 _STATUS = {0: "ok", 1: "ok", 2: "cancelled", 3: "error", 4: "ok"}  # FinishReason -> status
 _REASON = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "repetition"}
 _QUEUED, _SCHEDULED, _PREEMPTED = 1, 2, 3  # EngineCoreEventType
+#: the engine core's account of a prompt (its PrefillStats, in plain_outputs' order)
+_PREFILL_ATTRS = (
+    sc.CACHE_READ_INPUT_TOKENS,
+    sc.PREFILL_COMPUTED_TOKENS,
+    sc.PREFILL_LOCAL_CACHED_TOKENS,
+    sc.PREFILL_EXTERNAL_CACHED_TOKENS,
+)
 
 
 #: what most outputs of a step do not have (a FinishReason may be 0: set means not None)
@@ -50,12 +57,44 @@ def output_scanner():
     return BatchScanner(EngineCoreOutput, "request_id", "new_token_ids", RARE_FIELDS)
 
 
+def plain_outputs(payload: tuple) -> tuple:
+    """A ``process_outputs`` payload as plain data (in the engine's process, where its objects
+    are): each rare output as ``(request id, the engine core's events as (type, monotonic s) or
+    None, its prefill account (cached, computed, local cached, external cached tokens) or None,
+    its finish reason as an int or None)``; a step without rare outputs is plain already."""
+    rare = payload[3]
+    if rare is None:
+        return payload
+    out = []
+    for o in rare:
+        evs = o.events
+        ps = o.prefill_stats
+        fr = o.finish_reason
+        out.append(
+            (
+                o.request_id,
+                [(int(e.type), e.timestamp) for e in evs] if evs else None,
+                None
+                if ps is None
+                else (
+                    ps.num_cached_tokens,
+                    ps.num_computed_tokens,
+                    ps.num_local_cached_tokens,
+                    ps.num_external_cached_tokens,
+                ),
+                None if fr is None else int(fr),
+            )
+        )
+    return payload[0], payload[1], payload[2], out
+
+
+@plain_payload(plain_outputs)
 def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple) -> None:
-    """Unpack one ``process_outputs`` call (runs on the span-building thread): ``payload`` is
-    ``(engine core timestamp, request ids, token counts or None for one each, rare outputs or
-    None)``, read on the engine's thread by :class:`BatchScanner` (vLLM extends an output's
-    ``new_token_ids`` list in place when it merges streamed deltas for a slow consumer, so its
-    length later is not the step's count).
+    """Unpack one ``process_outputs`` call (in the span process), made plain by
+    :func:`plain_outputs`: ``payload`` is ``(engine core timestamp, request ids, token counts or
+    None for one each, rare outputs or None)``, read on the engine's thread by
+    :class:`BatchScanner` (vLLM extends an output's ``new_token_ids`` list in place when it merges
+    streamed deltas for a slow consumer, so its length later is not the step's count).
 
     In the order the engine meant them: the engine core's events (queued, scheduled, preempted)
     and its account of the prompt, then the step's tokens (:meth:`RequestTracker.emitted`, the
@@ -64,32 +103,21 @@ def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple) -> Non
     anchor = tracker.anchor
     out_ns = anchor.wall_ns(mono_ns)
     gen_ns = anchor.wall_ns_from_mono_s(core_ts) if core_ts else out_ns
-    for o in rare or ():
-        rid = o.request_id
-        for ev in o.events or ():
-            t = anchor.wall_ns_from_mono_s(ev.timestamp)
-            if ev.type == _SCHEDULED:
+    for rid, events, prefill, _ in rare or ():
+        for kind, ts in events or ():
+            t = anchor.wall_ns_from_mono_s(ts)
+            if kind == _SCHEDULED:
                 tracker.scheduled(rid, t)
-            elif ev.type == _QUEUED:
+            elif kind == _QUEUED:
                 tracker.queued(rid, t)
-            elif ev.type == _PREEMPTED:
+            elif kind == _PREEMPTED:
                 tracker.preempted(rid, t, "recompute")  # vLLM v1 preempts by recomputation only
-        ps = o.prefill_stats
-        if ps is not None:  # the engine core's account of the prompt: computed, or from a cache
-            tracker.annotate(
-                rid,
-                {
-                    sc.CACHE_READ_INPUT_TOKENS: ps.num_cached_tokens,
-                    sc.PREFILL_COMPUTED_TOKENS: ps.num_computed_tokens,
-                    sc.PREFILL_LOCAL_CACHED_TOKENS: ps.num_local_cached_tokens,
-                    sc.PREFILL_EXTERNAL_CACHED_TOKENS: ps.num_external_cached_tokens,
-                },
-            )
+        if prefill is not None:  # the engine core's account of the prompt: computed, or from a cache
+            tracker.annotate(rid, dict(zip(_PREFILL_ATTRS, prefill)))
     tracker.emitted(ids, counts, gen_ns, out_ns)
-    for o in rare or ():
-        if o.finish_reason is not None:
-            fr = int(o.finish_reason)
-            tracker.finish(o.request_id, out_ns, _STATUS.get(fr, "error"), _REASON.get(fr, str(fr)))
+    for rid, _, _, fr in rare or ():
+        if fr is not None:
+            tracker.finish(rid, out_ns, _STATUS.get(fr, "error"), _REASON.get(fr, str(fr)))
 
 
 def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) -> bool:

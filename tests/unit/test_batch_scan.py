@@ -80,7 +80,7 @@ def test_the_c_pass_is_used_on_vllms_outputs_and_reads_the_slots():
     scan = output_scanner()
     assert scan._c is not None  # vLLM's outputs are msgspec structs: member descriptors, read in C
     items = _make([(1, 1, None), (2, 3, "finish_stop"), (3, 1, None)])
-    ids, counts, rare = batch_scan._hotpath.scan(*scan._c, items, None)
+    ids, counts, rare = batch_scan._hotpath.Scanner(*scan._c)(items, None)
     assert scan.c_scan(items, None) == (ids, counts, rare)
     assert ids == ["req-1", "req-2", "req-3"] and counts == [1, 3, 1] and rare == [items[1]]
 
@@ -111,13 +111,21 @@ def test_the_c_pass_refuses_what_would_read_the_wrong_memory():
 
     # a descriptor of another class, a property, too many rare members: refused, nothing read
     with pytest.raises(TypeError):
-        c.scan(EngineCoreOutput, Plain.__dict__["a"], members[1], tuple(members[2:]), items, None)
+        c.Scanner(EngineCoreOutput, Plain.__dict__["a"], members[1], tuple(members[2:]))
     with pytest.raises(TypeError):
-        c.scan(EngineCoreOutput, property(lambda s: 1), members[1], tuple(members[2:]), items, None)
+        c.Scanner(EngineCoreOutput, property(lambda s: 1), members[1], tuple(members[2:]))
+    with pytest.raises(TypeError):
+        c.Scanner(EngineCoreOutput, members[0], members[1], (members[2], Plain.__dict__["a"]))
     with pytest.raises(ValueError):
-        c.scan(EngineCoreOutput, members[0], members[1], tuple(members[2:]) * 3, items, None)
+        c.Scanner(EngineCoreOutput, members[0], members[1], tuple(members[2:]) * 3)
+    scanner = c.Scanner(EngineCoreOutput, members[0], members[1], tuple(members[2:]))
     with pytest.raises(TypeError):
-        c.scan(EngineCoreOutput, members[0], members[1], tuple(members[2:]), (1, 2), None)
+        scanner((1, 2), None)  # not a list
+    with pytest.raises(TypeError):
+        scanner([Plain()], None)  # not of the class it was made for
+    with pytest.raises(TypeError):
+        scanner(items)  # two arguments
+    assert scanner(items, None)[0] == ["req-1"]
 
 
 def test_pure_python_is_honoured(monkeypatch):

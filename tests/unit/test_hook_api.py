@@ -195,3 +195,78 @@ def test_the_gpu_timer_records_nothing_where_no_step_span_is_sent(detail):
         assert Counting.started == expected
         gpu = [s.attributes.get(sc.STEP_GPU_TIME_NS) for s in mem.get_finished_spans() if s.name == sc.SPAN_STEP]
         assert gpu == ([5, 5, 5] if level == "steps" else [])
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["c", "python"])
+def test_a_raw_hook_passes_every_argument_and_result_through(monkeypatch, pure):
+    """EngineHooks.raw on a plain method (in C where the accelerator is built,
+    engine_hooks._hotpath.RawHook): the method gets its caller's arguments as they were given
+    (positional, keyword, many), bound to the instance it is read from; the payload gets the result
+    and the same arguments; the event is (RAW, monotonic ns, expander, payload); what the method
+    raises goes on untouched with nothing recorded; what the payload raises is counted and the
+    caller gets the result all the same (strict: raised); a KeyboardInterrupt is never swallowed."""
+    import time
+
+    from engine_hooks import batch_scan
+    from engine_hooks.api import hooked
+    from engine_hooks.recorder import RAW
+
+    if pure:
+        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    elif not batch_scan.accelerated():
+        pytest.skip("the C accelerator is not built here")
+    pipeline = TracingPipeline(None)
+    hooks = EngineHooks(pipeline)
+    expander = lambda tracker, mono, payload: None
+    calls = []
+
+    def payload(res, *a, **k):
+        if k.get("boom"):
+            raise KeyError("boom")
+        if k.get("stop"):
+            raise KeyboardInterrupt
+        calls.append((res, a, k))
+        return ("p", res)
+
+    class Engine:
+        def step(self, *args, **kwargs):
+            """the engine's own docstring"""
+            if kwargs.get("fail"):
+                raise ValueError("the engine's own")
+            return ("out", args, kwargs)
+
+    Engine.step = hooks.raw(payload=payload, expander=expander)(Engine.step)
+    assert (type(Engine.__dict__["step"]).__name__ == "RawHook") is not pure
+    assert (
+        hooked(Engine.step) and Engine.step.__name__ == "step" and Engine.step.__doc__ == "the engine's own docstring"
+    )
+    e = Engine()
+    many = tuple(range(20))  # more than the C path passes on the stack
+    t0 = time.monotonic_ns()
+    assert e.step(1, 2, x=3) == ("out", (1, 2), {"x": 3})
+    assert e.step(*many, **{f"k{i}": i for i in range(5)}) == ("out", many, {f"k{i}": i for i in range(5)})
+    assert Engine.step(e, 9) == ("out", (9,), {})  # read from the class: unbound, as a function is
+    assert [c[1][0] for c in calls] == [e, e, e] and calls[0] == (("out", (1, 2), {"x": 3}), (e, 1, 2), {"x": 3})
+    assert calls[1][1][1:] == many and calls[1][2] == {f"k{i}": i for i in range(5)}
+    events = pipeline.recorder.drain()
+    assert [ev[0] for ev in events] == [RAW] * 3 and all(ev[2] is expander for ev in events)
+    assert [ev[3] for ev in events] == [("p", c[0]) for c in calls]
+    assert t0 <= events[0][1] <= events[1][1] <= events[2][1] <= time.monotonic_ns()
+    with pytest.raises(ValueError, match="the engine's own"):
+        e.step(fail=True)
+    assert pipeline.recorder.drain() == [] and len(calls) == 3
+    assert e.step(boom=True) == ("out", (), {"boom": True})  # the hook failed, the engine did not
+    assert pipeline.counters.hook_errors == 1 and pipeline.recorder.drain() == []
+    with pytest.raises(KeyboardInterrupt):
+        e.step(stop=True)
+    strict = EngineHooks(TracingPipeline(None), strict=True)
+    Engine.strict = strict.raw(payload=payload, expander=expander)(Engine.step.__wrapped__)
+    with pytest.raises(KeyError, match="boom"):
+        e.strict(boom=True)
+    # the hooks' pipeline is looked up at each call: one given later is the one recorded to
+    late = EngineHooks()
+    Engine.late = late.raw(payload=payload, expander=expander)(Engine.step.__wrapped__)
+    other = TracingPipeline(None)
+    late.use(other)
+    e.late(5)
+    assert [ev[3] for ev in other.recorder.drain()] == [("p", ("out", (5,), {}))]

@@ -286,3 +286,118 @@ def test_an_expander_that_fails_costs_its_own_event_only(tmp_path, monkeypatch):
     assert _requests(tmp_path / "t.jsonl") == ["r0", "r1", "r10", "r11"]
     assert p._calls.failed_expansions == 1
     p.shutdown()
+
+
+def _vllm_steps(hooks: EngineHooks, n: int) -> None:
+    """``n`` requests through vLLM's front-end hooks on a stand-in OutputProcessor, fed vLLM's own
+    ``EngineCoreOutput`` objects: the engine core's QUEUED, SCHEDULED and PREEMPTED events, its
+    prefill account, several tokens in one output, and each way to finish."""
+    from vllm.v1.engine import EngineCoreEvent, EngineCoreOutput, FinishReason
+    from vllm.v1.engine import EngineCoreEventType as T
+    from vllm.v1.metrics.stats import PrefillStats
+
+    from engine_hooks.vllm.frontend import instrument_output_processor
+
+    class Request:
+        def __init__(self, rid: str):
+            self.request_id, self.external_req_id = rid + "-x1", rid
+            self.arrival_time, self.prompt_token_ids, self.trace_headers = time.time(), [1] * 8, None
+
+    class OutputProcessor:
+        def add_request(self, request, prompt=None, parent_req=None, request_index=0, queue=None):
+            return None
+
+        def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
+            return None
+
+        def abort_requests(self, request_ids, internal=False):
+            return []
+
+    op = OutputProcessor()
+    instrument_output_processor(op, hooks, "tiny")
+    ids = [f"cmpl-{i}-x1" for i in range(n)]
+    for i in range(n):
+        op.add_request(Request(f"cmpl-{i}"))
+    t = time.monotonic()
+    ev = lambda kind, dt: EngineCoreEvent(kind, t + dt)
+    first = [
+        EngineCoreOutput(
+            rid,
+            [5, 6] if i % 2 else [5],
+            events=[ev(T.QUEUED, 0.001), ev(T.SCHEDULED, 0.002)],
+            prefill_stats=PrefillStats(num_prompt_tokens=8, num_computed_tokens=8 - i % 3, num_cached_tokens=i % 3),
+        )
+        for i, rid in enumerate(ids)
+    ]
+    op.process_outputs(first, t + 0.003)
+    for k in range(4):
+        op.process_outputs([EngineCoreOutput(rid, [7]) for rid in ids], t + 0.004 + k * 0.001)
+    op.process_outputs([EngineCoreOutput(ids[0], [], events=[ev(T.PREEMPTED, 0.009)])], t + 0.0095)
+    op.process_outputs([EngineCoreOutput(ids[0], [8], events=[ev(T.SCHEDULED, 0.010)])], t + 0.011)
+    reasons = [FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, FinishReason.ERROR]
+    op.process_outputs(
+        [EngineCoreOutput(rid, [9], finish_reason=reasons[i % 4]) for i, rid in enumerate(ids)], t + 0.012
+    )
+
+
+def test_vllm_outputs_are_unpacked_in_the_span_process_as_on_the_thread(tmp_path, monkeypatch):
+    """vLLM's step payloads go to the span process as plain data (engine_hooks.api.plain_payload)
+    and are unpacked there into the same spans the pipeline's thread builds from the engine's
+    objects."""
+    from engine_hooks.recorder import PLAIN_RAW
+    from engine_hooks.vllm.frontend import expand_outputs, plain_outputs
+
+    here, there = tmp_path / "here.jsonl", tmp_path / "there.jsonl"
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(there))
+    inproc = TracingPipeline(FileSpanExporter(str(here)), engine="vllm", detail="steps")
+    child = TracingPipeline(None, engine="vllm", detail="steps", span_process=True)
+    try:
+        _vllm_steps(EngineHooks(inproc, strict=True), 8)
+        events = list(inproc.recorder._buf)
+        for e in events:
+            child.recorder.record(e)
+        sent = child._calls.translate(list(events))
+        assert sum(it[0] == PLAIN_RAW for it in sent) == 8  # every step, as plain data
+        assert child._calls._to_plain == {expand_outputs: plain_outputs}
+        for p in (inproc, child):
+            p.flush()
+        a, b = read_trace_file(here), read_trace_file(there)
+        requests = [s for s in b if s.name == sc.SPAN_REQUEST]
+        assert len(requests) == 8 and _comparable(b) == _comparable(a)
+        by_id = {s.attributes[sc.REQUEST_ID]: s.attributes for s in requests}
+        assert by_id["cmpl-1"][sc.CACHE_READ_INPUT_TOKENS] == 1 and by_id["cmpl-1"][sc.PREFILL_COMPUTED_TOKENS] == 7
+        assert by_id["cmpl-0"][sc.REQUEST_INTERNAL_ID] == "cmpl-0-x1"
+        assert [by_id[f"cmpl-{i}"][sc.FINISH_REASONS] for i in range(4)] == [["stop"], ["length"], ["abort"], ["error"]]
+        assert any(s.name == sc.SPAN_PREEMPTION for s in b)
+    finally:
+        inproc.shutdown()
+        child.shutdown()
+
+
+def test_a_plain_payload_that_fails_costs_its_own_event_only(tmp_path, monkeypatch):
+    """An expander the span process cannot import (a closure) runs in the engine's process; a
+    ``to_plain`` that fails, and an expander that fails in the span process, each lose their own
+    event, never the batch around it."""
+    from engine_hooks.api import plain_payload
+    from engine_hooks.recorder import RAW
+    from engine_hooks.vllm.frontend import expand_outputs
+
+    seen = []
+
+    @plain_payload(lambda payload: payload * 2)
+    def local(tracker, mono, payload):  # a closure: pickle cannot send it by name
+        seen.append(payload)
+
+    monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "t.jsonl"))
+    p = TracingPipeline(None, engine="toy", span_process=True)
+    hooks = EngineHooks(p)
+    feed(hooks, 2)
+    p.recorder.record((RAW, 0, local, 21))
+    p.recorder.record((RAW, 0, expand_outputs, (None, [], None, [object()])))  # to_plain fails here
+    p.recorder.record((RAW, 0, expand_outputs, (None, 12345, None, None)))  # plain: fails over there
+    feed(hooks, 2, start=10)
+    p.flush()
+    assert seen == [42]  # made plain, and expanded here
+    assert p._calls.failed_expansions == 1
+    assert _requests(tmp_path / "t.jsonl") == ["r0", "r1", "r10", "r11"]
+    p.shutdown()
