@@ -345,7 +345,10 @@ def test_real_vllm_two_choices_at_both_boundaries(vllm_server, tiny_model):
     by = {(r.boundary, r.choice): r for r in clients + engines}
     for k in (0, 1):
         cl, en = by[("client", k)], by[("engine", k)]
-        assert cl.output_tokens == en.output_tokens == 10  # the engine row no longer holds half the client's
+        assert en.output_tokens == 10  # the engine row no longer holds half the client's
+        # the client counts what it read, a chunk a token (no usage per choice): vLLM merges the
+        # deltas of a reader that fell behind (a loaded CI machine: 9 chunks for 10 tokens)
+        assert cl.estimated_tokens and cl.output_tokens == len(cl.event_offsets_ns) <= 10
         assert cl.peer_request_id == en.request_id and en.request_id.endswith(f"#{k}")
 
 
