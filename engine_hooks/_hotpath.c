@@ -24,9 +24,10 @@
  *
  * It keeps no reference to them and has no state: the engine's objects are only read.
  *
- * RawHook(fn, payload, expander, owner, failed, kind): EngineHooks.raw's traced method (vLLM's
- * process_outputs, once a step): the engine's method called with its caller's arguments as they
- * came, then the payload made and the event recorded, with no Python frame of ours in between.
+ * MethodHook: the traced method of EngineHooks.raw (vLLM's process_outputs, once a step) and of
+ * EngineHooks.arrival_fields (add_request): the engine's method called with its caller's
+ * arguments as they came, then the adapter's extractor, and the event recorded, with no Python
+ * frame of ours in between.
  *
  * TimedSend(send): one HTTP response's times, for the HTTP server span's middleware: the time of
  * each body chunk with a body kept in a C array (no int object per chunk), the response's start
@@ -582,97 +583,151 @@ static PyTypeObject TimedTransportType = {
 };
 
 /* The value of one hex digit, or -1. */
-/* RawHook(fn, payload, expander, owner, failed, kind): a traced method that keeps a reference to
- * what its engine handed out (engine_hooks.api.EngineHooks.raw), as _wrap's Python wrapper does,
- * in C: ``fn(*args, **kwargs)`` called with the caller's own arguments (vectorcall: no tuple or
- * dict built), then ``owner._rec((kind, monotonic ns, expander, payload(result, *args, **kwargs)))``
- * (looked up at each call: the owner's pipeline is made on first use, and may be changed);
- * an exception (an Exception) of payload or record goes to ``failed(exc)`` and the result is
- * returned all the same (unless ``failed`` raises: strict mode). One of fn's own goes on as it is.
+/* MethodHook(fn, extract, expander, owner, hook_failed, method_failed, kind, arrival): a traced
+ * method, as engine_hooks.api's Python wrappers for EngineHooks.raw and EngineHooks.arrival_fields
+ * are, in C: ``fn(*args, **kwargs)`` called with the caller's own arguments (vectorcall: no tuple or
+ * dict built), then ``extract(result, *args, **kwargs)`` likewise, and one event recorded by
+ * ``owner._rec(event)`` (looked up at each call: the owner's pipeline is made on first use, and may
+ * be changed):
+ *   raw (arrival false): ``(kind, monotonic ns, expander, extract's payload)``;
+ *   arrival: extract gives ``(request id, start wall ns or None, input tokens, trace headers,
+ *     attributes)``; nothing when the id is None, else ``(kind, monotonic ns, id, start, ...)``, the
+ *     start placed on the monotonic clock as an age (``now - max(0, wall now - start)``).
+ * An exception (an Exception) of extract or record goes to ``hook_failed(exc)`` and the caller
+ * gets its result all the same (unless hook_failed raises: strict mode). One of fn's own goes to
+ * ``method_failed(exc, args, kwargs)`` where that is not None, then on to the caller as it was.
  * A descriptor like a function (bound to the instance it is read from) with a __dict__ (what
  * functools.wraps and mark_hooked set). */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
-    PyObject *fn, *payload, *expander, *owner, *failed, *kind, *dict;
-} RawHook;
+    PyObject *fn, *extract, *expander, *owner, *hook_failed, *method_failed, *kind, *dict;
+    int arrival;
+} MethodHook;
 
 static PyObject *s_rec;
 
-#define RAW_MAX_ARGS 16
+#define HOOK_STACK_ARGS 16
 
-static PyObject *rh_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
-    RawHook *h = (RawHook *)self;
-    PyObject *res = PyObject_Vectorcall(h->fn, args, nargsf, kwnames);
-    if (res == NULL) return NULL;
-    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf), nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    PyObject *p = NULL, *ev = NULL, *ok = NULL;
-    if (nargs + nkw + 1 <= RAW_MAX_ARGS) {
-        PyObject *stack[RAW_MAX_ARGS];
+/* extract(result, *args, **kwargs) for the caller's vectorcall arguments. */
+static PyObject *call_extract(PyObject *extract, PyObject *res, PyObject *const *args, Py_ssize_t nargs,
+                              PyObject *kwnames) {
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs + nkw + 1 <= HOOK_STACK_ARGS) {
+        PyObject *stack[HOOK_STACK_ARGS];
         stack[0] = res;
         memcpy(stack + 1, args, (size_t)(nargs + nkw) * sizeof(PyObject *));
-        p = PyObject_Vectorcall(h->payload, stack, (size_t)nargs + 1, kwnames);
-    } else {  /* many arguments: through a tuple */
-        PyObject *pos = PyTuple_New(nargs + 1), *kw = NULL;
-        if (pos != NULL) {
-            Py_INCREF(res);
-            PyTuple_SET_ITEM(pos, 0, res);
+        return PyObject_Vectorcall(extract, stack, (size_t)nargs + 1, kwnames);
+    }
+    PyObject **stack = PyMem_Malloc((size_t)(nargs + nkw + 1) * sizeof(PyObject *)); /* many arguments */
+    if (stack == NULL) return PyErr_NoMemory();
+    stack[0] = res;
+    memcpy(stack + 1, args, (size_t)(nargs + nkw) * sizeof(PyObject *));
+    PyObject *out = PyObject_Vectorcall(extract, stack, (size_t)nargs + 1, kwnames);
+    PyMem_Free(stack);
+    return out;
+}
+
+static PyObject *mh_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    MethodHook *h = (MethodHook *)self;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    PyObject *res = PyObject_Vectorcall(h->fn, args, nargsf, kwnames);
+    if (res == NULL) {
+        if (h->method_failed == Py_None) return NULL;
+        PyObject *type, *value, *tb;
+        PyErr_Fetch(&type, &value, &tb);
+        PyErr_NormalizeException(&type, &value, &tb);
+        if (tb != NULL) PyException_SetTraceback(value, tb);
+        PyObject *a = PyTuple_New(nargs), *k = PyDict_New(), *r = NULL;
+        if (a != NULL && k != NULL) {
             for (Py_ssize_t i = 0; i < nargs; i++) {
                 Py_INCREF(args[i]);
-                PyTuple_SET_ITEM(pos, i + 1, args[i]);
+                PyTuple_SET_ITEM(a, i, args[i]);
             }
-            if (nkw && (kw = PyDict_New()) != NULL) {
-                for (Py_ssize_t i = 0; i < nkw && kw != NULL; i++)
-                    if (PyDict_SetItem(kw, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) < 0) Py_CLEAR(kw);
-            }
-            if (!nkw || kw != NULL) p = PyObject_Call(h->payload, pos, kw);
-            Py_XDECREF(kw);
-            Py_DECREF(pos);
+            int ok = 1;
+            for (Py_ssize_t i = 0; ok && kwnames != NULL && i < PyTuple_GET_SIZE(kwnames); i++)
+                ok = PyDict_SetItem(k, PyTuple_GET_ITEM(kwnames, i), args[nargs + i]) == 0;
+            if (ok) r = PyObject_CallFunctionObjArgs(h->method_failed, value, a, k, NULL);
         }
+        Py_XDECREF(a);
+        Py_XDECREF(k);
+        if (r == NULL) { /* strict: the hook's failure goes on instead */
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            return NULL;
+        }
+        Py_DECREF(r);
+        PyErr_Restore(type, value, tb); /* the method's own exception, as it was */
+        return NULL;
     }
-    if (p != NULL) {
-        PyObject *t = PyLong_FromLongLong(monotonic());
-        if (t != NULL) {
-            ev = PyTuple_New(4);
-            if (ev == NULL) {
-                Py_DECREF(t);
+    PyObject *x = call_extract(h->extract, res, args, nargs, kwnames), *ev = NULL, *ok = NULL;
+    if (x != NULL) {
+        long long now = monotonic();
+        PyObject *t = PyLong_FromLongLong(now);
+        if (t != NULL && !h->arrival) {
+            ev = PyTuple_Pack(4, h->kind, t, h->expander, x);
+        } else if (t != NULL) {
+            if (!PyTuple_Check(x) || PyTuple_GET_SIZE(x) != 5) {
+                PyErr_SetString(PyExc_TypeError, "an arrival's fields: (request id, start, input tokens, headers, attrs)");
+            } else if (PyTuple_GET_ITEM(x, 0) == Py_None) {
+                ev = Py_None; /* refused without an id: nothing to trace */
+                Py_INCREF(ev);
             } else {
-                Py_INCREF(h->kind);
-                PyTuple_SET_ITEM(ev, 0, h->kind);
-                PyTuple_SET_ITEM(ev, 1, t);
-                Py_INCREF(h->expander);
-                PyTuple_SET_ITEM(ev, 2, h->expander);
-                PyTuple_SET_ITEM(ev, 3, p);
-                p = NULL;
-                PyObject *record = PyObject_GetAttr(h->owner, s_rec);
-                if (record != NULL) {
-                    ok = PyObject_CallOneArg(record, ev);
-                    Py_DECREF(record);
+                PyObject *start = PyTuple_GET_ITEM(x, 1), *placed = NULL;
+                if (start == Py_None) {
+                    placed = Py_None;
+                    Py_INCREF(placed);
+                } else {
+                    PyObject *as_int = PyNumber_Long(start); /* an int, a float, a numpy integer */
+                    long long s0 = as_int != NULL ? PyLong_AsLongLong(as_int) : -1;
+                    Py_XDECREF(as_int);
+                    if (!(s0 == -1 && PyErr_Occurred())) {
+                        struct timespec ts;
+                        clock_gettime(CLOCK_REALTIME, &ts);
+                        long long age = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec - s0;
+                        placed = PyLong_FromLongLong(now - (age > 0 ? age : 0));
+                    }
+                }
+                if (placed != NULL) {
+                    ev = PyTuple_Pack(7, h->kind, t, PyTuple_GET_ITEM(x, 0), placed, PyTuple_GET_ITEM(x, 2),
+                                      PyTuple_GET_ITEM(x, 3), PyTuple_GET_ITEM(x, 4));
+                    Py_DECREF(placed);
                 }
             }
         }
+        Py_XDECREF(t);
+        Py_DECREF(x);
     }
-    Py_XDECREF(p);
-    Py_XDECREF(ev);
+    if (ev == Py_None) {
+        Py_DECREF(ev);
+        return res;
+    }
+    if (ev != NULL) {
+        PyObject *record = PyObject_GetAttr(h->owner, s_rec);
+        if (record != NULL) {
+            ok = PyObject_CallOneArg(record, ev);
+            Py_DECREF(record);
+        }
+        Py_DECREF(ev);
+    }
     if (ok != NULL) {
         Py_DECREF(ok);
         return res;
     }
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) {  /* KeyboardInterrupt, SystemExit: not ours to keep */
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) { /* KeyboardInterrupt, SystemExit: not ours to keep */
         Py_DECREF(res);
         return NULL;
     }
-    PyObject *exc;
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
     if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
-    exc = value;
-    PyObject *r = exc != NULL ? PyObject_CallOneArg(h->failed, exc) : NULL;
+    PyObject *r = value != NULL ? PyObject_CallOneArg(h->hook_failed, value) : NULL;
     Py_XDECREF(type);
     Py_XDECREF(value);
     Py_XDECREF(tb);
-    if (r == NULL) {  /* strict: the hook's failure is raised */
+    if (r == NULL) { /* strict: the hook's failure is raised */
         Py_DECREF(res);
         return NULL;
     }
@@ -680,22 +735,24 @@ static PyObject *rh_call(PyObject *self, PyObject *const *args, size_t nargsf, P
     return res;
 }
 
-static PyObject *rh_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
-    PyObject *fn, *payload, *expander, *owner, *failed, *kind;
-    if (!PyArg_ParseTuple(args, "OOOOOO:RawHook", &fn, &payload, &expander, &owner, &failed, &kind)) return NULL;
-    RawHook *h = (RawHook *)type->tp_alloc(type, 0);
+static PyObject *mh_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *v[7];
+    int arrival;
+    if (!PyArg_ParseTuple(args, "OOOOOOOp:MethodHook", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &arrival))
+        return NULL;
+    MethodHook *h = (MethodHook *)type->tp_alloc(type, 0);
     if (h == NULL) return NULL;
-    h->vectorcall = rh_call;
-    PyObject **slots[] = {&h->fn, &h->payload, &h->expander, &h->owner, &h->failed, &h->kind};
-    PyObject *vals[] = {fn, payload, expander, owner, failed, kind};
-    for (int i = 0; i < 6; i++) {
-        Py_INCREF(vals[i]);
-        *slots[i] = vals[i];
+    h->vectorcall = mh_call;
+    h->arrival = arrival;
+    PyObject **slots[] = {&h->fn, &h->extract, &h->expander, &h->owner, &h->hook_failed, &h->method_failed, &h->kind};
+    for (int i = 0; i < 7; i++) {
+        Py_INCREF(v[i]);
+        *slots[i] = v[i];
     }
     return (PyObject *)h;
 }
 
-static PyObject *rh_get(PyObject *self, PyObject *obj, PyObject *type) {
+static PyObject *mh_get(PyObject *self, PyObject *obj, PyObject *type) {
     if (obj == NULL || obj == Py_None) {
         Py_INCREF(self);
         return self;
@@ -703,53 +760,56 @@ static PyObject *rh_get(PyObject *self, PyObject *obj, PyObject *type) {
     return PyMethod_New(self, obj);
 }
 
-static int rh_traverse(RawHook *h, visitproc visit, void *arg) {
+static int mh_traverse(MethodHook *h, visitproc visit, void *arg) {
     Py_VISIT(h->fn);
-    Py_VISIT(h->payload);
+    Py_VISIT(h->extract);
     Py_VISIT(h->expander);
     Py_VISIT(h->owner);
-    Py_VISIT(h->failed);
+    Py_VISIT(h->hook_failed);
+    Py_VISIT(h->method_failed);
     Py_VISIT(h->kind);
     Py_VISIT(h->dict);
     return 0;
 }
 
-static int rh_clear(RawHook *h) {
+static int mh_clear(MethodHook *h) {
     Py_CLEAR(h->fn);
-    Py_CLEAR(h->payload);
+    Py_CLEAR(h->extract);
     Py_CLEAR(h->expander);
     Py_CLEAR(h->owner);
-    Py_CLEAR(h->failed);
+    Py_CLEAR(h->hook_failed);
+    Py_CLEAR(h->method_failed);
     Py_CLEAR(h->kind);
     Py_CLEAR(h->dict);
     return 0;
 }
 
-static void rh_dealloc(RawHook *h) {
+static void mh_dealloc(MethodHook *h) {
     PyObject_GC_UnTrack(h);
-    rh_clear(h);
+    mh_clear(h);
     Py_TYPE(h)->tp_free((PyObject *)h);
 }
 
-static PyGetSetDef rh_getset[] = {
+static PyGetSetDef mh_getset[] = {
     {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
-static PyTypeObject RawHookType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.RawHook",
-    .tp_basicsize = sizeof(RawHook),
+static PyTypeObject MethodHookType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.MethodHook",
+    .tp_basicsize = sizeof(MethodHook),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
-    .tp_doc = "RawHook(fn, payload, expander, owner, failed, kind): a traced method (see the source)",
-    .tp_new = rh_new,
-    .tp_dealloc = (destructor)rh_dealloc,
-    .tp_traverse = (traverseproc)rh_traverse,
-    .tp_clear = (inquiry)rh_clear,
+    .tp_doc = "MethodHook(fn, extract, expander, owner, hook_failed, method_failed, kind, arrival): a traced "
+              "method (see the source)",
+    .tp_new = mh_new,
+    .tp_dealloc = (destructor)mh_dealloc,
+    .tp_traverse = (traverseproc)mh_traverse,
+    .tp_clear = (inquiry)mh_clear,
     .tp_call = PyVectorcall_Call,
-    .tp_vectorcall_offset = offsetof(RawHook, vectorcall),
-    .tp_descr_get = rh_get,
-    .tp_dictoffset = offsetof(RawHook, dict),
-    .tp_getset = rh_getset,
+    .tp_vectorcall_offset = offsetof(MethodHook, vectorcall),
+    .tp_descr_get = mh_get,
+    .tp_dictoffset = offsetof(MethodHook, dict),
+    .tp_getset = mh_getset,
 };
 
 static int hex_value(char c) {
@@ -857,12 +917,12 @@ PyMODINIT_FUNC PyInit__hotpath(void) {
     s_write = PyUnicode_InternFromString("write");
     s_rec = PyUnicode_InternFromString("_rec");
     if (!s_type || !s_body || !s_status || !s_start || !s_chunk || !s_write || !s_rec) return NULL;
-    if (PyType_Ready(&ScannerType) < 0 || PyType_Ready(&RawHookType) < 0 || PyType_Ready(&TimedSendType) < 0 || PyType_Ready(&TimedTransportType) < 0)
+    if (PyType_Ready(&ScannerType) < 0 || PyType_Ready(&MethodHookType) < 0 || PyType_Ready(&TimedSendType) < 0 || PyType_Ready(&TimedTransportType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddObjectRef(m, "Scanner", (PyObject *)&ScannerType) < 0 ||
-        PyModule_AddObjectRef(m, "RawHook", (PyObject *)&RawHookType) < 0 ||
+        PyModule_AddObjectRef(m, "MethodHook", (PyObject *)&MethodHookType) < 0 ||
         PyModule_AddObjectRef(m, "TimedSend", (PyObject *)&TimedSendType) < 0 ||
         PyModule_AddObjectRef(m, "TimedTransport", (PyObject *)&TimedTransportType) < 0) {
         Py_DECREF(m);

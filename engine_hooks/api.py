@@ -168,7 +168,7 @@ class EngineHooks:
         guard, hook_failed = self._guard, self._hook_failed
 
         def on_error(exc: BaseException, args: tuple, kwargs: dict) -> None:
-            if failed is not None and not isinstance(exc, GeneratorExit | asyncio.CancelledError):
+            if failed is not None and not isinstance(exc, _NOT_FAILED):
                 guard(failed, exc, args, kwargs)
 
         if inspect.isasyncgenfunction(fn):
@@ -292,6 +292,10 @@ class EngineHooks:
                 arrived(None, a, k)
                 self._finish_failed(fields(None, *a, **k)[0], "rejected", exc)
 
+            if accelerated() and _plain(fn):  # _wrap's, with arrived() in it, in C: once a request
+                on_error = lambda exc, a, k: None if isinstance(exc, _NOT_FAILED) else self._guard(failed, exc, a, k)
+                hook = _hotpath.MethodHook(fn, fields, None, self, self._hook_failed, on_error, ARRIVAL, True)
+                return mark_hooked(functools.wraps(fn)(hook))
             return self._wrap(fn, lambda res, a, k, _: arrived(res, a, k), failed=failed)
 
         return deco
@@ -482,11 +486,12 @@ class EngineHooks:
             def after(res, a, k, _):
                 self._rec((RAW, monotonic_ns(), expander, payload(res, *a, **k)))
 
-            if inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn):
+            if not _plain(fn):
                 return self._wrap(fn, after)
             hook_failed = self._hook_failed
-            if accelerated():  # the wrapper below, in C (engine_hooks._hotpath.RawHook)
-                return mark_hooked(functools.wraps(fn)(_hotpath.RawHook(fn, payload, expander, self, hook_failed, RAW)))
+            if accelerated():  # the wrapper below, in C
+                hook = _hotpath.MethodHook(fn, payload, expander, self, hook_failed, None, RAW, False)
+                return mark_hooked(functools.wraps(fn)(hook))
 
             def wrapper(*args, **kwargs):  # _wrap's, with its hook written in: this runs at every engine step
                 result = fn(*args, **kwargs)
@@ -499,6 +504,16 @@ class EngineHooks:
             return mark_hooked(functools.wraps(fn)(wrapper))
 
         return deco
+
+
+#: what ends a method without its having failed (a stream closed early, a task cancelled)
+_NOT_FAILED = (GeneratorExit, asyncio.CancelledError)
+
+
+def _plain(fn: Callable) -> bool:
+    """Whether ``fn`` is a plain function (not a coroutine or generator function): its wrapper
+    may be the accelerator's ``MethodHook``."""
+    return not (inspect.iscoroutinefunction(fn) or inspect.isgeneratorfunction(fn) or inspect.isasyncgenfunction(fn))
 
 
 def plain_payload(to_plain: Callable[[Any], Any]) -> Callable[[Callable], Callable]:

@@ -124,18 +124,28 @@ def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) 
     """Hook one OutputProcessor instance; returns False when it was hooked already."""
     if hooked(getattr(op, "process_outputs", None)):
         return False
-    model_attr = {sc.REQUEST_MODEL: model} if model else {}
     cls = type(op)
+    model_key, id_key, internal_key, choice_key = (
+        sc.REQUEST_MODEL,
+        sc.REQUEST_ID,
+        sc.REQUEST_INTERNAL_ID,
+        sc.REQUEST_CHOICE,
+    )
+    headers_var = incoming_trace_headers
 
     def fields(res, self, request, prompt=None, parent_req=None, request_index=0, *a, **k):
+        # once a request, on the engine's thread: the names bound above, the dict built at once
         rid = request.request_id
         ext = getattr(request, "external_req_id", None) or rid
-        attrs = {**model_attr, sc.REQUEST_ID: ext, sc.REQUEST_INTERNAL_ID: rid}
+        if model:
+            attrs = {model_key: model, id_key: ext, internal_key: rid}
+        else:
+            attrs = {id_key: ext, internal_key: rid}
         if parent_req is not None:  # SamplingParams(n > 1): one child request per choice
-            attrs[sc.REQUEST_CHOICE] = int(request_index)
+            attrs[choice_key] = int(request_index)
         t = getattr(request, "arrival_time", None)
         ids = getattr(request, "prompt_token_ids", None)
-        headers = incoming_trace_headers.get() or getattr(request, "trace_headers", None)
+        headers = headers_var.get() or getattr(request, "trace_headers", None)
         return rid, int(t * 1e9) if t else None, len(ids) if ids is not None else None, headers, attrs
 
     # bound to the instance: engines built without instrument() in this process stay untouched

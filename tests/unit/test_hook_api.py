@@ -200,7 +200,7 @@ def test_the_gpu_timer_records_nothing_where_no_step_span_is_sent(detail):
 @pytest.mark.parametrize("pure", [False, True], ids=["c", "python"])
 def test_a_raw_hook_passes_every_argument_and_result_through(monkeypatch, pure):
     """EngineHooks.raw on a plain method (in C where the accelerator is built,
-    engine_hooks._hotpath.RawHook): the method gets its caller's arguments as they were given
+    engine_hooks._hotpath.MethodHook): the method gets its caller's arguments as they were given
     (positional, keyword, many), bound to the instance it is read from; the payload gets the result
     and the same arguments; the event is (RAW, monotonic ns, expander, payload); what the method
     raises goes on untouched with nothing recorded; what the payload raises is counted and the
@@ -236,7 +236,7 @@ def test_a_raw_hook_passes_every_argument_and_result_through(monkeypatch, pure):
             return ("out", args, kwargs)
 
     Engine.step = hooks.raw(payload=payload, expander=expander)(Engine.step)
-    assert (type(Engine.__dict__["step"]).__name__ == "RawHook") is not pure
+    assert (type(Engine.__dict__["step"]).__name__ == "MethodHook") is not pure
     assert (
         hooked(Engine.step) and Engine.step.__name__ == "step" and Engine.step.__doc__ == "the engine's own docstring"
     )
@@ -270,3 +270,53 @@ def test_a_raw_hook_passes_every_argument_and_result_through(monkeypatch, pure):
     late.use(other)
     e.late(5)
     assert [ev[3] for ev in other.recorder.drain()] == [("p", ("out", (5,), {}))]
+
+
+@pytest.mark.parametrize("pure", [False, True], ids=["c", "python"])
+def test_an_arrival_hook_records_what_its_fields_say(monkeypatch, pure):
+    """EngineHooks.arrival_fields on a plain method (in C where the accelerator is built): one
+    ARRIVAL event with the start placed on the monotonic clock as its age (an int or a float of
+    wall ns); nothing for a request without an id; a fields function that raises is counted; a
+    method that raises records the request arrived and rejected, and its exception goes on."""
+    import time
+
+    from engine_hooks import batch_scan
+    from engine_hooks.recorder import ARRIVAL, FINISH
+
+    if pure:
+        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    elif not batch_scan.accelerated():
+        pytest.skip("the C accelerator is not built here")
+    pipeline = TracingPipeline(None)
+    hooks = EngineHooks(pipeline)
+
+    def fields(res, self, rid, age_s=0.0, as_float=False, **k):
+        if rid == "boom":
+            raise KeyError(rid)
+        start = time.time_ns() - int(age_s * 1e9)
+        return rid, float(start) if as_float else start, 7, {"traceparent": "x"}, {"a": 1}
+
+    class Engine:
+        def add(self, rid, age_s=0.0, as_float=False, fail=False):
+            if fail:
+                raise ValueError("refused")
+            return "added"
+
+    Engine.add = hooks.arrival_fields(fields)(Engine.add)
+    assert (type(Engine.__dict__["add"]).__name__ == "MethodHook") is not pure
+    e = Engine()
+    t0 = time.monotonic_ns()
+    assert e.add("r1", age_s=0.5) == "added" and e.add("r2", 0.25, as_float=True) == "added"
+    assert e.add(None) == "added" and e.add("boom") == "added"
+    t1 = time.monotonic_ns()
+    events = pipeline.recorder.drain()
+    assert [ev[:3] for ev in events] == [(ARRIVAL, ev[1], r) for ev, r in zip(events, ["r1", "r2"])]
+    assert all(t0 <= ev[1] <= t1 and ev[4:] == (7, {"traceparent": "x"}, {"a": 1}) for ev in events)
+    assert events[0][1] - events[0][3] == pytest.approx(0.5e9, abs=0.05e9)  # its age, on the monotonic clock
+    assert events[1][1] - events[1][3] == pytest.approx(0.25e9, abs=0.05e9)
+    assert pipeline.counters.hook_errors == 1  # the fields that raised
+    with pytest.raises(ValueError, match="refused"):
+        e.add("r3", fail=True)
+    ev = pipeline.recorder.drain()
+    assert [x[0] for x in ev] == [ARRIVAL, FINISH] and ev[0][2] == ev[1][2] == "r3"
+    assert ev[1][3:] == ("rejected", "ValueError")
