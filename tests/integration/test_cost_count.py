@@ -92,6 +92,33 @@ def test_the_table_shows_every_variant_and_what_it_adds():
     assert "| plain | 64 | 1.0 M ±0.00% | 5.0 M ±0.00% | 90.0 M ±0.00% | 96.0 M ±0.00% | none |" in text
 
 
+def test_several_engine_starts_are_pooled(monkeypatch, tmp_path, capsys):
+    """--starts N: each start counted apart (its files in start-N), its own figures said, and the
+    batches of every start pooled, so the medians are over all of them and the spreads span the
+    starts."""
+    import argparse
+
+    fronts = iter([[1_000_000, 1_000_100], [1_003_000, 1_003_100], [1_001_000, 1_001_000]])
+    seen = []
+
+    def one_start(mode, names, args, workdir, endpoint):
+        seen.append(os.path.basename(workdir))
+        base = next(fronts)
+        plain = counts("plain", base, [5e6] * 2, [9e7] * 2)
+        traced = counts(cc.DEFAULT_VARIANT, [f + 32 * 64 * 1_000 for f in base], [5e6] * 2, [9e7] * 2)
+        return {"plain": plain, cc.DEFAULT_VARIANT: traced}, {}
+
+    monkeypatch.setattr(cc, "_run_mode", one_start)
+    args = argparse.Namespace(starts=3, requests=32, tokens=64)
+    results, failed = cc._run_starts("server", ["plain", cc.DEFAULT_VARIANT], args, str(tmp_path), None)
+    assert seen == ["start-1", "start-2", "start-3"] and failed == {}
+    plain = results["plain"]
+    assert len(plain.values("front end")) == 6 and plain.median("front end") == 1_001_000
+    assert plain.spread("front end") == pytest.approx(3_100 / 1_001_000)
+    assert cc.added(results[cc.DEFAULT_VARIANT], plain, 32, 64).per_token == pytest.approx(1_000)
+    assert capsys.readouterr().err.count("front end per output token 1,000") == 3
+
+
 def _site_env():
     env = dict(os.environ, OTEL_LLM_COST_COUNT="1")
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "benchmarks" / "cost_site"), str(ROOT)])
