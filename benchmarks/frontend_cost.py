@@ -34,6 +34,32 @@ from otel_llm.otlp import otlp_encode
 from otel_llm.otlp.tracing import make_resource
 
 
+class StandInRequest:
+    """What the arrival hook reads of vLLM's ``EngineCoreRequest``: the internal id is the
+    external one with a suffix, as vLLM's input processor makes it."""
+
+    def __init__(self, external_id: str, prompt_tokens: int = 32, suffix: str = "-x1"):
+        self.request_id = external_id + suffix
+        self.external_req_id = external_id
+        self.arrival_time = time.time()
+        self.prompt_token_ids = [1] * prompt_tokens
+        self.trace_headers = None
+
+
+class StandInOutputProcessor:
+    """vLLM's ``OutputProcessor`` as the front end's hooks wrap it
+    (``engine_hooks.vllm.frontend.instrument_output_processor``): its own work left out."""
+
+    def add_request(self, request, prompt=None, parent_req=None, request_index=0, queue=None):
+        return None
+
+    def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
+        return None
+
+    def abort_requests(self, request_ids, internal=False):
+        return []
+
+
 def step_outputs(n: int, steps: int) -> list[list]:
     """vLLM's ``EngineCoreOutput`` lists of ``n`` requests over ``steps`` one-token steps: the
     first with the engine core's QUEUED and SCHEDULED events, the last with a finish reason."""

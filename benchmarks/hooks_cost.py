@@ -16,7 +16,8 @@ counts, the two parts of the front end's cost that are ours:
 The same batch through a real engine is what ``cost_count.py`` counts (offline and behind the
 server), with an engine's start under valgrind for each variant and, behind the server, more
 noise between starts; this takes about a minute and repeats within 0.1% (the round: 1,525,287
-and 1,526,705 instructions in two runs). The cyclic garbage
+and 1,526,705 instructions in two runs of an earlier version; at 2026-12-05's 887,509 and
+1,121,755 for the engine thread and the round, 2.01 M in all, down from 2.97 M). The cyclic garbage
 collector is off while counting: its share is the engine's heap's (``cost_count.py`` has it).
 
 Run: ``.venv/bin/python benchmarks/hooks_cost.py [--requests 32] [--tokens 64]``. Needs valgrind.
@@ -39,34 +40,12 @@ def drive(n_requests: int, n_tokens: int) -> None:
     import gc
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    from frontend_cost import step_outputs
+    from frontend_cost import StandInOutputProcessor, StandInRequest, step_outputs
 
     from engine_hooks.api import EngineHooks
     from engine_hooks.vllm.frontend import instrument_output_processor
 
-    class Request:
-        """What the arrival hook reads of vLLM's ``EngineCoreRequest``."""
-
-        def __init__(self, rid: str):
-            self.request_id = rid
-            self.external_req_id = "cmpl-" + rid
-            self.arrival_time = time.time()
-            self.prompt_token_ids = [1] * 32
-            self.trace_headers = None
-
-    class OutputProcessor:
-        """vLLM's ``OutputProcessor`` as the hooks wrap it: its own work left out."""
-
-        def add_request(self, request, prompt=None, parent_req=None, request_index=0, queue=None):
-            return None
-
-        def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
-            return None
-
-        def abort_requests(self, request_ids, internal=False):
-            return []
-
-    op = OutputProcessor()
+    op = StandInOutputProcessor()
     hooks = EngineHooks(engine="vllm", service_name="hooks-cost")
     instrument_output_processor(op, hooks, "tiny")
     pipeline = hooks.pipeline
@@ -75,8 +54,8 @@ def drive(n_requests: int, n_tokens: int) -> None:
         steps = step_outputs(requests, tokens)
         for outputs in steps:
             for o in outputs:
-                o.request_id = f"{name}-{o.request_id}"
-        return [Request(f"{name}-r{i}") for i in range(requests)], steps
+                o.request_id = f"{name}-{o.request_id}-x1"
+        return [StandInRequest(f"{name}-r{i}") for i in range(requests)], steps
 
     def run(requests: list, steps: list) -> None:
         for r in requests:

@@ -261,12 +261,14 @@ def test_the_http_span_times_chunks_below_asgi_for_a_fraction_of_the_send_wrappe
 def test_the_vllm_hooks_of_one_batch_cost_less_than_the_budget_a_token():
     """benchmarks/hooks_cost.py: the front end's hooks on vLLM's own output objects, the budget's
     batch (32 x 64) replayed without an engine, the engine thread's part and the round sent to
-    the span process each counted: together under the 3,000 instructions a token the budget
-    gives the whole front end."""
+    the span process each counted: together under half the 3,000 instructions a token the budget
+    gives the whole front end (0.98 k on 2026-12-05). Behind the server the same hooks cost more,
+    with the collections and frees their objects add, and the HTTP span beside them (2.5-3.0 k
+    a token counted there): a regression here is one the server count cannot tell from its noise."""
     rows = {}
     for name, batch, _, per_token in _table(ROOT / "benchmarks" / "hooks_cost.py"):
         if batch.endswith(" M"):
             rows[name] = float(per_token.removesuffix(" k")) * 1000
     assert set(rows) == {"engine thread", "round to the span process", "both"}, rows
     assert rows["engine thread"] > 0 and rows["round to the span process"] > 0
-    assert rows["both"] < 3000, rows
+    assert rows["both"] < 1500, rows

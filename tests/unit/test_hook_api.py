@@ -197,8 +197,19 @@ def test_the_gpu_timer_records_nothing_where_no_step_span_is_sent(detail):
         assert gpu == ([5, 5, 5] if level == "steps" else [])
 
 
-@pytest.mark.parametrize("pure", [False, True], ids=["c", "python"])
-def test_a_raw_hook_passes_every_argument_and_result_through(monkeypatch, pure):
+@pytest.fixture(params=[False, True], ids=["c", "python"])
+def pure(request, monkeypatch) -> bool:
+    """The hooks as the accelerator builds them (engine_hooks._hotpath), then in pure Python."""
+    from engine_hooks import batch_scan
+
+    if request.param:
+        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    elif not batch_scan.accelerated():
+        pytest.skip("the C accelerator is not built here")
+    return request.param
+
+
+def test_a_raw_hook_passes_every_argument_and_result_through(pure):
     """EngineHooks.raw on a plain method (in C where the accelerator is built,
     engine_hooks._hotpath.MethodHook): the method gets its caller's arguments as they were given
     (positional, keyword, many), bound to the instance it is read from; the payload gets the result
@@ -207,14 +218,9 @@ def test_a_raw_hook_passes_every_argument_and_result_through(monkeypatch, pure):
     caller gets the result all the same (strict: raised); a KeyboardInterrupt is never swallowed."""
     import time
 
-    from engine_hooks import batch_scan
     from engine_hooks.api import hooked
     from engine_hooks.recorder import RAW
 
-    if pure:
-        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
-    elif not batch_scan.accelerated():
-        pytest.skip("the C accelerator is not built here")
     pipeline = TracingPipeline(None)
     hooks = EngineHooks(pipeline)
     expander = lambda tracker, mono, payload: None
@@ -272,21 +278,15 @@ def test_a_raw_hook_passes_every_argument_and_result_through(monkeypatch, pure):
     assert [ev[3] for ev in other.recorder.drain()] == [("p", ("out", (5,), {}))]
 
 
-@pytest.mark.parametrize("pure", [False, True], ids=["c", "python"])
-def test_an_arrival_hook_records_what_its_fields_say(monkeypatch, pure):
+def test_an_arrival_hook_records_what_its_fields_say(pure):
     """EngineHooks.arrival_fields on a plain method (in C where the accelerator is built): one
     ARRIVAL event with the start placed on the monotonic clock as its age (an int or a float of
     wall ns); nothing for a request without an id; a fields function that raises is counted; a
     method that raises records the request arrived and rejected, and its exception goes on."""
     import time
 
-    from engine_hooks import batch_scan
     from engine_hooks.recorder import ARRIVAL, FINISH
 
-    if pure:
-        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
-    elif not batch_scan.accelerated():
-        pytest.skip("the C accelerator is not built here")
     pipeline = TracingPipeline(None)
     hooks = EngineHooks(pipeline)
 

@@ -20,6 +20,8 @@ from otel_llm import semconv as sc
 from otel_llm.otlp.export import FileSpanExporter
 from otel_llm.otlp.span_records import read_trace_file
 
+sys.path.insert(0, str(ROOT / "benchmarks"))  # frontend_cost: vLLM's front end as its hooks see it
+
 
 def _comparable(spans):
     """The spans without what differs between two runs: ids and the process's own resource."""
@@ -292,32 +294,18 @@ def _vllm_steps(hooks: EngineHooks, n: int) -> None:
     """``n`` requests through vLLM's front-end hooks on a stand-in OutputProcessor, fed vLLM's own
     ``EngineCoreOutput`` objects: the engine core's QUEUED, SCHEDULED and PREEMPTED events, its
     prefill account, several tokens in one output, and each way to finish."""
+    from frontend_cost import StandInOutputProcessor, StandInRequest
     from vllm.v1.engine import EngineCoreEvent, EngineCoreOutput, FinishReason
     from vllm.v1.engine import EngineCoreEventType as T
     from vllm.v1.metrics.stats import PrefillStats
 
     from engine_hooks.vllm.frontend import instrument_output_processor
 
-    class Request:
-        def __init__(self, rid: str):
-            self.request_id, self.external_req_id = rid + "-x1", rid
-            self.arrival_time, self.prompt_token_ids, self.trace_headers = time.time(), [1] * 8, None
-
-    class OutputProcessor:
-        def add_request(self, request, prompt=None, parent_req=None, request_index=0, queue=None):
-            return None
-
-        def process_outputs(self, engine_core_outputs, engine_core_timestamp=None, iteration_stats=None):
-            return None
-
-        def abort_requests(self, request_ids, internal=False):
-            return []
-
-    op = OutputProcessor()
+    op = StandInOutputProcessor()
     instrument_output_processor(op, hooks, "tiny")
     ids = [f"cmpl-{i}-x1" for i in range(n)]
     for i in range(n):
-        op.add_request(Request(f"cmpl-{i}"))
+        op.add_request(StandInRequest(f"cmpl-{i}", prompt_tokens=8))
     t = time.monotonic()
     ev = lambda kind, dt: EngineCoreEvent(kind, t + dt)
     first = [
