@@ -29,7 +29,11 @@ One decorator per lifecycle method::
 include ``self`` for methods); ``token_out``'s and ``generated``'s are called before, with
 ``result=None``. They run on the engine's thread, so keep them to attribute reads; anything that
 must walk a batch can be deferred with :meth:`EngineHooks.raw`, which keeps a reference and
-unpacks it on the span-building thread. A hook that raises never reaches the engine: the failure is
+unpacks it on the span-building thread (or, its payload made plain data, :func:`plain_payload`,
+in the span process). A plain (not coroutine or generator) method hooked by ``raw`` or
+``arrival_fields`` is wrapped in C where the accelerator is built
+(``engine_hooks._hotpath.MethodHook``: the same calls, no Python frame of ours around the
+engine's method). A hook that raises never reaches the engine: the failure is
 counted and warned about once (``EngineHooks(strict=True)`` or ``OTEL_LLM_STRICT=1``: it raises,
 for tests).
 

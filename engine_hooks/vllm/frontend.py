@@ -7,8 +7,9 @@ generic :class:`~engine_hooks.api.EngineHooks`:
   wall time, prompt tokens, the caller's W3C trace headers);
 * ``process_outputs`` -> :meth:`EngineHooks.raw`: on the engine's thread, one pass in C over the
   step's ``EngineCoreOutput`` list (:class:`~engine_hooks.batch_scan.BatchScanner`: request ids,
-  token counts, the few outputs with events or a finish reason); unpacked later into token
-  events, and into the engine core's
+  token counts, the few outputs with events or a finish reason); made plain data at the next
+  round (:func:`plain_outputs`) and unpacked in the span process (:func:`expand_outputs`) into
+  token events, and into the engine core's
   own QUEUED / SCHEDULED / PREEMPTED events (recorded inside vLLM's scheduler, monotonic clock of
   this host) that give the front-end (arrival -> QUEUED), queue (QUEUED -> first SCHEDULED, what
   vLLM's own tracing reports as ``gen_ai.latency.time_in_queue``), prefill, decode and preemption
