@@ -96,7 +96,7 @@ bench: venv
 	$(PY) benchmarks/derive_shapes.py
 
 # what tracing costs vLLM, in instructions per process (and its span processes apart), for every
-# detail level and exporter and vLLM's own tracing, offline and behind vLLM's API server (about 35
+# detail level and exporter and vLLM's own tracing, offline and behind vLLM's API server (about 51
 # minutes on 2 cores: each engine starts under valgrind); COST_ARGS to narrow
 COST_ARGS ?= --variants all --mode both
 cost: venv valgrind

@@ -613,7 +613,7 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="engine starts per variant (default 1), their batches pooled: the figures are medians over every "
         "start's batches and the spreads span the starts (behind the server a start's batches agree within "
-        "0.12%% but its front end moves by up to 0.3%% between starts; each start's own figures are printed too)",
+        "0.2%% but its front end moves by up to 1%% between starts; each start's own figures are printed too)",
     )
     ap.add_argument("--model", default=None, help="model folder (default: the tiny model, built once)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a total's spread exceeds --max-spread")
