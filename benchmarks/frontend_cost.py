@@ -21,7 +21,8 @@ import os
 import sys
 import time
 
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+if __name__ == "__main__":  # run as the benchmark; never on import: a test that imports its stand-ins keeps
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its process's environment for the servers it starts
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from engine_hooks.recorder import ARRIVAL, RAW

@@ -22,6 +22,30 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+_KEPT = ("OTEL_", "VLLM_")  # what changes how a later engine or server traces and logs
+
+
+def _settings() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(_KEPT)}
+
+
+@pytest.fixture(autouse=True)
+def _settings_kept():
+    """A test leaves the OTEL_* and VLLM_* settings of the process as it found them (monkeypatch
+    restores its own): the engines and servers later tests start inherit them. A benchmark module
+    imported for its stand-ins once set VLLM_LOGGING_LEVEL=WARNING here, and a later vLLM server's
+    INFO line went missing. (Importing torch or vLLM sets a few variables of their own, once.)"""
+    before = _settings()
+    yield
+    after = _settings()
+    if after != before:
+        for k in after.keys() - before.keys():
+            del os.environ[k]
+        os.environ.update(before)
+        changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+        pytest.fail(f"the test changed the process's environment: {changed}", pytrace=False)
+
+
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
