@@ -628,6 +628,14 @@ static PyObject *call_extract(PyObject *extract, PyObject *res, PyObject *const 
     return out;
 }
 
+/* The exception being raised, taken off the thread (as PyErr_Fetch gives it: the caller owns the
+ * three, or gives them back with PyErr_Restore), normalised and its traceback set on it. */
+static void fetch_normalized(PyObject **type, PyObject **value, PyObject **tb) {
+    PyErr_Fetch(type, value, tb);
+    PyErr_NormalizeException(type, value, tb);
+    if (*tb != NULL && *value != NULL) PyException_SetTraceback(*value, *tb);
+}
+
 static PyObject *mh_call(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     MethodHook *h = (MethodHook *)self;
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -635,9 +643,7 @@ static PyObject *mh_call(PyObject *self, PyObject *const *args, size_t nargsf, P
     if (res == NULL) {
         if (h->method_failed == Py_None) return NULL;
         PyObject *type, *value, *tb;
-        PyErr_Fetch(&type, &value, &tb);
-        PyErr_NormalizeException(&type, &value, &tb);
-        if (tb != NULL) PyException_SetTraceback(value, tb);
+        fetch_normalized(&type, &value, &tb);
         PyObject *a = PyTuple_New(nargs), *k = PyDict_New(), *r = NULL;
         if (a != NULL && k != NULL) {
             for (Py_ssize_t i = 0; i < nargs; i++) {
@@ -720,9 +726,7 @@ static PyObject *mh_call(PyObject *self, PyObject *const *args, size_t nargsf, P
         return NULL;
     }
     PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != NULL && value != NULL) PyException_SetTraceback(value, tb);
+    fetch_normalized(&type, &value, &tb);
     PyObject *r = value != NULL ? PyObject_CallOneArg(h->hook_failed, value) : NULL;
     Py_XDECREF(type);
     Py_XDECREF(value);

@@ -158,6 +158,20 @@ class EngineHooks:
             self._hook_failed(exc)
             return None
 
+    def _on_method_error(
+        self, failed: Callable[[BaseException, tuple, dict], None] | None
+    ) -> Callable[[BaseException, tuple, dict], None]:
+        """What runs when a traced method raises (``_wrap``'s wrappers and the accelerator's
+        ``MethodHook``): ``failed(exc, args, kwargs)``, guarded, unless there is none or the method
+        was only ended (a stream closed early, a task cancelled); the exception then goes on."""
+        guard = self._guard
+
+        def on_error(exc: BaseException, args: tuple, kwargs: dict) -> None:
+            if failed is not None and not isinstance(exc, _NOT_FAILED):
+                guard(failed, exc, args, kwargs)
+
+        return on_error
+
     def _wrap(
         self,
         fn: Callable,
@@ -170,10 +184,7 @@ class EngineHooks:
         generator). ``item``: called for each item a generator yields; ``failed``: when ``fn``
         raises (the exception then goes on)."""
         guard, hook_failed = self._guard, self._hook_failed
-
-        def on_error(exc: BaseException, args: tuple, kwargs: dict) -> None:
-            if failed is not None and not isinstance(exc, _NOT_FAILED):
-                guard(failed, exc, args, kwargs)
+        on_error = self._on_method_error(failed)
 
         if inspect.isasyncgenfunction(fn):
 
@@ -297,7 +308,7 @@ class EngineHooks:
                 self._finish_failed(fields(None, *a, **k)[0], "rejected", exc)
 
             if accelerated() and _plain(fn):  # _wrap's, with arrived() in it, in C: once a request
-                on_error = lambda exc, a, k: None if isinstance(exc, _NOT_FAILED) else self._guard(failed, exc, a, k)
+                on_error = self._on_method_error(failed)
                 hook = _hotpath.MethodHook(fn, fields, None, self, self._hook_failed, on_error, ARRIVAL, True)
                 return mark_hooked(functools.wraps(fn)(hook))
             return self._wrap(fn, lambda res, a, k, _: arrived(res, a, k), failed=failed)
