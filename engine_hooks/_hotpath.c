@@ -816,17 +816,16 @@ static PyTypeObject MethodHookType = {
     .tp_getset = mh_getset,
 };
 
-static int hex_value(char c) {
+/* A lowercase hex digit's value, else -1: W3C trace context writes ids in lowercase only. */
+static int lower_hex_value(char c) {
     if (c >= '0' && c <= '9') return c - '0';
-    c |= 0x20;
     return c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
 }
 
-/* ``n`` bytes from ``2n`` hex digits (either case, as binascii.unhexlify reads them) into
- * ``out``; 0, or -1 where one is not a hex digit. */
+/* ``n`` bytes from ``2n`` lowercase hex digits into ``out``; 0, or -1 where one is not one. */
 static int unhex(const char *p, Py_ssize_t n, unsigned char *out) {
     for (Py_ssize_t i = 0; i < n; i++) {
-        int hi = hex_value(p[2 * i]), lo = hex_value(p[2 * i + 1]);
+        int hi = lower_hex_value(p[2 * i]), lo = lower_hex_value(p[2 * i + 1]);
         if (hi < 0 || lo < 0) return -1;
         out[i] = (unsigned char)(hi << 4 | lo);
     }
@@ -839,39 +838,82 @@ static int all_zero(const unsigned char *p, Py_ssize_t n) {
     return 1;
 }
 
-/* find_traceparent(headers): the caller's W3C traceparent among an ASGI request's headers, as
- * engine_hooks.asgi reads it, in C: None where no header is named ``traceparent`` (in any ASCII
- * case), else ``(index, parent)`` for the first: ``parent`` is ``(trace id, span id, flags)`` for
- * a valid version-00 value of the usual 55 bytes, None for an invalid one of that form; or
- * ``(index,)`` where the value has another form (the caller's full parser reads it). TypeError
- * where ``headers`` is not a list of (bytes, value) tuples: the caller looks in Python. */
-static PyObject *find_traceparent(PyObject *self, PyObject *headers) {
+/* A W3C traceparent value (engine_hooks.asgi.parse_traceparent's rules, the OpenTelemetry
+ * propagator's): optional spaces or tabs around ``vv-<32 hex>-<16 hex>-<2 hex>``, every digit
+ * lowercase, the version not ``ff``; version 00 exactly that, a later version may go on after a
+ * ``-``; trace and span id not all zero. (trace id, span id, flags), or None where invalid. */
+static PyObject *parse_value(PyObject *v) {
+    if (!PyBytes_CheckExact(v)) Py_RETURN_NONE;
+    const char *p = PyBytes_AS_STRING(v);
+    Py_ssize_t n = PyBytes_GET_SIZE(v);
+    while (n && (*p == ' ' || *p == '\t')) p++, n--;
+    while (n && (p[n - 1] == ' ' || p[n - 1] == '\t')) n--;
+    unsigned char ver, tid[16], sid[8], flags;
+    if (n < 55 || p[2] != '-' || p[35] != '-' || p[52] != '-' || unhex(p, 1, &ver) < 0 || ver == 0xff ||
+        unhex(p + 3, 16, tid) < 0 || unhex(p + 36, 8, sid) < 0 || unhex(p + 53, 1, &flags) < 0 ||
+        all_zero(tid, 16) || all_zero(sid, 8) || (n > 55 && (ver == 0 || p[55] != '-')))
+        Py_RETURN_NONE;
+    return Py_BuildValue("(y#y#i)", (const char *)tid, (Py_ssize_t)16, (const char *)sid, (Py_ssize_t)8, (int)flags);
+}
+
+/* take_traceparent(headers) -> (trace id, span id, flags) | None: the caller's W3C trace context
+ * taken out of an ASGI request's header list, in place, as engine_hooks.asgi.take_traceparent
+ * does in Python. The first header named ``traceparent`` (any ASCII case) is the parent where
+ * valid; every header of that name is removed (a second one must not reach the app), and where
+ * no valid parent was found every ``tracestate`` header too (a new trace starts: the state of
+ * another belongs to none of it). TypeError, the list untouched, where ``headers`` is not a list
+ * of (bytes, value) tuples: the caller does it in Python. */
+static PyObject *take_traceparent(PyObject *self, PyObject *headers) {
     if (!PyList_CheckExact(headers)) {
         PyErr_SetString(PyExc_TypeError, "headers: a list of (name, value) tuples");
         return NULL;
     }
-    static const char name[] = "traceparent";
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(headers); i++) {
+    Py_ssize_t n = PyList_GET_SIZE(headers), parents = 0, states = 0;
+    PyObject *parent = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *h = PyList_GET_ITEM(headers, i);
         if (!PyTuple_CheckExact(h) || PyTuple_GET_SIZE(h) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(h, 0))) {
+            Py_XDECREF(parent);
             PyErr_SetString(PyExc_TypeError, "headers: a list of (name, value) tuples");
             return NULL;
         }
         PyObject *k = PyTuple_GET_ITEM(h, 0);
-        if (PyBytes_GET_SIZE(k) != 11) continue;
-        if (!same_in_any_case(PyBytes_AS_STRING(k), name, 11)) continue;
-        PyObject *v = PyTuple_GET_ITEM(h, 1);
-        const char *p = PyBytes_CheckExact(v) ? PyBytes_AS_STRING(v) : NULL;
-        if (p == NULL || PyBytes_GET_SIZE(v) != 55 || memcmp(p, "00-", 3) != 0 || p[35] != '-' || p[52] != '-')
-            return Py_BuildValue("(n)", i); /* another form: the full parser */
-        unsigned char tid[16], sid[8], flags;
-        if (unhex(p + 3, 16, tid) < 0 || unhex(p + 36, 8, sid) < 0 || unhex(p + 53, 1, &flags) < 0 ||
-            all_zero(tid, 16) || all_zero(sid, 8))
-            return Py_BuildValue("(nO)", i, Py_None);
-        return Py_BuildValue("(n(y#y#i))", i, (const char *)tid, (Py_ssize_t)16, (const char *)sid, (Py_ssize_t)8,
-                             (int)flags);
+        Py_ssize_t kn = PyBytes_GET_SIZE(k);
+        if (kn == 11 && same_in_any_case(PyBytes_AS_STRING(k), "traceparent", 11)) {
+            if (parents++ == 0) {
+                parent = parse_value(PyTuple_GET_ITEM(h, 1));
+                if (parent == NULL) return NULL;
+            }
+        } else if (kn == 10 && same_in_any_case(PyBytes_AS_STRING(k), "tracestate", 10))
+            states++;
     }
-    Py_RETURN_NONE;
+    if (parent == NULL) { /* no traceparent header at all */
+        parent = Py_None;
+        Py_INCREF(parent);
+    }
+    int drop_state = parent == Py_None && states;
+    if (parents || drop_state) {
+        Py_ssize_t w = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *h = PyList_GET_ITEM(headers, i);
+            PyObject *k = PyTuple_GET_ITEM(h, 0);
+            Py_ssize_t kn = PyBytes_GET_SIZE(k);
+            const char *kp = PyBytes_AS_STRING(k);
+            int drop = (kn == 11 && same_in_any_case(kp, "traceparent", 11)) ||
+                       (drop_state && kn == 10 && same_in_any_case(kp, "tracestate", 10));
+            if (drop) continue;
+            if (w != i) {
+                Py_INCREF(h);
+                PyList_SetItem(headers, w, h); /* steals the new reference, drops the old item's */
+            }
+            w++;
+        }
+        if (PyList_SetSlice(headers, w, n, NULL) < 0) {
+            Py_DECREF(parent);
+            return NULL;
+        }
+    }
+    return parent;
 }
 
 /* traceparent(trace_id, span_id, flags) -> bytes: the W3C header value, version 00, lowercase */
@@ -902,8 +944,8 @@ static PyObject *traceparent(PyObject *self, PyObject *const *args, Py_ssize_t n
 }
 
 static PyMethodDef methods[] = {
-    {"find_traceparent", find_traceparent, METH_O,
-     "find_traceparent(headers) -> None | (index, parent) | (index,): the caller's traceparent (see the source)"},
+    {"take_traceparent", take_traceparent, METH_O,
+     "take_traceparent(headers) -> None | (trace id, span id, flags): the caller's traceparent, taken out (see the source)"},
     {"traceparent", (PyCFunction)(void (*)(void))traceparent, METH_FASTCALL,
      "traceparent(trace_id, span_id, flags) -> bytes: a W3C traceparent value"},
     {NULL, NULL, 0, NULL},

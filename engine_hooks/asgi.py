@@ -31,6 +31,7 @@ from __future__ import annotations
 import binascii
 import functools
 import os
+import re
 from array import array
 
 from otel_llm import environment
@@ -40,6 +41,7 @@ from .batch_scan import _hotpath, accelerated
 from .recorder import RAW
 
 _TRACEPARENT = b"traceparent"
+_TRACESTATE = b"tracestate"
 _SEEN = "otel_llm.http_traced"  # scope key: an inner copy of the middleware passes through
 FIRST_BYTE = "otel_llm.first_byte_mono_ns"  # scope key: when the server began reading the request
 TIMED_TRANSPORT = "otel_llm.timed_transport"  # scope key: the connection's TimedTransport
@@ -158,15 +160,31 @@ class _TimedSend:
 _FLAGS_TAIL = [b"-%02x" % f for f in range(256)]  # a traceparent's end, by its flags
 
 
-def find_traceparent(headers: list) -> tuple | None:
-    """:func:`engine_hooks._hotpath.find_traceparent` in Python, and for headers that are not
-    ASGI's (a str name, list pairs): None where no header is named ``traceparent`` in any case,
-    else ``(index,)`` of the first (its value for :func:`parse_traceparent`)."""
-    for i, h in enumerate(headers):
-        k = h[0]
-        if isinstance(k, bytes) and len(k) == 11 and k.lower() == _TRACEPARENT:
-            return (i,)
-    return None
+def _field_name(h) -> bytes | None:
+    """A header's name as lowercase bytes (ASGI's bytes, or a str), else None."""
+    k = h[0] if isinstance(h, (tuple, list)) and h else None
+    if isinstance(k, str):
+        k = k.encode("latin-1", "replace")
+    return k.lower() if isinstance(k, bytes) else None
+
+
+def take_traceparent(headers: list) -> tuple[bytes, bytes, int] | None:
+    """:func:`engine_hooks._hotpath.take_traceparent` in Python, and for headers that are not ASGI's
+    (a str name, list pairs): the caller's W3C trace context taken out of ``headers``, in place.
+    The first header named ``traceparent`` (in any case) is the parent where valid
+    (:func:`parse_traceparent`); every header of that name is removed, so that a second one cannot
+    reach the app, and where no valid parent was found every ``tracestate`` too (a new trace
+    starts, and another trace's state is none of its business). (trace id, span id, flags), or None."""
+    names = [_field_name(h) for h in headers]
+    parent, found = None, False
+    for h, k in zip(headers, names):
+        if k == _TRACEPARENT and not found:
+            found = True
+            parent = parse_traceparent(h[1])
+    drop = {_TRACEPARENT} if parent else {_TRACEPARENT, _TRACESTATE}
+    if any(k in drop for k in names):
+        headers[:] = [h for h, k in zip(headers, names) if k not in drop]
+    return parent
 
 
 def make_traceparent(trace_id: bytes, span_id: bytes, flags: int) -> bytes:
@@ -174,29 +192,29 @@ def make_traceparent(trace_id: bytes, span_id: bytes, flags: int) -> bytes:
     return b"00-" + binascii.hexlify(trace_id) + b"-" + binascii.hexlify(span_id) + _FLAGS_TAIL[flags]
 
 
+# W3C trace context's traceparent, as the OpenTelemetry propagator reads it: lowercase hex, each
+# field its exact width, optional spaces or tabs around; a version after 00 may carry more after "-"
+_TRACEPARENT_FORM = re.compile(rb"[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[^\r\n]*)?[ \t]*")
+
+
 def parse_traceparent(value: bytes | str | None) -> tuple[bytes, bytes, int] | None:
-    """(trace id, span id, flags) of a W3C traceparent, or None."""
-    if not value:
-        return None
-    if type(value) is bytes and len(value) == 55 and value[:3] == b"00-" and value[35] == value[52] == 45:
-        # version 00, the usual header: read at its fixed places in C (no decode, split or str per part)
+    """(trace id, span id, flags) of a valid W3C traceparent, else None: the version ``ff``, a
+    version 00 with anything after its flags, an all-zero id or any other form is invalid, and an
+    invalid header is ignored as if absent."""
+    if isinstance(value, str):
         try:
-            t, s = binascii.unhexlify(value[3:35]), binascii.unhexlify(value[36:52])
-            flags = binascii.unhexlify(value[53:55])[0]  # two hex digits, as W3C writes them
-        except ValueError:  # binascii.Error is one
+            value = value.encode("ascii")
+        except UnicodeEncodeError:
             return None
-        if not any(t) or not any(s):
-            return None
-        return t, s, flags
-    try:
-        text = value.decode("ascii") if isinstance(value, bytes) else value
-        ver, tid, sid, flags = text.strip().split("-")[:4]
-        t, s = bytes.fromhex(tid), bytes.fromhex(sid)
-        if len(ver) != 2 or ver == "ff" or len(t) != 16 or len(s) != 8 or not any(t) or not any(s):
-            return None
-        return t, s, int(flags, 16)
-    except (ValueError, UnicodeDecodeError):
+    if not isinstance(value, bytes):
         return None
+    m = _TRACEPARENT_FORM.fullmatch(value)
+    if m is None or m[1] == b"ff" or (m[1] == b"00" and m[5]):
+        return None
+    t, s = binascii.unhexlify(m[2]), binascii.unhexlify(m[3])
+    if not any(t) or not any(s):
+        return None
+    return t, s, int(m[4], 16)
 
 
 _server_recorder = None  # () -> Recorder: the pipeline of the engine this process serves
@@ -235,7 +253,7 @@ class TracingMiddleware:
         c = _hotpath if accelerated() else None
         self._timed_send = c.TimedSend if c else None
         self._timer = self._timed_send or _TimedSend
-        self._find = c.find_traceparent if c else find_traceparent
+        self._take = c.take_traceparent if c else take_traceparent
         self._traceparent = c.traceparent if c else make_traceparent
 
     def _is_excluded(self, path: str) -> bool:
@@ -280,6 +298,25 @@ class TracingMiddleware:
             return False, None
         return True, sampling_probability(self._sampler, parent is not None)
 
+    def _begin(self, scope) -> tuple:
+        """What the span needs before the app runs: its start, ids, the caller's parent, the
+        sampling decision and the headers the app gets (the caller's trace context replaced by
+        ours). Whatever it raises, the caller serves the request untraced."""
+        t_app = monotonic_ns()
+        t0 = min(scope.get(FIRST_BYTE) or t_app, t_app)
+        headers = list(scope.get("headers") or ())
+        try:  # every traceparent out (and a tracestate that belongs to no parent): ours goes in
+            parent = self._take(headers)
+        except TypeError:  # not ASGI's shape: looked at in Python
+            parent = take_traceparent(headers)
+        ids = os.urandom(24)  # one read of the system's randomness: the span's id, and a trace's if new
+        trace_id = parent[0] if parent else ids[8:]
+        span_id = ids[:8]
+        sampled, p = self._decide(parent, trace_id, scope)
+        flags = (parent[2] & ~1 if parent else 0) | int(sampled)  # the engine's spans follow this decision
+        headers.append((_TRACEPARENT, self._traceparent(trace_id, span_id, flags)))
+        return t_app, t0, trace_id, span_id, parent, sampled, p, headers
+
     async def __call__(self, scope, receive, send):
         if scope.get(_SEEN):  # an outer copy of this middleware traces it
             await self.app(scope, receive, send)
@@ -290,24 +327,14 @@ class TracingMiddleware:
                 transport.timer = None  # not this one's writes, if its app has not returned yet
             await self.app(scope, receive, send)
             return
-        t_app = monotonic_ns()
-        t0 = min(scope.get(FIRST_BYTE) or t_app, t_app)
-        headers = list(scope.get("headers") or ())
         try:
-            found = self._find(headers)
-        except TypeError:  # not ASGI's shape: looked at in Python
-            found = find_traceparent(headers)
-        parent = None
-        if found is not None:
-            i = found[0]
-            parent = found[1] if len(found) == 2 else parse_traceparent(headers[i][1])
-            del headers[i]
-        ids = os.urandom(24)  # one read of the system's randomness: the span's id, and a trace's if new
-        trace_id = parent[0] if parent else ids[8:]
-        span_id = ids[:8]
-        sampled, p = self._decide(parent, trace_id, scope)
-        flags = (parent[2] & ~1 if parent else 0) | int(sampled)  # the engine's spans follow this decision
-        headers.append((_TRACEPARENT, self._traceparent(trace_id, span_id, flags)))
+            t_app, t0, trace_id, span_id, parent, sampled, p, headers = self._begin(scope)
+        except Exception:  # tracing never breaks the server: this request goes untraced
+            transport = scope.get(TIMED_TRANSPORT)
+            if transport is not None:
+                transport.timer = None
+            await self.app(scope, receive, send)
+            return
         timer = self._timer(send)
         transport = scope.get(TIMED_TRANSPORT) if self._timed_send is not None else None
         if transport is not None:

@@ -21,12 +21,15 @@ TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
 
 
-def raw_stream(base_url: str, body: dict, headers: dict) -> list[bytes]:
-    """POST by hand on a socket; the response's body chunks as they arrive."""
+def raw_stream(base_url: str, body: dict | None, headers, path: str = "/v1/completions") -> list[bytes]:
+    """POST (GET without a body) by hand on a socket, the headers as given (a dict, or pairs: the
+    same name twice); the response's body chunks as they arrive."""
     u = urllib.parse.urlparse(base_url)
-    data = json.dumps(body).encode()
-    head = f"POST /v1/completions HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
-    head += "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    data = b"" if body is None else json.dumps(body).encode()
+    method = "GET" if body is None else "POST"
+    head = f"{method} {path} HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\n"
+    pairs = headers.items() if isinstance(headers, dict) else headers
+    head += "".join(f"{k}: {v}\r\n" for k, v in pairs)
     head += f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
     out = []
     with socket.create_connection((u.hostname, u.port), timeout=60) as s:
@@ -81,3 +84,58 @@ def test_server_span_parents_the_engine_request(tiny_model, tmp_path):
     assert any(streamed.start_ns + c >= first_out for c in chunks)
     other = next(s for s in http if s.trace_id != TRACE)
     assert other.parent_span_id in (None, "") and len(other.attributes[sc.HTTP_CHUNK_OFFSETS]) >= 1
+
+
+BAD_FLAGS = ["100", "1ff", "0x1ff", "1_00", "f" * 40]
+
+
+def test_a_malformed_or_repeated_traceparent_never_changes_the_answer(tiny_model, tmp_path):
+    """#47's first two attacks on a real traced server: a traceparent whose flags are not two hex
+    digits made every traced endpoint answer 400 (500 without the C accelerator), where plain vLLM
+    answers 200; now it is ignored as if absent. A second traceparent header moved the engine's
+    spans to another trace than the server span's; now every boundary of the request is in one."""
+    from engine_hooks.tiny_model import prompt, stop_cpu_server
+
+    traces = tmp_path / "server.jsonl"
+    env = {"OTEL_LLM_ENABLE": "1", "OTEL_LLM_TRACES_FILE": str(traces), "OTEL_LLM_SCHEDULE_DELAY": "50"}
+    server, base_url = start_vllm_server(tiny_model, env)
+    body = {"model": tiny_model, "prompt": prompt(16), "max_tokens": 4, "ignore_eos": True}
+    sent = []  # (path, trace id it must land in or None)
+    try:
+        for flags in BAD_FLAGS:
+            tp = f"00-{TRACE}-{PARENT}-{flags}"
+            for path, b in (
+                ("/v1/completions", {**body, "stream": True}),
+                ("/v1/completions", body),
+                ("/tokenize", {"model": tiny_model, "prompt": "w1 w2"}),
+                ("/v1/models", None),
+            ):
+                got = b"".join(raw_stream(base_url, b, {"traceparent": tp}, path=path))
+                assert got.startswith(b"HTTP/1.1 200"), (flags, path, got[:300])
+                sent.append((path, None))
+        other = "0af7651916cd43dd8448eb211c80319c"
+        for spelled in (("traceparent", "traceparent"), ("TraceParent", "TRACEPARENT", "traceparent")):
+            headers = [(spelled[0], f"00-{TRACE}-{PARENT}-01")]
+            headers += [(name, f"00-{other}-b7ad6b7169203331-01") for name in spelled[1:]]
+            got = b"".join(raw_stream(base_url, {**body, "stream": True}, headers))
+            assert got.startswith(b"HTTP/1.1 200") and b"data: [DONE]" in got
+    finally:
+        stop_cpu_server(server)
+    spans = read_trace_file(traces)
+    http = [s for s in spans if s.attributes.get(sc.BOUNDARY) == "server"]
+    engine = [s for s in spans if s.name == sc.SPAN_REQUEST]
+    # every request got its server span (an invalid parent is ignored: a new trace, not ours)
+    assert len(http) == len(sent) + 2 and sum(s.trace_id == TRACE for s in http) == 2
+    for s in http:
+        assert s.attributes[sc.HTTP_STATUS] == 200
+        if s.trace_id != TRACE:
+            assert s.parent_span_id in (None, "")
+    # each completion's engine span is the child of its own server span, in its trace
+    by_id = {s.span_id: s for s in http}
+    assert len(engine) == 2 * len(BAD_FLAGS) + 2
+    for e in engine:
+        parent = by_id[e.parent_span_id]
+        assert parent.trace_id == e.trace_id and parent.attributes[sc.URL_PATH] == "/v1/completions"
+    assert sum(e.trace_id == TRACE for e in engine) == 2 and not any(
+        s.trace_id == "0af7651916cd43dd8448eb211c80319c" for s in spans
+    )

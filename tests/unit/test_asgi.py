@@ -93,6 +93,20 @@ def test_chunks_timed_and_traceparent_handed_on(monkeypatch, pure_python):
         b"00-4bf92f3577b34da6a3ce929d0e0e4736-" + b"0" * 16 + b"-01",
         b"00-4bf92f3577b34da6a3ce929d0e0e47 6-00f067aa0ba902b7-01",
         b"00_4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        # flags are exactly two lowercase hex digits (each answered 400 or 500 before: #47)
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-100",
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-1ff",
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0x1ff",
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-1_00",
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-" + b"f" * 40,
+        b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0",
+        # each id exactly its width, lowercase; version 00 ends at its flags
+        b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01",
+        b"00-4bf92f3577b34da6a3ce929d0e0e47360-0f067aa0ba902b7-01",
+        b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+        b"0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        b"\xff\xfe-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        b"",
     ],
 )
 @pytest.mark.parametrize("pure_python", [False, True], ids=["C", "Python"])
@@ -100,26 +114,98 @@ def test_a_bad_traceparent_starts_a_new_trace(monkeypatch, bad, pure_python):
     if pure_python:
         monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
     rec = Recorder()
-    _, _, seen = run(streaming_app, headers=[(b"traceparent", bad)], recorder=rec)
+    headers = [(b"traceparent", bad), (b"tracestate", b"vendor=abc"), (b"x-other", b"1")]
+    _, sent, seen = run(streaming_app, headers=headers, recorder=rec)
+    assert sent[0]["status"] == 200 and len(sent) == 7  # served as if the header were absent
     (h,) = records(rec)
-    assert h.parent_span_id is None and any(h.trace_id)
-    assert parse_traceparent(dict(seen["headers"])[b"traceparent"])[0] == h.trace_id
+    assert h.parent_span_id is None and any(h.trace_id) and h.status == 200
+    handed = seen["headers"]
+    assert parse_traceparent(dict(handed)[b"traceparent"])[0] == h.trace_id
+    # a new trace: the state that came with the ignored parent is not handed on with ours
+    assert [k for k, _ in handed] == [b"x-other", b"traceparent"]
+
+
+FIRST = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+SECOND = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    "headers, parent",
+    [
+        ([(b"traceparent", FIRST), (b"traceparent", SECOND)], FIRST),
+        ([(b"TraceParent", FIRST), (b"x", b"1"), (b"TRACEPARENT", SECOND), (b"traceparent", SECOND)], FIRST),
+        ([(b"traceparent", b"00-bad"), (b"traceparent", SECOND)], None),  # the first decides, as the SDK reads it
+        ([(b"tracestate", b"a=1"), (b"traceparent", FIRST), (b"traceparent", SECOND), (b"tracestate", b"b=2")], FIRST),
+        ([["TraceParent", FIRST.decode()], [b"traceparent", SECOND]], FIRST),  # not ASGI's shape: in Python
+    ],
+    ids=["two", "three, any spelling", "an invalid first", "with tracestate", "list pairs"],
+)
+@pytest.mark.parametrize("pure_python", [False, True], ids=["C", "Python"])
+def test_every_caller_traceparent_is_replaced_by_the_server_spans(monkeypatch, headers, parent, pure_python):
+    """A second (or third) traceparent header must not reach the app, or the engine's spans follow
+    it into another trace than the server span's (#47): the first one in any spelling is the
+    parent where valid, every one is removed, and exactly one, the server span's, is handed on;
+    the caller's tracestate goes on with its own parent only."""
+    if pure_python:
+        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    rec = Recorder()
+    _, sent, seen = run(streaming_app, headers=headers, recorder=rec)
+    assert sent[0]["status"] == 200
+    (h,) = records(rec)
+    names = [(k.encode() if isinstance(k, str) else k).lower() for k, _ in seen["headers"]]
+    assert names.count(b"traceparent") == 1
+    handed = parse_traceparent(next(v for k, v in seen["headers"] if k == b"traceparent"))
+    assert handed[:2] == (h.trace_id, h.span_id)  # the engine's spans join the server span's trace
+    if parent is None:
+        assert h.parent_span_id is None and b"tracestate" not in names
+    else:
+        want = parse_traceparent(parent)
+        assert (h.trace_id, h.parent_span_id) == want[:2]
+        states = [v for k, v in seen["headers"] if k == b"tracestate"]
+        assert states == [v for k, v in headers if k == b"tracestate"]
+
+
+def test_a_failure_before_the_app_serves_the_request_untraced():
+    """Nothing the middleware does before the app runs may raise into the server: a sampler
+    that raises leaves the request served, untraced."""
+    rec = Recorder()
+
+    async def inner(scope, receive, send):
+        await streaming_app(scope, receive, send)
+
+    mw = TracingMiddleware(inner, recorder=rec)
+
+    def broken(*a, **k):
+        raise RuntimeError("sampler failed")
+
+    mw._decide = broken
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(m):
+        sent.append(m)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"traceparent", FIRST)]}
+    asyncio.run(mw(scope, receive, send))
+    assert sent[0]["status"] == 200 and len(sent) == 7 and records(rec) == []
 
 
 @pytest.mark.parametrize(
     "headers",
     [
         [(b"host", b"x"), (b"traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")],
-        [(b"Traceparent", b"00-4BF92F3577B34DA6A3CE929D0E0E4736-00F067AA0BA902B7-01"), (b"host", b"x")],
+        [(b"Traceparent", b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"), (b"host", b"x")],
+        [(b"traceparent", b"cc-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-a-later-version")],
         [["x-a", "1"], [b"TRACEPARENT", b" 00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01 "]],
     ],
-    ids=["lowercase", "any case", "list pairs, a str name, spaces"],
+    ids=["lowercase", "any case", "list pairs, a str name, spaces", "a later version"],
 )
 @pytest.mark.parametrize("pure_python", [False, True], ids=["C", "Python"])
 def test_the_caller_traceparent_is_found_however_the_server_spells_it(monkeypatch, headers, pure_python):
     """Header names are looked up in any case (in C where ASGI's shape: a list of tuples with
-    bytes names; in Python otherwise); the value is read at its fixed places, or parsed in full
-    when it is not the usual 55 bytes."""
+    bytes names; in Python otherwise); a later version's value may go on after its flags."""
     if pure_python:
         monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
     rec = Recorder()
@@ -418,18 +504,20 @@ def test_the_timed_transport_notes_the_writes_and_is_the_transport_otherwise():
 @pytest.mark.skipif(asgi._hotpath is None, reason="the C accelerator is not built here")
 def test_the_c_traceparent_reader_and_writer_agree_with_the_python_ones():
     """Header lists and traceparent values shaped by hand and mutated at random, byte by byte:
-    ``_hotpath.find_traceparent`` finds the header the Python reader finds and reads the same
-    parent from it (or hands the value to the full parser), and refuses what is not ASGI's shape;
-    ``_hotpath.traceparent`` writes what the Python writer writes."""
+    ``_hotpath.take_traceparent`` reads the parent the Python reader reads and leaves the same
+    headers, and refuses what is not ASGI's shape without touching it; ``_hotpath.traceparent``
+    writes what the Python writer writes."""
     import random
 
     c = asgi._hotpath
     rng = random.Random(7)
     good = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-    alphabet = b"0123456789abcdefABCDEFgG-_ \x00\xff"
+    alphabet = b"0123456789abcdefABCDEFgG-_ \t\x00\xff"
 
     def mutated() -> bytes:
         v = bytearray(good)
+        if rng.random() < 0.1:
+            v[:2] = rng.choice([b"01", b"ff", b"cc"])
         for _ in range(rng.choice([0, 1, 1, 2, 3])):
             roll = rng.random()
             if roll < 0.6:
@@ -437,36 +525,31 @@ def test_the_c_traceparent_reader_and_writer_agree_with_the_python_ones():
             elif roll < 0.8:
                 del v[rng.randrange(len(v))]
             else:
-                v.insert(rng.randrange(len(v)), rng.choice(alphabet))
+                v.insert(rng.randrange(len(v) + 1), rng.choice(alphabet))
         if rng.random() < 0.1:
             v[3:35] = b"0" * 32  # an all-zero trace id
         return bytes(v)
 
-    def python(headers):
-        found = asgi.find_traceparent(headers)
-        return None if found is None else (found[0], asgi.parse_traceparent(headers[found[0]][1]))
-
     names = [b"traceparent", b"TraceParent", b"TRACEPARENT", b"traceparenT", b"traceparent2", b"trace-parent", b"x"]
+    names += [b"tracestate", b"TraceState"]
     kinds = collections.Counter()
     for _ in range(3000):
-        headers = [(rng.choice(names), mutated()) for _ in range(rng.randrange(4))]
+        headers = [(rng.choice(names), mutated()) for _ in range(rng.randrange(5))]
         headers.insert(rng.randrange(len(headers) + 1), (b"host", b"x"))
-        found = c.find_traceparent(headers)
-        want = python(headers)
-        if found is None:
-            assert want is None, headers
-            kinds["none"] += 1
-            continue
-        kinds["full parser" if len(found) == 1 else "invalid" if found[1] is None else "parent"] += 1
-        got = (found[0], found[1] if len(found) == 2 else asgi.parse_traceparent(headers[found[0]][1]))
-        assert got == want, headers
-        if len(found) == 1:  # handed to the full parser: not the usual form
-            v = headers[found[0]][1]
-            assert len(v) != 55 or v[:3] != b"00-" or v[35:36] != b"-" or v[52:53] != b"-"
-    assert min(kinds[k] for k in ("none", "full parser", "invalid", "parent")) >= 100, kinds  # each way, often
+        in_c, in_python = list(headers), list(headers)
+        got = c.take_traceparent(in_c)
+        assert got == asgi.take_traceparent(in_python), headers
+        assert in_c == in_python, headers
+        assert not any(k.lower() == b"traceparent" for k, _ in in_c)
+        kinds[
+            "none" if not any(k.lower() == b"traceparent" for k, _ in headers) else "parent" if got else "invalid"
+        ] += 1
+    assert min(kinds[k] for k in ("none", "invalid", "parent")) >= 100, kinds  # each way, often
     for not_asgi in ([["traceparent", good]], [(b"traceparent",)], [(b"a", b"b", b"c")], ((b"traceparent", good),)):
+        before = list(not_asgi)
         with pytest.raises(TypeError):
-            c.find_traceparent(not_asgi)
+            c.take_traceparent(not_asgi)
+        assert list(not_asgi) == before
     for _ in range(200):
         t, s, f = rng.randbytes(16), rng.randbytes(8), rng.randrange(256)
         assert c.traceparent(t, s, f) == asgi.make_traceparent(t, s, f)
