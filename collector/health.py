@@ -34,8 +34,12 @@ COUNTS: tuple[Series, ...] = (
     # assembly (collector.pipeline.assembly.AssemblyCounters)
     Series("assembly_spans_received", "spans taken into trace assembly"),
     Series("assembly_spans_duplicate", "spans received twice (the same span id in a trace), kept once"),
-    Series("assembly_spans_late", "spans dropped because their boundary was derived already"),
+    Series("assembly_spans_late", "spans dropped because their request (or its phase's) was derived already"),
     Series("assembly_spans_late_derived", "late spans for a boundary not derived yet, derived on their own"),
+    Series(
+        "assembly_spans_held_back",
+        "spans kept past a trace's timeout release: an engine request still waiting for its client's span",
+    ),
     Series("assembly_spans_over_trace_limit", "spans dropped because their trace had --max-spans-per-trace"),
     Series("assembly_requests_refused_full", "export requests refused for want of room (--on-full refuse)"),
     Series("assembly_traces_released", "traces released to derivation"),

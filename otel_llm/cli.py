@@ -49,7 +49,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
         extra = {"selection": sel.describe()} if selection_given(args) else None
     else:
         if selection_given(args):
-            raise CLIError("--run, --service, --since, --until and --include-warmup select from --store or --traces")
+            raise CLIError(
+                "--run, --service, --trace, --since, --until and --include-warmup select from --store or --traces"
+            )
         batch = read_timelines(args.file)
     sys.stdout.write(analysis_text(batch, args, extra))
     return 0

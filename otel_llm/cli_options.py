@@ -172,6 +172,13 @@ def _time(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _trace_id(text: str) -> str:
+    t = text.strip().lower()
+    if len(t) != 32 or any(c not in "0123456789abcdef" for c in t):
+        raise argparse.ArgumentTypeError(f"bad trace id {text!r}: expected 32 hex digits")
+    return t
+
+
 def add_selection_options(p: argparse.ArgumentParser) -> None:
     """Which records of a store or trace file a command reads (see :class:`Selection`)."""
     g = p.add_argument_group("selection (from a store or a traces file)")
@@ -190,6 +197,15 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
         help="only records sent by this service.name; repeatable",
     )
     g.add_argument(
+        "--trace",
+        action="append",
+        default=[],
+        type=_trace_id,
+        metavar="TRACE_ID",
+        help="only the requests of this trace (32 hex digits, as Jaeger and compare --trace show it): an "
+        "agent's or a chain's calls under one application span; repeatable",
+    )
+    g.add_argument(
         "--since",
         type=_time,
         metavar="TIME",
@@ -206,11 +222,20 @@ def add_selection_options(p: argparse.ArgumentParser) -> None:
 def selection_of(args: argparse.Namespace) -> Selection:
     if args.since is not None and args.until is not None and args.until < args.since:
         raise CLIError("--until is before --since")
-    return Selection(tuple(args.run), tuple(args.service), args.since, args.until, args.include_warmup)
+    return Selection(
+        tuple(args.run), tuple(args.service), args.since, args.until, args.include_warmup, tuple(args.trace)
+    )
 
 
 def selection_given(args: argparse.Namespace) -> bool:
-    return bool(args.run or args.service or args.since is not None or args.until is not None or args.include_warmup)
+    return bool(
+        args.run
+        or args.service
+        or args.trace
+        or args.since is not None
+        or args.until is not None
+        or args.include_warmup
+    )
 
 
 def load_source(name: str):

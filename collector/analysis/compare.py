@@ -196,6 +196,11 @@ RequestComparison = make_dataclass(
         ("preemption_time", float),
         ("stall", str),
         ("stall_gap", float | None),
+        ("caller_span_id", str | None),  # the application's span the call ran under (its trace's calls)
+        ("submit_ns", int),  # Unix ns, client clock
+        ("client_e2e", float | None),
+        ("call", int),  # 1, 2, ...: the call's place among its trace's paired calls, by submit
+        ("idle_before", float | None),  # s from the trace's previous call's end to this submit: not the model's
     ],
     namespace={"parts": property(_parts_of), "__module__": __name__},
 )
@@ -289,9 +294,35 @@ def compare(
                 preemption_time=e.preemption_time,
                 stall=stall,
                 stall_gap=None if gap != gap else gap,
+                caller_span_id=c.caller_span_id,
+                submit_ns=c.submit_ns,
+                client_e2e=c.e2e,
+                call=1,
+                idle_before=None,
             )
         )
+    order_calls(rows)
     return Comparison(rows, off, pairs, alone, c_itl, e_itl)
+
+
+def order_calls(rows: Sequence[RequestComparison]) -> dict[str, list[RequestComparison]]:
+    """The paired calls of each trace in the order they were made (an agent's turns, a chain's
+    steps), by client submit: sets each row's ``call`` (1, 2, ...) and ``idle_before`` (seconds
+    from the end of the trace's previous call to this call's submit, on the client's clock: time
+    the model did not spend; negative where calls overlap; None for a trace's first call)."""
+    by_trace: dict[str, list] = {}
+    for r in rows:
+        by_trace.setdefault(r.trace_id, []).append(r)
+    for calls in by_trace.values():
+        calls.sort(key=lambda r: r.submit_ns)
+        prev_end = None
+        for k, r in enumerate(calls, 1):
+            r.call = k
+            r.idle_before = None if prev_end is None else (r.submit_ns - prev_end) / 1e9
+            if r.client_e2e is not None:
+                end = r.submit_ns + round(r.client_e2e * 1e9)
+                prev_end = end if prev_end is None else max(prev_end, end)
+    return by_trace
 
 
 #: The parts of the client TTFT, in the order they happen (:mod:`collector.pipeline.ttft_parts`).

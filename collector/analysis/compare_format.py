@@ -75,8 +75,14 @@ def format_comparison(
         h(f"Slowest {min(top, len(rows))} by client TTFT (ms)"),
     ]
     worst = sorted(rows, key=lambda r: -(r.client_ttft or 0))[:top]
+    out += _slowest(worst, rows, markdown)
+    out += _traces_of_several_calls(rows, top, markdown, h)
+    return "\n".join(out) + "\n"
+
+
+def _slowest(worst: list[RequestComparison], rows: list[RequestComparison], markdown: bool) -> list[str]:
     shown = [k for k in TTFT_PARTS if any(k in r.parts for r in rows)]
-    out += grid(
+    return grid(
         ["id", "client_ttft", *shown, "engine_ttft", "itl_max c/e", "preempt", "stall"],
         [
             [
@@ -92,4 +98,43 @@ def format_comparison(
         ],
         markdown,
     )
-    return "\n".join(out) + "\n"
+
+
+def _traces_of_several_calls(rows: list[RequestComparison], top: int, markdown: bool, h) -> list[str]:
+    """Each trace that holds several paired calls (an agent's or a chain's, under one application
+    span), its calls in order with their TTFT parts and the time between them: the longest ``top``."""
+    by_trace: dict[str, list[RequestComparison]] = {}
+    for r in rows:
+        by_trace.setdefault(r.trace_id, []).append(r)
+    several = sorted((c for c in by_trace.values() if len(c) > 1), key=lambda c: -len(c))[:top]
+    if not several:
+        return []
+    out = ["", h(f"Traces of several calls ({len(several)} shown; ms; idle: between calls, not the model's time)")]
+    shown = [k for k in TTFT_PARTS if any(k in r.parts for c in several for r in c)]
+    for calls in several:
+        calls = sorted(calls, key=lambda r: r.call)
+        t0 = calls[0].submit_ns
+        span = (max(r.submit_ns + round((r.client_e2e or 0) * 1e9) for r in calls) - t0) / 1e9
+        model = sum(r.client_e2e or 0 for r in calls)
+        out += [
+            "",
+            f"trace {calls[0].trace_id}: {len(calls)} calls over {span:.3f} s, in calls {model:.3f} s "
+            f"({model / span * 100 if span > 0 else 100:.0f}%), under span {calls[0].caller_span_id or '-'}",
+        ]
+        out += grid(
+            ["call", "id", "at (s)", "idle", "client_ttft", *shown, "e2e"],
+            [
+                [
+                    str(r.call),
+                    r.id,
+                    f"{(r.submit_ns - t0) / 1e9:.3f}",
+                    _ms(r.idle_before),
+                    _ms(r.client_ttft),
+                    *(_ms(getattr(r, k)) for k in shown),
+                    _ms(r.client_e2e),
+                ]
+                for r in calls
+            ],
+            markdown,
+        )
+    return out

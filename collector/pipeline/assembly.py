@@ -1,24 +1,31 @@
 """Trace assembly, after the OpenTelemetry Collector's groupbytrace processor.
 
 Spans (walked span tuples, :mod:`collector.pipeline.walked_span`) are grouped by trace id in a
-:class:`TraceStorage` (in memory by default). A trace is released to derivation when
-* ``grace_s`` has passed since its last request span (``llm.request`` / ``llm.client.request``)
-  arrived: request spans are exported when they end, so their phases and the other boundary have
-  had time to arrive. An engine request span with a parent (the caller sent a ``traceparent``)
-  and no client span yet waits ``peer_wait_s`` instead: the client's span ends later and its
-  exporter batches (5 s by default in the OpenTelemetry SDK); or
-* ``timeout_s`` has passed since its first span arrived (a trace with no request span, or one
-  boundary missing); or
-* the ring buffer of ``max_traces`` traces in flight is full: the oldest is released early
+:class:`TraceStorage` (in memory by default). The unit derived is the request, not the trace: a
+trace may hold many requests (an agent's or a chain's calls under one application span, minutes
+apart), so what is released is the trace's spans held so far, and the trace's later spans open it
+again as a new request group. A trace's group is released when
+* ``grace_s`` has passed since its last request span (``llm.request`` / ``llm.client.request``, a
+  GenAI client's span) arrived and every engine request span that has a caller (a ``traceparent``)
+  has a client span beside it: request spans are exported when they end, so their phases and the
+  other boundary have had time to arrive. While the group holds more such engine spans than
+  client spans it waits ``peer_wait_s`` after the last of them instead: the client's span ends
+  later and its exporter batches (5 s by default in the OpenTelemetry SDK); or
+* ``timeout_s`` has passed since its first span arrived (a group with no request span, one
+  boundary missing, or calls back to back): the engine spans still waiting for their client
+  within ``peer_wait_s`` of their arrival, with their phases and server span, are kept back as
+  the trace's next group, so that a call in flight at the timeout is not split; or
+* the ring buffer of ``max_traces`` groups in flight is full: the oldest is released early
   (counted as evicted). With ``on_full="refuse"`` (the tail-sampling processor's
   ``block_on_overflow``), a request that would need room is refused instead (:class:`AssemblyFull`,
   -> UNAVAILABLE / 503: the sender retries), and nothing is evicted.
-A span seen twice in a trace is ignored (counted). A span for a trace released recently is late:
-if its boundary (client: ``llm.client.request``; engine: every other span) was already derived it
-is counted and dropped, never derived twice; if not (the other process's spans came after the
-trace was released, as they do under eviction), the trace is opened again for that boundary
-alone and derived as an unpaired record (``spans_late_derived``). Everything is guarded by one lock; the caller's clock
-(seconds, monotonic) drives deadlines.
+A span seen twice in a group is ignored (counted). What was released is remembered per request
+(:class:`RecentRequests`): a request span released already (the same span id, or the same request
+id at the same boundary), a phase of an engine request released already, or the server span above
+one is late: counted and dropped, never derived twice. A request span whose other boundary was
+released without it (the other process's spans came after, as they do under eviction) opens a
+group derived as an unpaired record (``spans_late_derived``). Everything is guarded by one lock;
+the caller's clock (seconds, monotonic) drives deadlines.
 
 Deadlines need no priority queue: each kind is the clock plus a constant (timeout, grace, peer
 wait), so each kind's deadlines come due in the order they were set. Three FIFO queues hold
@@ -28,6 +35,7 @@ span is skipped when it comes up.
 
 from __future__ import annotations
 
+import hashlib
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -42,8 +50,9 @@ from .genai_client_spans import is_genai_client_span
 class AssemblyCounters:
     spans_received: int = 0
     spans_duplicate: int = 0
-    spans_late: int = 0  # dropped: their boundary was derived already
+    spans_late: int = 0  # dropped: their request (or its phase's) was derived already
     spans_late_derived: int = 0  # late, for a boundary not derived yet: derived on their own
+    spans_held_back: int = 0  # kept past a timeout release: an engine span still waiting for its client
     spans_over_trace_limit: int = 0  # dropped: their trace already had max_spans_per_trace
     requests_refused_full: int = 0  # on_full="refuse": export requests refused for want of room
     traces_released: int = 0
@@ -68,9 +77,27 @@ def _request_bit(s: tuple) -> int:
     return _ENGINE_BIT if code == sp.ENGINE else 0
 
 
-def _boundary_bit(s: tuple) -> int:
-    """The boundary a span belongs to: its record's, else the engine's (a phase span)."""
-    return _request_bit(s) or _ENGINE_BIT
+def _request_id(s: tuple, bit: int) -> str | None:
+    """A request span's request id (None: it says none): ours, a GenAI client's response id (the
+    server's id for the response), vLLM's or SGLang's own."""
+    for slot in (
+        (sp.REQUEST_ID, sp.RESPONSE_ID) if bit == _CLIENT_BIT else (sp.REQUEST_ID, sp.GENAI_REQUEST_ID, sp.SGLANG_RID)
+    ):
+        rid = s[slot]
+        if type(rid) is str and rid:
+            return rid
+    return None
+
+
+def _request_key(s: tuple, bit: int) -> bytes | None:
+    """A request span's request id at its boundary (and choice), as 8 bytes (None: it says none):
+    the same id at the same boundary is the same request, whatever its span id."""
+    rid = _request_id(s, bit)
+    if rid is None:
+        return None
+    c = s[sp.CHOICE]
+    text = f"{bit}:{rid}#{c if type(c) is int else ''}"
+    return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest()
 
 
 class TraceStorage(Protocol):
@@ -110,10 +137,15 @@ class InMemoryTraceStorage:
 
 @dataclass(slots=True)
 class _Entry:
+    """A trace's group of spans in flight: its requests since the trace's last release."""
+
     first_seen: float
+    released: bytearray | None = None  # what earlier groups of the trace released (RecentRequests)
     ready_at: float | None = None  # set when a request span arrives
-    has_client: bool = False
-    late: bool = False  # opened again after a release, for a boundary not derived then
+    clients: int = 0  # client request spans
+    callers: int = 0  # engine request spans with a caller (a parent) that may still send its span
+    waiting: dict | None = None  # span id -> arrival of those engine spans (kept back at a timeout)
+    late: bool = False  # opened by a boundary of a request released without it
     spans: int = 0
     bytes: int = 0  # memory its spans hold, as the caller estimated it (see add)
 
@@ -126,29 +158,146 @@ class ReleasedTrace:
     bytes: int = 0  # memory its spans hold, as estimated when they were added
 
 
-class RecentTraces:
-    """Trace id -> boundary bits derived, for the ``limit`` traces released last, at least the
-    last ``limit // 2``: two generations of dicts, the older dropped whole when the newer is half
-    full (O(1) per release, at most ``limit`` ids held, about 110 bytes each)."""
+# what RecentRequests remembers of a released request: a tag byte and 8 bytes
+_CLIENT_DONE = b"C"  # + span id: a client request span released (derived)
+_ENGINE_DONE = b"E"  # + span id: an engine request span released; its phases are late after it
+_ABOVE_DONE = b"A"  # + span id: the span above a released engine span (its server span, its caller)
+_ID_DONE = b"R"  # + _request_key: a request id released at its boundary
+_KEY = 9
 
-    def __init__(self, limit: int):
+
+def _has(blob: bytearray, key: bytes) -> bool:
+    """Whether ``blob`` (9-byte keys, back to back) holds ``key``."""
+    i = blob.find(key)
+    while i >= 0 and i % _KEY:
+        i = blob.find(key, i + 1)
+    return i >= 0
+
+
+class RecentRequests:
+    """Trace id -> what was released of it (9-byte keys, back to back, in one ``bytearray``), for
+    the ``limit`` requests released last, at least the last ``limit // 2``: two generations of
+    dicts, the older dropped whole once the newer has seen ``limit // 2`` requests (O(1) per
+    request, about 180 bytes each). One trace keeps at most ``per_trace`` bytes of keys (its oldest
+    half is forgotten beyond that), so a trace that never ends cannot take the memory."""
+
+    def __init__(self, limit: int, per_trace: int = _KEY * 5 * 4096):
         self.limit = limit
-        self._new: dict[bytes, int] = {}
-        self._old: dict[bytes, int] = {}
+        self.per_trace = per_trace
+        self._new: dict[bytes, bytearray] = {}
+        self._old: dict[bytes, bytearray] = {}
+        self._requests = 0  # requests remembered in _new
 
-    def get(self, tid: bytes) -> int | None:
-        bits = self._new.get(tid)
-        return self._old.get(tid) if bits is None else bits
+    def get(self, tid: bytes) -> bytearray | None:
+        blob = self._new.get(tid)
+        return self._old.get(tid) if blob is None else blob
 
-    def add(self, tid: bytes, bits: int) -> None:
-        if not self.limit:
+    def add(self, tid: bytes, keys: bytes, requests: int) -> None:
+        if not self.limit or not keys:
             return
-        self._new[tid] = (self.get(tid) or 0) | bits
-        if len(self._new) >= max(1, self.limit // 2):
-            self._old, self._new = self._new, {}
+        blob = self._new.get(tid)
+        if blob is None:
+            blob = self._new[tid] = self._old.pop(tid, None) or bytearray()
+        blob += keys
+        if len(blob) > self.per_trace:
+            del blob[: (len(blob) // 2) // _KEY * _KEY]
+        self._requests += requests
+        if self._requests >= max(1, self.limit // 2):
+            self._old, self._new, self._requests = self._new, {}, 0
 
     def __len__(self) -> int:
         return len(self._new) + len(self._old)
+
+
+def _released_keys(spans: list[tuple]) -> tuple[bytes, int]:
+    """What to remember of released spans (their 9-byte keys back to back) and how many requests
+    they hold."""
+    keys: list[bytes] = []
+    clients = engines = 0
+    by_id = None
+    for s in spans:
+        code = s[sp.CODE]
+        bit = (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s)
+        if not bit:
+            continue
+        if bit == _CLIENT_BIT:
+            clients += 1
+            keys.append(_CLIENT_DONE + s[sp.SPAN_ID])
+        else:
+            engines += 1
+            keys.append(_ENGINE_DONE + s[sp.SPAN_ID])
+            parent = s[sp.PARENT_ID]
+            if parent:  # the server span above it (late: dropped), or its caller (late: derived alone)
+                keys.append(_ABOVE_DONE + parent)
+                if by_id is None:
+                    by_id = {x[sp.SPAN_ID]: x for x in spans}
+                above = by_id.get(parent)
+                if above is not None and above[sp.CODE] == sp.SERVER and above[sp.PARENT_ID]:
+                    keys.append(_ABOVE_DONE + above[sp.PARENT_ID])
+        rk = _request_key(s, bit)
+        if rk is not None:
+            keys.append(_ID_DONE + rk)
+    return b"".join(keys), max(clients, engines)
+
+
+def _late(blob: bytearray, s: tuple) -> int:
+    """What a span of a trace with released requests is: 0 new, 1 late (released already: drop),
+    2 a boundary of a released request not released yet (derived on its own)."""
+    code = s[sp.CODE]
+    bit = (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s)
+    sid, parent = s[sp.SPAN_ID], s[sp.PARENT_ID]
+    if bit == _CLIENT_BIT:
+        if _has(blob, _CLIENT_DONE + sid):
+            return 1
+        rk = _request_key(s, bit)
+        if rk is not None and _has(blob, _ID_DONE + rk):
+            return 1
+        return 2 if _has(blob, _ABOVE_DONE + sid) else 0
+    if bit == _ENGINE_BIT:
+        if _has(blob, _ENGINE_DONE + sid):
+            return 1
+        rk = _request_key(s, bit)
+        if rk is not None and _has(blob, _ID_DONE + rk):
+            return 1
+        return 2 if parent and _has(blob, _CLIENT_DONE + parent) else 0
+    if code == sp.SERVER:
+        return 1 if _has(blob, _ABOVE_DONE + sid) else 0
+    return 1 if parent and _has(blob, _ENGINE_DONE + parent) else 0
+
+
+def _hold_back(spans: list[tuple], waiting: dict, since: float) -> tuple[list[tuple], list[tuple]]:
+    """(released, held): the engine request spans in ``waiting`` that arrived after ``since`` and
+    have no client span in the group (none above them, none with their request id), with their
+    phases and the server span above them, are held; the rest is released."""
+    by_id = {s[sp.SPAN_ID]: s for s in spans}
+    client_ids, client_rids = set(), set()
+    for s in spans:
+        code = s[sp.CODE]
+        if (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s) == _CLIENT_BIT:
+            client_ids.add(s[sp.SPAN_ID])
+            client_rids.add(_request_id(s, _CLIENT_BIT))
+    hold: set[bytes] = set()
+    for sid, at in waiting.items():
+        e = by_id.get(sid)
+        rid = None if e is None else _request_id(e, _ENGINE_BIT)
+        if e is None or at <= since or (rid is not None and rid in client_rids):
+            continue
+        p, hops, found = e[sp.PARENT_ID], 0, False
+        while p and hops < 64 and not found:
+            found = p in client_ids
+            above = by_id.get(p)
+            p, hops = (above[sp.PARENT_ID] if above is not None else b""), hops + 1
+        if found:
+            continue
+        hold.add(sid)
+        above = by_id.get(e[sp.PARENT_ID])
+        if above is not None and above[sp.CODE] == sp.SERVER:
+            hold.add(above[sp.SPAN_ID])
+    if not hold:
+        return spans, []
+    held = [s for s in spans if s[sp.SPAN_ID] in hold or (s[sp.PARENT_ID] in hold and s[sp.CODE] > sp.ENGINE)]
+    ids = {s[sp.SPAN_ID] for s in held}
+    return [s for s in spans if s[sp.SPAN_ID] not in ids], held
 
 
 class TraceAssembler:
@@ -160,7 +309,7 @@ class TraceAssembler:
         self._ring: deque[bytes] = deque()  # arrival order of traces: eviction and timeouts
         self._grace: deque[tuple[float, bytes]] = deque()  # (ready at, trace id), FIFO = deadline order
         self._peer: deque[tuple[float, bytes]] = deque()  # the same for traces waiting for their client span
-        self._released = RecentTraces(self.config.remember_released)  # trace id -> boundary bits derived
+        self._released = RecentRequests(self.config.remember_released)  # trace id -> what it released
         self._lock = threading.Lock()
         self.bytes = 0  # memory held by the spans in flight, as estimated by the callers of add
 
@@ -174,7 +323,6 @@ class TraceAssembler:
         cfg = self.config
         evicted: list[ReleasedTrace] = []
         entries, released, store = self._entries, self._released, self.storage
-        grace, peer_wait = cfg.grace_s, max(cfg.grace_s, cfg.peer_wait_s)
         span_cap = cfg.max_spans_per_trace
         with self._lock:
             c = self.counters
@@ -187,18 +335,18 @@ class TraceAssembler:
             for s in spans:
                 tid = s[sp.TRACE_ID]
                 e = entries.get(tid)
-                if e is None or e.late:
-                    done = released.get(tid)
-                    if done is not None and done & _boundary_bit(s):
-                        c.spans_late += 1
-                        continue
+                history = released.get(tid) if e is None else e.released
+                late = 0 if history is None else _late(history, s)
+                if late == 1:
+                    c.spans_late += 1
+                    continue
                 if e is None:
                     while len(entries) >= cfg.max_traces:
                         ev = self._release_oldest("evicted")
                         if ev is None:
                             break
                         evicted.append(ev)
-                    e = entries[tid] = _Entry(now, late=done is not None)
+                    e = entries[tid] = _Entry(now, history, late=late == 2)
                     self._ring.append(tid)
                 if e.spans >= span_cap:
                     c.spans_over_trace_limit += 1
@@ -213,28 +361,41 @@ class TraceAssembler:
                 self.bytes += bytes_per_span
                 code = s[sp.CODE]
                 bit = (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s)
-                if bit:  # a request span: its trace is ready after the grace period
-                    if bit == _CLIENT_BIT:
-                        e.has_client = True
-                    if not e.has_client and s[sp.PARENT_ID] and not e.late:  # the caller's span is on its way
-                        e.ready_at = now + peer_wait
-                        self._peer.append((e.ready_at, tid))
-                    else:
-                        e.ready_at = now + grace
-                        self._grace.append((e.ready_at, tid))
+                if bit:
+                    self._request_arrived(tid, e, s, bit, late == 2, now)
         return evicted
 
-    def _release(self, tid: str, reason: str) -> ReleasedTrace | None:
+    def _request_arrived(self, tid: bytes, e: _Entry, s: tuple, bit: int, late: bool, now: float) -> None:
+        """A request span joined ``e``: the group is ready after the grace period, or after the peer
+        wait while it holds more engine spans with a caller than client spans."""
+        if bit == _CLIENT_BIT:
+            e.clients += 1
+        elif s[sp.PARENT_ID] and not late and not e.late:  # the caller's span may be on its way
+            e.callers += 1
+            if e.waiting is None:
+                e.waiting = {}
+            e.waiting[s[sp.SPAN_ID]] = now
+            if e.callers > e.clients:
+                e.ready_at = now + max(self.config.grace_s, self.config.peer_wait_s)
+                self._peer.append((e.ready_at, tid))
+                return
+        if e.callers > e.clients:  # still waiting for a caller's span: the peer deadline stands
+            return
+        e.ready_at = now + self.config.grace_s
+        self._grace.append((e.ready_at, tid))
+
+    def _release(self, tid: bytes, reason: str, now: float | None = None) -> ReleasedTrace | None:
+        """Release ``tid``'s group. At a timeout (``now`` given), the engine spans still within
+        their peer wait and unmatched are kept back as the trace's next group."""
         e = self._entries.pop(tid, None)
         if e is None:
             return None
         spans = self.storage.pop(tid) or []
-        bits = 0
-        for s in spans:
-            code = s[sp.CODE]
-            if code <= sp.ENGINE or code == sp.GENAI_CLIENT:  # a boundary is derived where its request span is
-                bits |= _request_bit(s)
-        self._released.add(tid, bits)
+        held: list[tuple] = []
+        if now is not None and e.waiting and spans:
+            spans, held = _hold_back(spans, e.waiting, now - max(self.config.grace_s, self.config.peer_wait_s))
+        keys, requests = _released_keys(spans)
+        self._released.add(tid, keys, requests)
         c = self.counters
         c.traces_released += 1
         if reason == "evicted":
@@ -243,8 +404,28 @@ class TraceAssembler:
             c.traces_released_grace += 1
         elif reason == "timeout":
             c.traces_released_timeout += 1
-        self.bytes -= e.bytes
-        return ReleasedTrace(tid, spans, reason, e.bytes)
+        kept = e.bytes * len(held) // max(1, len(spans) + len(held))
+        self.bytes -= e.bytes - kept
+        if held:
+            self._hold(tid, held, e, kept, now)
+        return ReleasedTrace(tid, spans, reason, e.bytes - kept)
+
+    def _hold(self, tid: bytes, held: list[tuple], was: _Entry, held_bytes: int, now: float) -> None:
+        """Open ``tid``'s next group with the spans a timeout kept back, due when their peer wait ends."""
+        e = self._entries[tid] = _Entry(now, self._released.get(tid), spans=len(held), bytes=held_bytes)
+        self._ring.append(tid)
+        for s in held:
+            self.storage.add(tid, s)
+            if s[sp.CODE] == sp.ENGINE and s[sp.SPAN_ID] in was.waiting:
+                at = was.waiting[s[sp.SPAN_ID]]
+                e.first_seen = min(e.first_seen, at)
+                if e.waiting is None:
+                    e.waiting = {}
+                e.waiting[s[sp.SPAN_ID]] = at
+                e.callers += 1
+        e.ready_at = max(e.waiting.values()) + max(self.config.grace_s, self.config.peer_wait_s)
+        self._peer.append((e.ready_at, tid))
+        self.counters.spans_held_back += len(held)
 
     def _release_oldest(self, reason: str) -> ReleasedTrace | None:
         while self._ring:
@@ -254,7 +435,7 @@ class TraceAssembler:
         return None
 
     def expire(self, now: float) -> list[ReleasedTrace]:
-        """Release every trace whose grace period or timeout has passed."""
+        """Release every group whose grace period or timeout has passed."""
         out: list[ReleasedTrace] = []
         entries = self._entries
         with self._lock:
@@ -271,7 +452,7 @@ class TraceAssembler:
                     break
                 tid = ring.popleft()
                 if e is not None:
-                    out.append(self._release(tid, "timeout"))
+                    out.append(self._release(tid, "timeout", now))
             if len(ring) > 2 * max(len(entries), 1024):  # ids released by grace behind a waiting head
                 self._ring = deque(t for t in ring if t in entries)
         return out

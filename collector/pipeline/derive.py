@@ -667,6 +667,15 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
     return record_batch(rq, fields, events, metrics, columns, status, request_id, same), metrics
 
 
+def _callers(rq: Requests, fields: list) -> list[str | None]:
+    """Each record's own caller, hex (before pairing): a client's parent span; an engine record's
+    parent past its HTTP server span; a server record's parent."""
+    caller = [p.hex() if type(p) is bytes and p else None for p in fields[sp.PARENT_ID]] if rq.recs else []
+    for e, p in zip(np.flatnonzero(rq.code == sp.ENGINE).tolist(), rq.server.engine_parent):
+        caller[e] = p.hex() if p else None
+    return caller
+
+
 def record_batch(
     rq: Requests,
     fields: list,
@@ -690,14 +699,17 @@ def record_batch(
         lost = np.maximum(metrics.output_tokens[ei] - metrics.output_tokens[ci], 0)
         unread[ci[gone]] = unread[ei[gone]] = lost[gone]
     peer: list = [None] * n
+    caller = _callers(rq, fields)
     run_id = [same.setdefault(v, v) if type(v) is str and v else None for v in fields[sp.RUN_ID]]
     warmup = np.fromiter((v is True for v in fields[sp.WARMUP]), bool, n)
     for c, e in rq.pairs:
         peer[c], peer[e] = request_id[e], request_id[c]
+        caller[e] = caller[c]  # the application's span the call ran under, at every boundary
         if run_id[e] is None:  # the engine does not know the bench run: its client does
             run_id[e] = run_id[c]
         warmup[e] |= warmup[c]
     for sv, e in rq.server_of:  # the server boundary belongs to the same run
+        caller[sv] = caller[e]
         run_id[sv] = run_id[e]
         warmup[sv] = warmup[e]
     violations = invariants.check(
@@ -716,6 +728,7 @@ def record_batch(
     )
     batch = RecordBatch(
         trace_id=[same.setdefault(t, t.hex()) for t in fields[sp.TRACE_ID]],
+        caller_span_id=caller,
         boundary=[sp.BOUNDARY_OF[c] for c in fields[sp.CODE]],
         request_id=request_id,
         model=[

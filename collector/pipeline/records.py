@@ -78,7 +78,15 @@ class Column:
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("trace_id", TEXT, "", "the request's trace, 32 hex digits"),
+    Column("trace_id", TEXT, "", "the request's trace, 32 hex digits (a trace may hold many requests)"),
+    Column(
+        "caller_span_id",
+        TEXT,
+        "",
+        "the span the call ran under, 16 hex digits: a client record's parent (the application's span: "
+        "an agent's turn, a chain's step), and the same on the records paired with it; an unpaired engine "
+        "record's: the span above its HTTP server span; None: a root span",
+    ),
     Column("boundary", TEXT, "", "client | server | engine"),
     Column("request_id", TEXT, "", "the engine's request id (client: the id it sent or got back); #k for choice k"),
     Column("choice", INT, "", "a request with several choices (n > 1): this record's index", unknown=-1),
@@ -303,6 +311,8 @@ class _BatchMethods:
             keep &= np.fromiter((r in sel.runs for r in self.run_id), bool, len(self))
         if sel.services:
             keep &= np.fromiter((s in sel.services for s in self.service), bool, len(self))
+        if sel.traces:
+            keep &= np.fromiter((t in sel.traces for t in self.trace_id), bool, len(self))
         if sel.since_ns is not None:
             keep &= self.submit_ns >= sel.since_ns
         if sel.until_ns is not None:

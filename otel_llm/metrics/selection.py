@@ -1,4 +1,4 @@
-"""Which derived records a reader keeps: a run, a service, a span of time, warm-ups or not.
+"""Which derived records a reader keeps: a run, a service, a trace, a span of time, warm-ups or not.
 
 A store accumulates every run it is sent; :class:`Selection` picks the ones a summary is about.
 Times are Unix ns on the records' clocks (client: the client host's; engine: the engine host's),
@@ -18,6 +18,7 @@ class Selection:
     since_ns: int | None = None  # keep submit >= this (Unix ns)
     until_ns: int | None = None  # keep submit <= this
     include_warmup: bool = False  # warm-up requests are left out unless asked for
+    traces: tuple[str, ...] = ()  # trace ids, 32 lowercase hex digits; empty: every trace
 
     def describe(self) -> dict:
         """What was selected, for a summary's conditions (JSON-ready)."""
@@ -26,6 +27,8 @@ class Selection:
             d["runs"] = list(self.runs)
         if self.services:
             d["services"] = list(self.services)
+        if self.traces:
+            d["traces"] = list(self.traces)
         if self.since_ns is not None:
             d["since"] = iso(self.since_ns / 1e9)
         if self.until_ns is not None:
