@@ -140,7 +140,7 @@ class _Entry:
     """A trace's group of spans in flight: its requests since the trace's last release."""
 
     first_seen: float
-    released: bytearray | None = None  # what earlier groups of the trace released (RecentRequests)
+    released: bytearray | dict | None = None  # what earlier groups of the trace released (RecentRequests)
     ready_at: float | None = None  # set when a request span arrives
     clients: int = 0  # client request spans
     callers: int = 0  # engine request spans with a caller (a parent) that may still send its span
@@ -166,41 +166,58 @@ _ID_DONE = b"R"  # + _request_key: a request id released at its boundary
 _KEY = 9
 
 
-def _has(blob: bytearray, key: bytes) -> bool:
-    """Whether ``blob`` (9-byte keys, back to back) holds ``key``."""
-    i = blob.find(key)
+_SMALL = 16 * _KEY  # a trace's keys are bytes back to back up to this; an ordered dict beyond
+
+
+def _has(known: bytearray | dict, key: bytes) -> bool:
+    """Whether ``known`` (a trace's remembered keys: 9-byte keys back to back, or a dict of them
+    once the trace has many requests) holds ``key``."""
+    if type(known) is dict:
+        return key in known
+    i = known.find(key)
     while i >= 0 and i % _KEY:
-        i = blob.find(key, i + 1)
+        i = known.find(key, i + 1)
     return i >= 0
 
 
 class RecentRequests:
-    """Trace id -> what was released of it (9-byte keys, back to back, in one ``bytearray``), for
-    the ``limit`` requests released last, at least the last ``limit // 2``: two generations of
-    dicts, the older dropped whole once the newer has seen ``limit // 2`` requests (O(1) per
-    request, about 180 bytes each). One trace keeps at most ``per_trace`` bytes of keys (its oldest
-    half is forgotten beyond that), so a trace that never ends cannot take the memory."""
+    """Trace id -> what was released of it, for the ``limit`` requests released last, at least the
+    last ``limit // 2``: two generations of dicts, the older dropped whole once the newer has seen
+    ``limit // 2`` requests (O(1) per request). A trace's keys (9 bytes each) are one ``bytearray``
+    while it has released a few requests (about 180 bytes a request with the trace's entry), and an
+    insertion-ordered dict once it has released more (each lookup O(1), not a scan: a trace of
+    10,000 calls). One trace keeps at most ``per_trace`` keys (its oldest half is forgotten beyond
+    that), so a trace that never ends cannot take the memory."""
 
-    def __init__(self, limit: int, per_trace: int = _KEY * 5 * 4096):
+    def __init__(self, limit: int, per_trace: int = 5 * 4096):
         self.limit = limit
         self.per_trace = per_trace
-        self._new: dict[bytes, bytearray] = {}
-        self._old: dict[bytes, bytearray] = {}
+        self._new: dict[bytes, bytearray | dict] = {}
+        self._old: dict[bytes, bytearray | dict] = {}
         self._requests = 0  # requests remembered in _new
 
-    def get(self, tid: bytes) -> bytearray | None:
-        blob = self._new.get(tid)
-        return self._old.get(tid) if blob is None else blob
+    def get(self, tid: bytes) -> bytearray | dict | None:
+        known = self._new.get(tid)
+        return self._old.get(tid) if known is None else known
 
     def add(self, tid: bytes, keys: bytes, requests: int) -> None:
         if not self.limit or not keys:
             return
-        blob = self._new.get(tid)
-        if blob is None:
-            blob = self._new[tid] = self._old.pop(tid, None) or bytearray()
-        blob += keys
-        if len(blob) > self.per_trace:
-            del blob[: (len(blob) // 2) // _KEY * _KEY]
+        known = self._new.get(tid)
+        if known is None:
+            known = self._old.pop(tid, None)
+            if known is None:
+                known = bytearray()
+        if type(known) is bytearray and len(known) + len(keys) > _SMALL:
+            known = dict.fromkeys(bytes(known[i : i + _KEY]) for i in range(0, len(known), _KEY))
+        if type(known) is dict:
+            known.update(dict.fromkeys(keys[i : i + _KEY] for i in range(0, len(keys), _KEY)))
+            if len(known) > self.per_trace:
+                kept = list(known)[len(known) // 2 :]
+                known = dict.fromkeys(kept)
+        else:
+            known += keys
+        self._new[tid] = known
         self._requests += requests
         if self._requests >= max(1, self.limit // 2):
             self._old, self._new, self._requests = self._new, {}, 0
@@ -240,7 +257,7 @@ def _released_keys(spans: list[tuple]) -> tuple[bytes, int]:
     return b"".join(keys), max(clients, engines)
 
 
-def _late(blob: bytearray, s: tuple) -> int:
+def _late(blob: bytearray | dict, s: tuple) -> int:
     """What a span of a trace with released requests is: 0 new, 1 late (released already: drop),
     2 a boundary of a released request not released yet (derived on its own)."""
     code = s[sp.CODE]
