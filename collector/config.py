@@ -145,8 +145,8 @@ class AssemblyConfig:
         1_000_000,
         "--remember-traces",
         "N",
-        "trace ids remembered after derivation (about 110 bytes each), so that a sender's late retry of a "
-        "trace is dropped, not counted twice in the metrics: recognised while fewer than N/2 traces were "
+        "requests remembered after derivation (about 180 bytes each), so that a sender's late retry of a "
+        "request is dropped, not counted twice in the metrics: recognised while fewer than N/2 requests were "
         "released since (at the default and 1,000 requests/s: 500 s, beyond the OTLP exporters' retry window)",
         int,
         0,
