@@ -356,6 +356,36 @@ def _summary_html(d: ReportData) -> str:
     return "".join(parts)
 
 
+def _traces_html(d: ReportData) -> str:
+    """Each trace of several calls (an agent's, a chain's), its calls in order: the TTFT's parts
+    of each call and the idle time between calls that the model did not spend."""
+    if not d.traces:
+        return ""
+    parts = [k for k in PART_MEANING if any(k in r.parts for t in d.traces for r in t.calls)]
+    out = [
+        "<h2>Traces of several calls</h2><p class='note'>An agent's or a chain's calls under one "
+        "application span, in order; idle: from the end of the call before to this one's submit, "
+        "time the model did not spend. Milliseconds.</p>"
+    ]
+    for t in d.traces:
+        share = t.in_calls_s / t.span_s * 100 if t.span_s > 0 else 100.0
+        head = "".join(f"<th>{h}</th>" for h in ("call", "id", "at (s)", "idle", "client_ttft", *parts, "e2e"))
+        ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"
+        rows = "".join(
+            f"<tr><td>{r.call}</td><td>{html.escape(r.id)}</td><td>{(r.submit_ns - t.calls[0].submit_ns) / 1e9:.3f}"
+            f"</td><td>{ms(r.idle_before)}</td><td>{ms(r.client_ttft)}</td>"
+            + "".join(f"<td>{ms(getattr(r, k))}</td>" for k in parts)
+            + f"<td>{ms(r.client_e2e)}</td></tr>"
+            for r in t.calls
+        )
+        out.append(
+            f"<h3 data-trace='{t.trace_id}'>trace {t.trace_id}</h3><p class='note'>{len(t.calls)} calls over "
+            f"{t.span_s:.3f} s, {share:.0f}% of it in calls; under span {html.escape(t.caller_span_id or '-')}"
+            f"</p><table><tr>{head}</tr>{rows}</table>"
+        )
+    return "".join(out)
+
+
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 24px auto; max-width: 1400px; color: #303133; }
 h1 { margin-bottom: 4px; } .note { color: #606266; font-size: 90%; }
@@ -393,6 +423,7 @@ def render_html(d: ReportData, figs: dict[str, object]) -> str:
         f"services: {html.escape(', '.join(d.services) or '-')} &middot; {offset}</p>",
         "<h2>Summary</h2>",
         _summary_html(d),
+        _traces_html(d),
         "<h2>Where the time went</h2><dl class='parts'>"
         + "".join(
             f"<dt>{k}</dt><dd>{html.escape(v)}</dd>"

@@ -252,3 +252,31 @@ def test_compare_and_analyze_show_one_traces_calls_in_order(tmp_path):
     assert got["counts"]["completed"] == 3
     bad = run_cli("analyze", "--store", store, "--trace", "xyz", check=False)
     assert bad.returncode == 2 and "32 hex digits" in bad.stderr
+
+
+def test_the_report_lists_a_traces_calls_in_order():
+    """The report's section for traces of several calls: each call's row in order, its parts and
+    the idle time before it; a trace of one call is not listed."""
+    import re
+
+    pytest.importorskip("plotly")
+    from collector.analysis.report import render_html
+    from collector.analysis.report_data import build_report
+
+    asm = TraceAssembler(AssemblyConfig(grace_s=1.0, peer_wait_s=8.0, timeout_s=30.0))
+    arrivals = []
+    for k in range(4):
+        spans = call(k, 2.0 * k)
+        arrivals += [(2.0 * k + 0.06, spans["engine"]), (2.0 * k + 0.3, spans["client"])]
+    one = call(9, 1.0, trace="cd" * 16)
+    arrivals.append((1.1, one["engine"] + one["client"]))
+    batch, _ = derive(run(asm, arrivals, 20.0))
+    d = build_report(batch, None, source="test")
+    assert [(t.trace_id, len(t.calls)) for t in d.traces] == [(TRACE, 4)]
+    page = render_html(d, {})
+    section = page[page.index("<h2>Traces of several calls</h2>") :]
+    assert f"data-trace='{TRACE}'" in section and "cd" * 16 not in section and f"under span {APP}" in section
+    rows = re.findall(r"<tr><td>(\d)</td><td>(cmpl-\d)</td><td>([\d.]+)</td><td>([^<]+)</td>", section)
+    assert rows == [("1", "cmpl-0", "0.000", "-")] + [
+        (str(k + 1), f"cmpl-{k}", f"{2.0 * k:.3f}", "1948.0") for k in (1, 2, 3)
+    ]
