@@ -22,6 +22,7 @@ import time
 import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from derive_shapes import set_attributes
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
@@ -31,19 +32,6 @@ from collector.storage.store import RequestStore
 from otel_llm import semconv as sc
 
 MS = 1_000_000
-
-
-def _attrs(span: Span, **kv) -> None:
-    for k, v in kv.items():
-        a = span.attributes.add(key=k)
-        if isinstance(v, str):
-            a.value.string_value = v
-        elif isinstance(v, float):
-            a.value.double_value = v
-        elif isinstance(v, int):
-            a.value.int_value = v
-        else:
-            a.value.array_value.values.extend([type(a.value)(int_value=x) for x in v])
 
 
 def call(case: int, k: int, who: str) -> bytes:
@@ -61,18 +49,18 @@ def call(case: int, k: int, who: str) -> bytes:
         e.parent_span_id = app if case == 3 else client_id
         e.start_time_unix_nano, e.end_time_unix_nano = t0 + 5 * MS, t0 + 150 * MS
         ev = {sc.TOKEN_EVENT_OFFSETS: [40 * MS, 70 * MS], sc.TOKEN_EVENT_TOKENS: [1, 1]}
-        _attrs(e, **{sc.BOUNDARY: "engine", sc.REQUEST_ID: rid, sc.STATUS: "ok", **ev})
+        set_attributes(e, **{sc.BOUNDARY: "engine", sc.REQUEST_ID: rid, sc.STATUS: "ok", **ev})
         q = spans.add(trace_id=tid, span_id=(10**9 + 1000 * case + k).to_bytes(8, "big"), name=sc.SPAN_QUEUE)
         q.parent_span_id, q.start_time_unix_nano, q.end_time_unix_nano = engine_id, t0 + 6 * MS, t0 + 8 * MS
     elif case == 1:
         c = spans.add(trace_id=tid, span_id=client_id, name=sc.SPAN_CLIENT_REQUEST, kind=Span.SPAN_KIND_CLIENT)
         c.parent_span_id, c.start_time_unix_nano, c.end_time_unix_nano = app, t0, t0 + 160 * MS
         ev = {sc.TOKEN_EVENT_OFFSETS: [50 * MS, 80 * MS], sc.TOKEN_EVENT_TOKENS: [1, 1]}
-        _attrs(c, **{sc.BOUNDARY: "client", sc.REQUEST_ID: rid, sc.STATUS: "ok", **ev})
+        set_attributes(c, **{sc.BOUNDARY: "client", sc.REQUEST_ID: rid, sc.STATUS: "ok", **ev})
     else:  # a GenAI client instrumentation's span
         c = spans.add(trace_id=tid, span_id=client_id, name="chat tiny-llama", kind=Span.SPAN_KIND_CLIENT)
         c.parent_span_id, c.start_time_unix_nano, c.end_time_unix_nano = app, t0, t0 + 160 * MS
-        _attrs(
+        set_attributes(
             c,
             **{
                 "gen_ai.operation.name": "chat",
@@ -94,6 +82,7 @@ def post(port: int, body: bytes) -> int:
 
 
 def requests_total(c: Collector) -> dict[str, float]:
+    """``llm_requests_total`` by boundary, from the collector's /metrics."""
     host, port = c.prometheus.address[:2]
     text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
     out: dict[str, float] = {}

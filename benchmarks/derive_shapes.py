@@ -36,11 +36,14 @@ from otel_llm import semconv as sc
 MS = 1_000_000
 
 
-def _attrs(span: Span, **kv) -> None:
+def set_attributes(span: Span, **kv) -> None:
+    """OTLP attributes on a hand-built span: str, float, int, or a list of ints."""
     for k, v in kv.items():
         a = span.attributes.add(key=k)
         if isinstance(v, str):
             a.value.string_value = v
+        elif isinstance(v, float):
+            a.value.double_value = v
         elif isinstance(v, int):
             a.value.int_value = v
         else:
@@ -63,7 +66,7 @@ def request(i: int, shape: str, t0: int) -> bytes:
         client.parent_span_id = APP
     client.start_time_unix_nano, client.end_time_unix_nano = t0, t0 + 180 * MS
     events = dict(zip(("llm.token_event.offsets_ns", "llm.token_event.tokens"), ([100 * MS, 130 * MS], [1, 1])))
-    _attrs(client, **{sc.BOUNDARY: "client", sc.REQUEST_ID: rid, sc.STATUS: "ok", **events})
+    set_attributes(client, **{sc.BOUNDARY: "client", sc.REQUEST_ID: rid, sc.STATUS: "ok", **events})
     parent = client.span_id
     if shape == "proxy":
         parent = (10**12 + i).to_bytes(8, "big")  # the gateway's span: never sent
@@ -71,12 +74,12 @@ def request(i: int, shape: str, t0: int) -> bytes:
         srv = spans.add(trace_id=tid, span_id=(10**12 + i).to_bytes(8, "big"), parent_span_id=parent)
         srv.name, srv.kind = "POST /v1/completions", Span.SPAN_KIND_SERVER
         srv.start_time_unix_nano, srv.end_time_unix_nano = t0 + 5 * MS, t0 + 170 * MS
-        _attrs(srv, **{sc.BOUNDARY: "server", sc.HTTP_CHUNK_OFFSETS: [90 * MS, 120 * MS]})
+        set_attributes(srv, **{sc.BOUNDARY: "server", sc.HTTP_CHUNK_OFFSETS: [90 * MS, 120 * MS]})
         parent = srv.span_id
     eng = spans.add(trace_id=tid, span_id=(2 * i + 2).to_bytes(8, "big"), parent_span_id=parent, name=sc.SPAN_REQUEST)
     eng.start_time_unix_nano, eng.end_time_unix_nano = t0 + 10 * MS, t0 + 160 * MS
     events = dict(zip(("llm.token_event.offsets_ns", "llm.token_event.tokens"), ([75 * MS, 105 * MS], [1, 1])))
-    _attrs(eng, **{sc.BOUNDARY: "engine", sc.REQUEST_ID: rid, sc.STATUS: "ok", **events})
+    set_attributes(eng, **{sc.BOUNDARY: "engine", sc.REQUEST_ID: rid, sc.STATUS: "ok", **events})
     return req.SerializeToString()
 
 

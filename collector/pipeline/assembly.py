@@ -263,20 +263,16 @@ def _late(blob: bytearray | dict, s: tuple) -> int:
     code = s[sp.CODE]
     bit = (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s)
     sid, parent = s[sp.SPAN_ID], s[sp.PARENT_ID]
-    if bit == _CLIENT_BIT:
-        if _has(blob, _CLIENT_DONE + sid):
-            return 1
+    if bit:  # a request span: released already (its span, or its request id at its boundary)?
         rk = _request_key(s, bit)
-        if rk is not None and _has(blob, _ID_DONE + rk):
+        if _has(blob, (_CLIENT_DONE if bit == _CLIENT_BIT else _ENGINE_DONE) + sid) or (
+            rk is not None and _has(blob, _ID_DONE + rk)
+        ):
             return 1
-        return 2 if _has(blob, _ABOVE_DONE + sid) else 0
-    if bit == _ENGINE_BIT:
-        if _has(blob, _ENGINE_DONE + sid):
-            return 1
-        rk = _request_key(s, bit)
-        if rk is not None and _has(blob, _ID_DONE + rk):
-            return 1
-        return 2 if parent and _has(blob, _CLIENT_DONE + parent) else 0
+        # else its other boundary may have been: a client above a released engine, an engine
+        # below a released client
+        other = _ABOVE_DONE + sid if bit == _CLIENT_BIT else (_CLIENT_DONE + parent if parent else b"")
+        return 2 if other and _has(blob, other) else 0
     if code == sp.SERVER:
         return 1 if _has(blob, _ABOVE_DONE + sid) else 0
     return 1 if parent and _has(blob, _ENGINE_DONE + parent) else 0

@@ -13,10 +13,10 @@ other calls) is still counted once."""
 
 from __future__ import annotations
 
-import re
+import sys
 import threading
 import time
-import urllib.request
+from pathlib import Path
 
 import httpx
 import pytest
@@ -30,6 +30,9 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, Spa
 from collector.pipeline.assembly import AssemblyConfig
 from collector.storage.store import RequestStore
 from otel_llm.client.traced import instrument_openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from agent_traces import requests_total
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
@@ -68,17 +71,6 @@ def provider(http_port: int, name: str) -> tuple[TracerProvider, RetryingExporte
     tp = TracerProvider(resource=Resource({"service.name": name}))
     tp.add_span_processor(BatchSpanProcessor(exporter, schedule_delay_millis=200))
     return tp, exporter
-
-
-def scrape(c) -> dict[str, float]:
-    """llm_requests_total by boundary, from the collector's /metrics."""
-    host, port = c.prometheus.address[:2]
-    text = urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10).read().decode()
-    out: dict[str, float] = {}
-    for m in re.finditer(r"^llm_requests_total\{([^}]*)\} (\S+)$", text, re.M):
-        b = re.search(r'boundary="(\w+)"', m[1])[1]
-        out[b] = out.get(b, 0) + float(m[2])
-    return out
 
 
 def wait_for(c, store: str, n: int, timeout: float = 60.0) -> None:
@@ -182,7 +174,7 @@ def test_ten_calls_under_one_span_are_ten_requests_at_each_boundary(make_collect
         # each call its own parts (2.4b0 records no first chunk: its TTFT is unknown, never 0)
         assert all(r.e2e > 0 and r.queue is not None and r.prefill is not None for r in got["client"])
         assert all((r.ttft is None) == genai for r in got["client"])
-    assert scrape(c) == {"client": 2 * CALLS, "server": 2 * CALLS, "engine": 2 * CALLS}
+    assert requests_total(c) == {"client": 2 * CALLS, "server": 2 * CALLS, "engine": 2 * CALLS}
     counters = c.self_counters()
     assert counters["assembly_spans_late"] + counters["assembly_spans_duplicate"] >= 2  # the retries, dropped
 
@@ -213,4 +205,4 @@ def test_vllm_own_tracing_under_one_callers_trace(make_collector, tiny_model, tm
     got = by_trace(records_of(c.config.store), f"{app.get_span_context().trace_id:032x}")
     assert len(got["engine"]) == CALLS and len({r.request_id for r in got["engine"]}) == CALLS
     assert {r.caller_span_id for r in got["engine"]} == {f"{app.get_span_context().span_id:016x}"}
-    assert scrape(c).get("engine") == CALLS
+    assert requests_total(c).get("engine") == CALLS

@@ -76,6 +76,19 @@ def call(k: int, t0: float, client=True, server=True, rid=None, trace=TRACE) -> 
     return out
 
 
+def agent_batch(calls: int, gap: float):
+    """``calls`` calls ``gap`` s apart in TRACE, and one call alone in a trace of its own, assembled
+    as the collector takes them and derived."""
+    asm = TraceAssembler(AssemblyConfig(grace_s=1.0, peer_wait_s=8.0, timeout_s=30.0))
+    arrivals = []
+    for k in range(calls):
+        spans = call(k, gap * k)
+        arrivals += [(gap * k + 0.06, spans["engine"]), (gap * k + 0.3, spans["client"])]
+    one = call(9, 1.0, trace="cd" * 16)
+    arrivals.append((1.1, one["engine"] + one["client"]))
+    return derive(run(asm, arrivals, 20.0))[0]
+
+
 def run(asm: TraceAssembler, arrivals: list[tuple[float, list[tuple]]], until: float) -> list:
     """Feed spans at their arrival times, expiring every 0.1 s, then until ``until``."""
     released, t = [], 0.0
@@ -223,14 +236,7 @@ def test_compare_and_analyze_show_one_traces_calls_in_order(tmp_path):
 
     from collector.storage.store import RequestStore
 
-    asm = TraceAssembler(AssemblyConfig(grace_s=1.0, peer_wait_s=8.0, timeout_s=30.0))
-    arrivals = []
-    for k in range(3):
-        spans = call(k, 2.5 * k)
-        arrivals += [(2.5 * k + 0.06, spans["engine"]), (2.5 * k + 0.3, spans["client"])]
-    other = call(9, 1.0, trace="cd" * 16)
-    arrivals += [(1.1, other["engine"] + other["client"])]
-    batch, _ = derive(run(asm, arrivals, 20.0))
+    batch = agent_batch(3, 2.5)
     store = str(tmp_path / "agent.db")
     s = RequestStore(store)
     s.add(batch)
@@ -263,15 +269,7 @@ def test_the_report_lists_a_traces_calls_in_order():
     from collector.analysis.report import render_html
     from collector.analysis.report_data import build_report
 
-    asm = TraceAssembler(AssemblyConfig(grace_s=1.0, peer_wait_s=8.0, timeout_s=30.0))
-    arrivals = []
-    for k in range(4):
-        spans = call(k, 2.0 * k)
-        arrivals += [(2.0 * k + 0.06, spans["engine"]), (2.0 * k + 0.3, spans["client"])]
-    one = call(9, 1.0, trace="cd" * 16)
-    arrivals.append((1.1, one["engine"] + one["client"]))
-    batch, _ = derive(run(asm, arrivals, 20.0))
-    d = build_report(batch, None, source="test")
+    d = build_report(agent_batch(4, 2.0), None, source="test")
     assert [(t.trace_id, len(t.calls)) for t in d.traces] == [(TRACE, 4)]
     page = render_html(d, {})
     section = page[page.index("<h2>Traces of several calls</h2>") :]
