@@ -25,8 +25,9 @@ KINDS = {
     "token_before_arrival": "a token event earlier than the request's arrival (hooks: kept, not clamped)",
     "token_after_finish": "a token event later than the request's finish (hooks: kept, not clamped)",
     "queued_before_arrival": "the engine queued the request before its front end says it arrived",
-    "phase_outside_request": "a phase span (queue, prefill, decode, preemption) began or ended outside the "
-    "request; clamped into it for trace viewers",
+    "phase_outside_request": "a phase (queue, prefill, decode, preemption) began or ended outside the "
+    "request: the hooks clamp it into the request for trace viewers; an engine's own spans that say so "
+    "(vLLM's durations, SGLang's stages) leave that phase unknown",
     "events_outside_record": "token events outside the record's span: dropped (TTFT unknown)",
     "scheduled_before_arrival": "first scheduled earlier than arrival",
     "generated_before_scheduled": "first token generated earlier than first scheduled",

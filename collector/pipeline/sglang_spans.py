@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import walked_span as sp
-from .adopted_spans import Adopted, Phases
+from .adopted_spans import Adopted, Phases, flag_outside, within
 
 _STAGES = (
     sp.SG_TOKENIZE,
@@ -94,7 +94,11 @@ def adopt(batch: Adopted) -> None:
             s = flat[i]
             row = list(s)
             row[sp.REQUEST_ID] = s[sp.SGLANG_RID]
-            ph = phases(s, stages.get(t, [])) if len(rs) == 1 else Phases()
+            mine = stages.get(t, []) if len(rs) == 1 else []
+            inside = [g for g in mine if s[sp.START] <= g[sp.START] <= g[sp.END] <= s[sp.END]]
+            ph, outside = within(phases(s, inside), s[sp.START], s[sp.END])
+            if outside or len(inside) < len(mine):  # stages that cannot be this request's: unknown, and said
+                flag_outside(row)
             if ph.generated is not None:
                 row[sp.OUTPUT_TOKENS] = len(ph.generated)
             flat[i] = tuple(row)

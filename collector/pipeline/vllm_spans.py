@@ -25,7 +25,7 @@ import math
 import numpy as np
 
 from . import walked_span as sp
-from .adopted_spans import Adopted, Phases
+from .adopted_spans import Adopted, Phases, flag_outside, within
 
 _NS = 1e9
 _MAX_NS = 2**62
@@ -99,10 +99,16 @@ def adopt(batch: Adopted) -> None:
         if t in ours_in:
             keep[i] = False
             continue
-        flat[i] = as_engine_span(flat[i])
+        row = as_engine_span(flat[i])
         batch.summarised[i] = True
-        q, p, d = phases_ns(flat[i])
-        batch.phases[(t, flat[i][sp.SPAN_ID])] = Phases(queue=q, prefill=p, decode=d)
+        q, p, d = phases_ns(row)
+        ph, outside = within(Phases(queue=q, prefill=p, decode=d), row[sp.START], row[sp.END])
+        if outside:  # vLLM's durations do not fit in its own span: unknown, and said
+            row = list(row)
+            flag_outside(row)
+            row = tuple(row)
+        flat[i] = row
+        batch.phases[(t, row[sp.SPAN_ID])] = ph
     if not keep.all():
         at = np.flatnonzero(keep)
         flat = [flat[i] for i in at.tolist()]
