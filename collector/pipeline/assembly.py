@@ -146,6 +146,7 @@ class _Entry:
     callers: int = 0  # engine request spans with a caller (a parent) that may still send its span
     waiting: dict | None = None  # span id -> arrival of those engine spans (kept back at a timeout)
     late: bool = False  # opened by a boundary of a request released without it
+    held: set | None = None  # engine span ids a timeout kept back once: the next releases them
     spans: int = 0
     bytes: int = 0  # memory its spans hold, as the caller estimated it (see add)
 
@@ -278,10 +279,11 @@ def _late(blob: bytearray | dict, s: tuple) -> int:
     return 1 if parent and _has(blob, _ENGINE_DONE + parent) else 0
 
 
-def _hold_back(spans: list[tuple], waiting: dict, since: float) -> tuple[list[tuple], list[tuple]]:
+def _hold_back(spans: list[tuple], waiting: dict, since: float, once=()) -> tuple[list[tuple], list[tuple]]:
     """(released, held): the engine request spans in ``waiting`` that arrived after ``since`` and
     have no client span in the group (none above them, none with their request id), with their
-    phases and the server span above them, are held; the rest is released."""
+    phases and the server span above them, are held, unless held ``once`` already; the rest is
+    released."""
     by_id = {s[sp.SPAN_ID]: s for s in spans}
     client_ids, client_rids = set(), set()
     for s in spans:
@@ -293,7 +295,7 @@ def _hold_back(spans: list[tuple], waiting: dict, since: float) -> tuple[list[tu
     for sid, at in waiting.items():
         e = by_id.get(sid)
         rid = None if e is None else _request_id(e, _ENGINE_BIT)
-        if e is None or at <= since or (rid is not None and rid in client_rids):
+        if e is None or at <= since or sid in once or (rid is not None and rid in client_rids):
             continue
         p, hops, found = e[sp.PARENT_ID], 0, False
         while p and hops < 64 and not found:
@@ -406,7 +408,8 @@ class TraceAssembler:
         spans = self.storage.pop(tid) or []
         held: list[tuple] = []
         if now is not None and e.waiting and spans:
-            spans, held = _hold_back(spans, e.waiting, now - max(self.config.grace_s, self.config.peer_wait_s))
+            since = now - max(self.config.grace_s, self.config.peer_wait_s)
+            spans, held = _hold_back(spans, e.waiting, since, e.held or ())
         keys, requests = _released_keys(spans)
         self._released.add(tid, keys, requests)
         c = self.counters
@@ -424,14 +427,16 @@ class TraceAssembler:
         return ReleasedTrace(tid, spans, reason, e.bytes - kept)
 
     def _hold(self, tid: bytes, held: list[tuple], was: _Entry, held_bytes: int, now: float) -> None:
-        """Open ``tid``'s next group with the spans a timeout kept back, due when their peer wait ends."""
-        e = self._entries[tid] = _Entry(now, self._released.get(tid), spans=len(held), bytes=held_bytes)
+        """Open ``tid``'s next group with the spans a timeout kept back, due when their peer wait ends
+        and at the latest one timeout from now. Each engine span is held back once: a timeout shorter
+        than the peer wait releases it the next time, never holds it again and again."""
+        e = self._entries[tid] = _Entry(now, self._released.get(tid), held=set(), spans=len(held), bytes=held_bytes)
         self._ring.append(tid)
         for s in held:
             self.storage.add(tid, s)
             if s[sp.CODE] == sp.ENGINE and s[sp.SPAN_ID] in was.waiting:
                 at = was.waiting[s[sp.SPAN_ID]]
-                e.first_seen = min(e.first_seen, at)
+                e.held.add(s[sp.SPAN_ID])
                 if e.waiting is None:
                     e.waiting = {}
                 e.waiting[s[sp.SPAN_ID]] = at

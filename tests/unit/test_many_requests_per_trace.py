@@ -278,3 +278,18 @@ def test_the_report_lists_a_traces_calls_in_order():
     assert rows == [("1", "cmpl-0", "0.000", "-")] + [
         (str(k + 1), f"cmpl-{k}", f"{2.0 * k:.3f}", "1948.0") for k in (1, 2, 3)
     ]
+
+
+@pytest.mark.parametrize("timeout_s", [5.0, 0.0])
+def test_a_timeout_shorter_than_the_peer_wait_holds_a_span_back_once(timeout_s):
+    """--trace-timeout below --peer-wait (the tests' collectors run 5 s against 10 s): an engine span
+    waiting for a client that never comes is held back by one timeout at most, then released
+    unpaired, never held again and again (which hung derivation)."""
+    asm = TraceAssembler(AssemblyConfig(grace_s=0.2, peer_wait_s=10.0, timeout_s=timeout_s))
+    asm.add(call(0, 0.0, server=False)["engine"], 0.0)
+    out = asm.expire(timeout_s + 0.1)
+    assert asm.counters.spans_held_back == 3
+    out += asm.expire(10.05)  # the span's peer wait is over
+    assert len(asm) == 0 and sum(len(r.spans) for r in out) == 3
+    (r,) = derive(out)[0].records()
+    assert r.boundary == "engine" and not r.paired
