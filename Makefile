@@ -72,10 +72,11 @@ lint: venv
 	$(VENV)/bin/ruff format --check .
 
 # The quick tests, and the slow ones whose checks do not depend on the machine's speed
-# (parallel_safe: the instruction count, vLLM checked against its own account, installs, the fuzz
-# run, the report in a browser on virtual time), run on
-# two workers (pytest-xdist); the slow ones that measure time on real engines and servers, one at a
-# time. Both sets run whatever the first gives; either failing fails the target.
+# (parallel_safe: the hooks' and the HTTP span's instruction counts, vLLM checked against its own
+# account, installs, the fuzz run, the report in a browser on virtual time), run on
+# two workers (pytest-xdist); the slow ones that measure time on real engines and servers, and the
+# instruction count of a whole vLLM engine (its front end polls, more so beside another worker), one
+# at a time. Both sets run whatever the first gives; either failing fails the target.
 test: venv loadgen prometheus clang chromium valgrind lint
 	@status=0; \
 	$(PY) -m pytest -m 'not slow or parallel_safe' -n 2 --dist worksteal -v --durations=15 || status=$$?; \
