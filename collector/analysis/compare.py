@@ -325,6 +325,34 @@ def order_calls(rows: Sequence[RequestComparison]) -> dict[str, list[RequestComp
     return by_trace
 
 
+@dataclass
+class TraceCalls:
+    """One trace's paired calls in order (an agent's turns, a chain's steps under one span)."""
+
+    trace_id: str
+    caller_span_id: str | None
+    calls: list[RequestComparison]  # by ``call``
+    span_s: float  # first submit -> last end, client clock
+    in_calls_s: float  # the calls' client E2E summed
+
+
+def traces_of_several_calls(rows, limit: int = 20) -> list[TraceCalls]:
+    """The traces holding more than one paired call, the ``limit`` with most calls first, each
+    with its calls in order (:func:`order_calls` numbered them): what compare and the report show."""
+    by_trace: dict[str, list] = {}
+    for r in rows:
+        by_trace.setdefault(r.trace_id, []).append(r)
+    out = []
+    for tid, calls in sorted(by_trace.items(), key=lambda kv: -len(kv[1]))[:limit]:
+        if len(calls) < 2:
+            break
+        calls = sorted(calls, key=lambda r: r.call)
+        end = max(r.submit_ns + round((r.client_e2e or 0) * 1e9) for r in calls)
+        span = (end - calls[0].submit_ns) / 1e9
+        out.append(TraceCalls(tid, calls[0].caller_span_id, calls, span, sum(r.client_e2e or 0 for r in calls)))
+    return out
+
+
 #: The parts of the client TTFT, in the order they happen (:mod:`collector.pipeline.ttft_parts`).
 TTFT_PARTS = NAMES
 

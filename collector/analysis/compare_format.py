@@ -5,7 +5,7 @@ from __future__ import annotations
 from otel_llm.metrics.summary_format import grid
 
 from ..pipeline.stalls import STALL_CLASSES
-from .compare import TTFT_PARTS, ComparisonSummary, RequestComparison
+from .compare import TTFT_PARTS, ComparisonSummary, RequestComparison, traces_of_several_calls
 
 
 def _ms(v) -> str:
@@ -103,23 +103,17 @@ def _slowest(worst: list[RequestComparison], rows: list[RequestComparison], mark
 def _traces_of_several_calls(rows: list[RequestComparison], top: int, markdown: bool, h) -> list[str]:
     """Each trace that holds several paired calls (an agent's or a chain's, under one application
     span), its calls in order with their TTFT parts and the time between them: the longest ``top``."""
-    by_trace: dict[str, list[RequestComparison]] = {}
-    for r in rows:
-        by_trace.setdefault(r.trace_id, []).append(r)
-    several = sorted((c for c in by_trace.values() if len(c) > 1), key=lambda c: -len(c))[:top]
+    several = traces_of_several_calls(rows, top)
     if not several:
         return []
     out = ["", h(f"Traces of several calls ({len(several)} shown; ms; idle: between calls, not the model's time)")]
-    shown = [k for k in TTFT_PARTS if any(k in r.parts for c in several for r in c)]
-    for calls in several:
-        calls = sorted(calls, key=lambda r: r.call)
-        t0 = calls[0].submit_ns
-        span = (max(r.submit_ns + round((r.client_e2e or 0) * 1e9) for r in calls) - t0) / 1e9
-        model = sum(r.client_e2e or 0 for r in calls)
+    shown = [k for k in TTFT_PARTS if any(k in r.parts for t in several for r in t.calls)]
+    for t in several:
+        t0 = t.calls[0].submit_ns
         out += [
             "",
-            f"trace {calls[0].trace_id}: {len(calls)} calls over {span:.3f} s, in calls {model:.3f} s "
-            f"({model / span * 100 if span > 0 else 100:.0f}%), under span {calls[0].caller_span_id or '-'}",
+            f"trace {t.trace_id}: {len(t.calls)} calls over {t.span_s:.3f} s, in calls {t.in_calls_s:.3f} s "
+            f"({t.in_calls_s / t.span_s * 100 if t.span_s > 0 else 100:.0f}%), under span {t.caller_span_id or '-'}",
         ]
         out += grid(
             ["call", "id", "at (s)", "idle", "client_ttft", *shown, "e2e"],
@@ -133,7 +127,7 @@ def _traces_of_several_calls(rows: list[RequestComparison], top: int, markdown: 
                     *(_ms(getattr(r, k)) for k in shown),
                     _ms(r.client_e2e),
                 ]
-                for r in calls
+                for r in t.calls
             ],
             markdown,
         )

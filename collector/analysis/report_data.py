@@ -22,7 +22,7 @@ from ..pipeline.records import RecordBatch, RequestRecord
 from ..pipeline.stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S
 from ..pipeline.steps import StepBatch
 from ..pipeline.ttft_parts import MEANING
-from .compare import Comparison, compare, ttft_share
+from .compare import Comparison, TraceCalls, compare, traces_of_several_calls, ttft_share
 from .run_profile import profile_run
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
@@ -127,34 +127,6 @@ class ReportData:
     sweep: list[SweepPoint] = field(default_factory=list)
     ttft_share: dict[str, float | None] | None = None  # TTFT part -> share of the summed client TTFT
     traces: list[TraceCalls] = field(default_factory=list)  # traces of several calls, most calls first
-
-
-@dataclass
-class TraceCalls:
-    """One trace's paired calls in order (an agent's turns, a chain's steps under one span)."""
-
-    trace_id: str
-    caller_span_id: str | None
-    calls: list  # RequestComparison rows, by ``call``
-    span_s: float  # first submit -> last end, client clock
-    in_calls_s: float  # the calls' client E2E summed
-
-
-def traces_of_several_calls(rows, limit: int = 20) -> list[TraceCalls]:
-    """The traces holding more than one paired call, the ``limit`` with most calls first, each
-    with its calls in order (:func:`collector.analysis.compare.order_calls` numbered them)."""
-    by_trace: dict[str, list] = {}
-    for r in rows:
-        by_trace.setdefault(r.trace_id, []).append(r)
-    out = []
-    for tid, calls in sorted(by_trace.items(), key=lambda kv: -len(kv[1]))[:limit]:
-        if len(calls) < 2:
-            break
-        calls = sorted(calls, key=lambda r: r.call)
-        end = max(r.submit_ns + round((r.client_e2e or 0) * 1e9) for r in calls)
-        span = (end - calls[0].submit_ns) / 1e9
-        out.append(TraceCalls(tid, calls[0].caller_span_id, calls, span, sum(r.client_e2e or 0 for r in calls)))
-    return out
 
 
 def _s(ns: int | None, origin: int) -> float | None:

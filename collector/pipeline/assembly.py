@@ -234,8 +234,7 @@ def _released_keys(spans: list[tuple]) -> tuple[bytes, int]:
     clients = engines = 0
     by_id = None
     for s in spans:
-        code = s[sp.CODE]
-        bit = (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s)
+        bit = _request_bit(s)
         if not bit:
             continue
         if bit == _CLIENT_BIT:
@@ -261,8 +260,7 @@ def _released_keys(spans: list[tuple]) -> tuple[bytes, int]:
 def _late(blob: bytearray | dict, s: tuple) -> int:
     """What a span of a trace with released requests is: 0 new, 1 late (released already: drop),
     2 a boundary of a released request not released yet (derived on its own)."""
-    code = s[sp.CODE]
-    bit = (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s)
+    bit = _request_bit(s)
     sid, parent = s[sp.SPAN_ID], s[sp.PARENT_ID]
     if bit:  # a request span: released already (its span, or its request id at its boundary)?
         rk = _request_key(s, bit)
@@ -274,7 +272,7 @@ def _late(blob: bytearray | dict, s: tuple) -> int:
         # below a released client
         other = _ABOVE_DONE + sid if bit == _CLIENT_BIT else (_CLIENT_DONE + parent if parent else b"")
         return 2 if other and _has(blob, other) else 0
-    if code == sp.SERVER:
+    if s[sp.CODE] == sp.SERVER:
         return 1 if _has(blob, _ABOVE_DONE + sid) else 0
     return 1 if parent and _has(blob, _ENGINE_DONE + parent) else 0
 
@@ -287,8 +285,7 @@ def _hold_back(spans: list[tuple], waiting: dict, since: float, once=()) -> tupl
     by_id = {s[sp.SPAN_ID]: s for s in spans}
     client_ids, client_rids = set(), set()
     for s in spans:
-        code = s[sp.CODE]
-        if (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s) == _CLIENT_BIT:
+        if _request_bit(s) == _CLIENT_BIT:
             client_ids.add(s[sp.SPAN_ID])
             client_rids.add(_request_id(s, _CLIENT_BIT))
     hold: set[bytes] = set()
@@ -380,6 +377,10 @@ class TraceAssembler:
                     self._request_arrived(tid, e, s, bit, late == 2, now)
         return evicted
 
+    def _peer_wait(self) -> float:
+        """Seconds an engine span with a caller waits for the caller's span (never less than the grace)."""
+        return max(self.config.grace_s, self.config.peer_wait_s)
+
     def _request_arrived(self, tid: bytes, e: _Entry, s: tuple, bit: int, late: bool, now: float) -> None:
         """A request span joined ``e``: the group is ready after the grace period, or after the peer
         wait while it holds more engine spans with a caller than client spans."""
@@ -391,7 +392,7 @@ class TraceAssembler:
                 e.waiting = {}
             e.waiting[s[sp.SPAN_ID]] = now
             if e.callers > e.clients:
-                e.ready_at = now + max(self.config.grace_s, self.config.peer_wait_s)
+                e.ready_at = now + self._peer_wait()
                 self._peer.append((e.ready_at, tid))
                 return
         if e.callers > e.clients:  # still waiting for a caller's span: the peer deadline stands
@@ -408,7 +409,7 @@ class TraceAssembler:
         spans = self.storage.pop(tid) or []
         held: list[tuple] = []
         if now is not None and e.waiting and spans:
-            since = now - max(self.config.grace_s, self.config.peer_wait_s)
+            since = now - self._peer_wait()
             spans, held = _hold_back(spans, e.waiting, since, e.held or ())
         keys, requests = _released_keys(spans)
         self._released.add(tid, keys, requests)
@@ -441,7 +442,7 @@ class TraceAssembler:
                     e.waiting = {}
                 e.waiting[s[sp.SPAN_ID]] = at
                 e.callers += 1
-        e.ready_at = max(e.waiting.values()) + max(self.config.grace_s, self.config.peer_wait_s)
+        e.ready_at = max(e.waiting.values()) + self._peer_wait()
         self._peer.append((e.ready_at, tid))
         self.counters.spans_held_back += len(held)
 
