@@ -26,10 +26,17 @@ from opentelemetry.sdk.trace.export import SpanExporter
 
 from otel_llm import environment
 from otel_llm.clock import WallAnchor, monotonic_ns
-from otel_llm.otlp.export import SafeSpanExporter, export_kind_from_env, exporter_from_env, takes_int_arrays
+from otel_llm.otlp.export import (
+    SafeSpanExporter,
+    destination,
+    export_kind_from_env,
+    exporter_from_env,
+    takes_int_arrays,
+)
 from otel_llm.otlp.tracing import make_resource
 
 from .delivery import SpanBuilder
+from .export_queue import ExportQueue
 from .recorder import Recorder
 from .span_factory import SpanFactory
 from .span_process import CallRecorder, SpanProcessSink
@@ -99,6 +106,8 @@ class TracingPipeline:
         self._hook_warned = False
         self._builder_warned = False
         self._from_env = False  # default_pipeline(): the exporter came from the environment
+        # where the spans go, for the exit's line
+        self.sends_to = destination() if span_process else type(exporter).__name__ if exporter else "nowhere"
         _live_pipelines.add(self)
 
     # -- hot path helpers ------------------------------------------------------------------------
@@ -157,18 +166,34 @@ class TracingPipeline:
             self._builder_failed(exc)
             return 0
 
-    def _use_exporter(self, exporter: SpanExporter | None) -> None:
-        """Build and export on this pipeline's thread, to ``exporter`` (None: nowhere)."""
-        self.exporter = SafeSpanExporter(exporter, "engine_hooks") if exporter is not None else None
+    def _use_exporter(self, exporter: SpanExporter | None, queued: bool = False) -> None:
+        """Build and export on this pipeline's thread, to ``exporter`` (None: nowhere); ``queued``:
+        its sends on a thread of their own, behind a bounded queue (:class:`ExportQueue`)."""
+        if exporter is None:
+            self.exporter = None
+        elif queued:
+            self.exporter = ExportQueue(exporter, environment.env_int(environment.EXPORT_QUEUE_SIZE, 8192, minimum=1))
+        else:
+            self.exporter = SafeSpanExporter(exporter, "engine_hooks")
         self.factory.int_arrays = takes_int_arrays(self.exporter)
         self.builder = SpanBuilder(self.factory, self.exporter, self.batch_size)
+
+    def use_env_exporter(self) -> None:
+        """Export to what the environment configures; an OTLP exporter (which may wait on its
+        endpoint for ``OTEL_EXPORTER_OTLP_TIMEOUT`` and its retries) behind an export queue."""
+        try:
+            kind = export_kind_from_env()
+        except ValueError:
+            kind = None  # exporter_from_env_or_none says why
+        self._use_exporter(exporter_from_env_or_none(), queued=kind in ("grpc", "http"))
+        self.sends_to = destination()
 
     def _build_here(self) -> None:
         """The span process could not be had: build and export on this thread from now on, with
         the exporter the environment configures."""
         self._lost_to_span_process = self.sink.lost_events
         self.sink, self._calls = None, None
-        self._use_exporter(exporter_from_env_or_none())
+        self.use_env_exporter()
 
     def _builder_failed(self, exc: Exception) -> None:
         self.counters.builder_errors += 1
@@ -253,7 +278,7 @@ class TracingPipeline:
             self.sink.counters = self.counters
             self._calls = CallRecorder(self.anchor)
         elif self._from_env:
-            self._use_exporter(exporter_from_env_or_none())
+            self.use_env_exporter()
         was_running = self._thread is not None
         self._thread = None
         if was_running and not self._stopped:
@@ -270,22 +295,44 @@ class TracingPipeline:
         if self.exporter is not None:
             self.exporter.force_flush()
 
-    def shutdown(self) -> None:
+    def shutdown(self, deadline: float | None = None) -> None:
         """Final flush: requests still in flight are exported as incomplete, then the exporter
-        closes (the span process exports what it holds and ends)."""
+        closes (the span process exports what it holds and ends), all of it by ``deadline``
+        (``time.monotonic()``; default: ``OTEL_LLM_EXIT_TIMEOUT`` from now). What is not sent
+        by then is dropped and counted (:attr:`PipelineCounters.spans_dropped`)."""
         if self._stopped:
             return
         self._stopped = True
+        if deadline is None:
+            deadline = time.monotonic() + exit_timeout_s()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
-        self.process(final=True)
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
         if self.sink is not None:
-            with self._lock:
-                self.sink.shutdown()
-        if self.exporter is not None:
-            self.exporter.force_flush()
-            self.exporter.shutdown()
+            self.sink.deadline = deadline  # the last round's write waits no longer
+        if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            return  # the pipeline's thread is still in a round at the deadline (a stuck write)
+        try:
+            t0 = time.thread_time_ns()
+            self._process(final=True)
+            self.counters.cpu_ns += time.thread_time_ns() - t0
+            if self.sink is not None:
+                self.sink.shutdown(deadline)
+        finally:
+            self._lock.release()
+        exporter = self.exporter
+        if isinstance(exporter, ExportQueue):
+            exporter.close(deadline)
+        elif exporter is not None:
+            exporter.force_flush(max(0, int((deadline - time.monotonic()) * 1000)))
+            exporter.shutdown()
+        if exporter is not None:
+            self.counters.spans_exported, self.counters.spans_dropped = exporter.exported, exporter.dropped
+
+
+def exit_timeout_s() -> float:
+    """``OTEL_LLM_EXIT_TIMEOUT`` in seconds: how long a traced process's exit may spend on its spans."""
+    return environment.env_int(environment.EXIT_TIMEOUT, 5000, minimum=0) / 1000
 
 
 _live_pipelines: weakref.WeakSet[TracingPipeline] = weakref.WeakSet()
@@ -293,14 +340,33 @@ _live_pipelines: weakref.WeakSet[TracingPipeline] = weakref.WeakSet()
 
 @atexit.register
 def _flush_all_at_exit() -> None:
-    for p in list(_live_pipelines):
+    """Every pipeline's final round, span processes and exporters, then the tracer's own metrics,
+    within one ``OTEL_LLM_EXIT_TIMEOUT``; what that dropped is said in one line."""
+    t0 = time.monotonic()
+    deadline = t0 + exit_timeout_s()
+    pipelines = list(_live_pipelines)  # those stopped already (vLLM's scheduler stops its own) count too
+    for p in pipelines:
         try:
-            p.shutdown()
+            p.shutdown(deadline)
         except Exception:
             pass
     from . import self_metrics
 
-    self_metrics.shutdown()  # the last values, after the final flush
+    self_metrics.shutdown(deadline)  # the last values, after the final flush
+    dropped = sum(p.counters.spans_dropped + p.counters.events_dropped for p in pipelines)
+    killed = sum(p.sink.killed for p in pipelines if p.sink is not None)
+    if dropped or killed:
+        log.warning(
+            "engine_hooks: exit after %.1f s (OTEL_LLM_EXIT_TIMEOUT=%d ms): %d spans exported, %d dropped, "
+            "%d hook events dropped, %d span processes stopped unfinished, sending to %s",
+            time.monotonic() - t0,
+            round((deadline - t0) * 1000),
+            sum(p.counters.spans_exported for p in pipelines),
+            sum(p.counters.spans_dropped for p in pipelines),
+            sum(p.counters.events_dropped for p in pipelines),
+            killed,
+            ", ".join(sorted({p.sends_to for p in pipelines})),
+        )
 
 
 def exporter_from_env_or_none() -> SpanExporter | None:
@@ -334,8 +400,9 @@ def default_pipeline(**kwargs) -> TracingPipeline:
                 log.warning("engine_hooks: %s; spans are not exported", exc)
                 kind = None
             span_process = kind is not None and environment.env_bool(environment.SPAN_PROCESS, True)
-            exporter = exporter_from_env_or_none() if kind is not None and not span_process else None
-            p = _defaults[key] = TracingPipeline(exporter, span_process=span_process, **kwargs)
+            p = _defaults[key] = TracingPipeline(None, span_process=span_process, **kwargs)
+            if kind is not None and not span_process:
+                p.use_env_exporter()
             p._from_env = True
             p.start()
         return p

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 
 from otel_llm import environment
 
@@ -125,13 +126,15 @@ def start(pipelines, resource) -> object | None:
         return mp
 
 
-def shutdown() -> None:
-    """Send the last values (at exit, after the pipelines' final flush)."""
+def shutdown(deadline: float | None = None) -> None:
+    """Send the last values (at exit, after the pipelines' final flush), for at most 3 s and not
+    past ``deadline`` (``time.monotonic()``)."""
     global _provider
     with _lock:
         if _provider is not None and _provider[0] == os.getpid():
+            left_ms = 3000 if deadline is None else min(3000, int((deadline - time.monotonic()) * 1000))
             try:
-                _provider[1].shutdown(timeout_millis=3000)
+                _provider[1].shutdown(timeout_millis=max(1, left_ms))
             except Exception:
                 pass
         _provider = None

@@ -12,8 +12,8 @@ import select
 import sys
 import time
 
-from .pipeline import TracingPipeline, exporter_from_env_or_none
-from .span_process import _COUNTERS, _HEAD, _LEN, BATCH, FLUSH, MAX_FRAME, SPAN_PROCESS_ARG
+from .pipeline import TracingPipeline, exit_timeout_s
+from .span_process import _COUNTERS, _HEAD, _LEN, BATCH, END, FLUSH, MAX_FRAME, SPAN_PROCESS_ARG
 
 log = logging.getLogger("engine_hooks")
 
@@ -58,7 +58,7 @@ def serve(in_fd: int, reply_fd: int) -> int:
         return 0
     settings = pickle.loads(_read_exact(in_fd, _HEAD.unpack(head)[0]) or b"")
     p = TracingPipeline(
-        exporter_from_env_or_none(),
+        None,
         boundary=settings["boundary"],
         engine=settings["engine"],
         model=settings["model"],
@@ -66,6 +66,7 @@ def serve(in_fd: int, reply_fd: int) -> int:
         max_in_flight=settings["max_in_flight"],
         interval_s=settings["interval_s"],
     )
+    p.use_env_exporter()  # an OTLP exporter sends on a thread of its own: this loop keeps reading
     p.factory.resource = Resource(settings["resource"])
     p.anchor.offset_ns = settings["offset_ns"]  # the tracker places the parent's times as it would
     p.tracker.abort_grace_ns = settings["abort_grace_ns"]
@@ -82,6 +83,7 @@ def serve(in_fd: int, reply_fd: int) -> int:
             pass  # the parent is not reading (or gone): counters are cumulative, the next one says it
 
     os.set_blocking(reply_fd, False)
+    deadline = None  # the parent's exit deadline, when it sends one
     while True:
         if not select.select([in_fd], [], [], p.interval_s)[0] and not _term_at:
             p.process()  # a round without news: grace periods run out here too
@@ -113,12 +115,17 @@ def serve(in_fd: int, reply_fd: int) -> int:
                 seq = obj
                 if p.exporter is not None:
                     p.exporter.force_flush()
+            elif kind == END:
+                deadline = obj
+                break
         except Exception as exc:  # one bad batch: counted and said once, the next ones go on
             p._builder_failed(exc)
         reply(seq)
     # the end of the stream: after the parent's last round, or without it (the parent is gone:
-    # what is still in flight ends here, incomplete), and the exporter flushed and closed
-    p.shutdown()
+    # what is still in flight ends here, incomplete), and the exporter flushed and closed by the
+    # parent's deadline (else the exit timeout from here); the last counts go back to the parent
+    p.shutdown(deadline if deadline is not None else time.monotonic() + exit_timeout_s())
+    reply(0)
     return 0
 
 

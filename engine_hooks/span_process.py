@@ -23,7 +23,10 @@ The wire, parent to child on the child's stdin: frames of ``<uint32 length><kind
   tuple of its fields with its chunk times as bytes, as the middleware built it
   (``engine_hooks.tracker.HttpRecord``: pickled as a dataclass, it took three times the
   instructions);
-* ``f``: flush (with a sequence number): build and export what came before, then answer.
+* ``f``: flush (with a sequence number): build and export what came before, then answer;
+* ``e``: the end (with the deadline, ``time.monotonic()``: one clock for every process of the
+  host): the parent exits; what the span process has not sent by then is dropped and counted,
+  and it answers a last time and exits. Its stdin closes after it.
 
 Child to parent, on a pipe of its own (its stdout stays the console exporter's): after each batch
 and each flush, ``<uint32 length><marshal (last batch done, last flush done, spans exported, spans
@@ -31,11 +34,15 @@ dropped, requests unsampled, CPU ns, requests, steps, evicted)>``; the parent re
 delivers and waits for a flush's. A span process that dies loses what it had not answered for:
 those events are counted dropped (``otel_llm.tracer.events.dropped``).
 
-Bounds: a write that cannot go through within ``OTEL_BSP_EXPORT_TIMEOUT`` ms (a stuck child, a
-stuck endpoint behind it) is given up and its events counted dropped; a child that died is
-started again on the next delivery, at most once a second. The child ends when its stdin closes
-(the parent exited, or was killed: nothing it was sent is lost; requests still in flight are
-exported as incomplete), after exporting what it holds.
+Bounds: the child's OTLP exporter sends on a thread of its own behind a bounded queue
+(:mod:`engine_hooks.export_queue`), so a slow or hung endpoint drops spans (counted), never the
+reading of its pipe. A write that cannot go through within ``OTEL_BSP_EXPORT_TIMEOUT`` ms (a stuck
+child: stopped, starved) is given up and its events counted dropped; a frame cut short retires the
+child, and at most one retired child lives on (an older one is killed: counted, said once). A
+child that died is started again on the next delivery, at most once a second. The child ends when
+its stdin closes (the parent exited, or was killed: nothing it was sent is lost; requests still in
+flight are exported as incomplete), after exporting what it holds, by the parent's exit deadline
+(``OTEL_LLM_EXIT_TIMEOUT`` from its stdin's end when the parent sent none).
 """
 
 from __future__ import annotations
@@ -60,7 +67,9 @@ log = logging.getLogger("engine_hooks")
 
 _HEAD = struct.Struct("<IB")  # frame length (after the kind byte), kind
 _LEN = struct.Struct("<I")
-SETTINGS, BATCH, FLUSH = ord("s"), ord("b"), ord("f")
+SETTINGS, BATCH, FLUSH, END = ord("s"), ord("b"), ord("f"), ord("e")
+#: how much sooner than the parent's exit deadline its span process stops sending (to answer and exit)
+CHILD_MARGIN_S = 0.3
 MAX_FRAME = 1 << 30
 PIPE_BYTES = 1 << 20  # the pipe to the span process, where the system lets it be that large
 #: how the child is started (``-m`` would import this module twice: the package imports it), and
@@ -222,6 +231,9 @@ class SpanProcessSink:
         self._pickle_warned = False
         self._started_at = 0.0
         self._quick_deaths = 0
+        self.deadline: float | None = None  # the exit's (time.monotonic()): no write waits past it
+        self.killed = 0  # span processes killed unfinished: a second retired one, or at the exit deadline
+        self._kill_warned = False
 
     # -- the child's life ---------------------------------------------------------------------------
     def start(self) -> bool:
@@ -311,6 +323,8 @@ class SpanProcessSink:
         child (its stream cannot go on: it exports the frames it got whole, and ends)."""
         view = memoryview(frame)
         deadline = time.monotonic() + self.timeout_s
+        if self.deadline is not None:
+            deadline = min(deadline, self.deadline)
         fd = self._fd
         while view:
             try:
@@ -332,14 +346,30 @@ class SpanProcessSink:
 
     def _retire(self) -> None:
         """Leave the current child to finish what it holds (its stdin closed) and start another
-        on the next delivery."""
+        on the next delivery; at most one retired child lives on: an older one is killed."""
         if self._proc is not None:
             self._base = self._child_totals()
             self._child = _ZERO
+            live = [p for p in self._retired if p.poll() is None]
+            for old in live[:-1] if self.deadline is None else ():
+                self._kill(old, "a second span process was retired while it still worked")
+            self._retired = live[-1:] if self.deadline is None else live
             self._retired.append(self._proc)
             self._sent.clear()  # it may still export them: not counted either way
         self._close_fds()
         self._proc = None
+
+    def _kill(self, proc: subprocess.Popen, why: str) -> None:
+        """Kill a span process that has not finished (what it still held is lost), count and say it once."""
+        try:
+            proc.kill()
+            proc.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        self.killed += 1
+        if not self._kill_warned:
+            self._kill_warned = True
+            log.warning("engine_hooks: span process %d killed unfinished (%s); counted", proc.pid, why)
 
     def deliver(self, batch: tuple, events: int) -> None:
         """Send one batch (``events``: how many hook events it holds, counted lost when it cannot
@@ -417,21 +447,33 @@ class SpanProcessSink:
         for name, value in zip(_COUNTERS, self._child_totals(), strict=True):
             setattr(c, name, value)
 
-    def shutdown(self, timeout_s: float | None = None) -> None:
-        """Flush, then end the children: EOF, and each exports what it holds and exits (waited for
-        within the timeout, then killed)."""
-        t = self.timeout_s if timeout_s is None else timeout_s
-        if self._proc is not None:
-            self.flush(t)
+    def shutdown(self, deadline: float | None = None) -> None:
+        """End the children by ``deadline`` (``time.monotonic()``; default: the export timeout
+        from now): the current one is told the deadline and its stdin closed, then exports what
+        it holds, answers with its last counts and exits; any still running at the deadline is
+        killed (counted in :attr:`killed`)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout_s
+        self.deadline = deadline
+        proc = self._proc
+        if proc is not None and self._fd is not None and proc.poll() is None:
+            if self._write(_frame(END, deadline - CHILD_MARGIN_S)):
+                try:
+                    proc.stdin.close()  # EOF after the end: it exports, answers and exits
+                except OSError:
+                    pass
+                self._fd = None
+                while self._reply_fd is not None and (left := deadline - time.monotonic()) > 0:
+                    select.select([self._reply_fd], [], [], left)
+                    if not self._read_replies():
+                        break  # its end closed: it has exited
             self._update()
         self._retire()
-        deadline = time.monotonic() + t
         for proc in self._retired:
             try:
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                self._kill(proc, f"still exporting at the exit deadline ({environment.EXIT_TIMEOUT})")
         self._retired = []
 
     def forget_after_fork(self, settings: dict) -> None:
@@ -444,6 +486,7 @@ class SpanProcessSink:
         self._base, self._child, self.lost_events, self._acked, self._seq = _ZERO, _ZERO, 0, 0, 0
         self._batches = 0
         self._sent.clear()
+        self.deadline, self.killed = None, 0
 
 
 #: the span process's counters, as it sends them and as they land on the pipeline's PipelineCounters

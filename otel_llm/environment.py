@@ -54,6 +54,13 @@ SPAN_PROCESS = "OTEL_LLM_SPAN_PROCESS"
 # and its buffer holds raw hook events, not spans.
 SCHEDULE_DELAY = "OTEL_LLM_SCHEDULE_DELAY"  # ms between span-building rounds (default 200)
 MAX_QUEUE_SIZE = "OTEL_LLM_MAX_QUEUE_SIZE"  # hook events buffered between rounds (default 262144)
+#: spans built and waiting for the OTLP exporter's thread (default 8192): a full queue drops and
+#: counts, so a slow or hung endpoint never holds the rounds that build them (engine hooks)
+EXPORT_QUEUE_SIZE = "OTEL_LLM_EXPORT_QUEUE_SIZE"
+#: ms a traced process's exit may spend on its spans, all of it together: the last round, the span
+#: processes, the export queue and the tracer's metrics (default 5000); what is left is dropped,
+#: counted and said in one line
+EXIT_TIMEOUT = "OTEL_LLM_EXIT_TIMEOUT"
 STRICT = "OTEL_LLM_STRICT"  # "1": an engine hook that fails raises (tests), instead of being counted
 # ms an aborted request's span waits for the tokens its engine still made for it (default 1000)
 ABORT_GRACE = "OTEL_LLM_ABORT_GRACE"

@@ -49,9 +49,26 @@ def announce() -> None:
     )
 
 
+def log_with_vllm() -> None:
+    """Tracing's warnings in vLLM's own log: ``engine_hooks`` and ``otel_llm`` log at WARNING
+    through the ``vllm`` logger's handlers. They would go through the root logger, and in vLLM's
+    API server a dependency (``model_hosting_container_standards``) sets that to ERROR: the line
+    that says what a stop dropped, or that the endpoint is down, was never seen."""
+    handlers = logging.getLogger("vllm").handlers
+    for name in ("engine_hooks", "otel_llm"):
+        lg = logging.getLogger(name)
+        if lg.level == logging.NOTSET:
+            lg.setLevel(logging.WARNING)
+        if handlers and not lg.handlers:
+            for h in handlers:
+                lg.addHandler(h)
+            lg.propagate = False
+
+
 def register() -> None:
     if not enabled():
         return
+    log_with_vllm()
     try:
         from .core import instrument_scheduler_class
 

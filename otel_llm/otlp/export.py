@@ -92,18 +92,23 @@ class SafeSpanExporter(SpanExporter):
             log.warning("%s: could not export spans (%s); dropping and counting them, tracing goes on", self.name, why)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if self._send(spans):
+            self.exported += len(spans)
+            return SpanExportResult.SUCCESS
+        self.dropped += len(spans)
+        return SpanExportResult.FAILURE
+
+    def _send(self, spans: Sequence[ReadableSpan]) -> bool:
+        """Hand ``spans`` to the inner exporter: whether it took them (not counted here)."""
         try:
             result = self.inner.export(spans)
         except Exception as exc:
-            self.dropped += len(spans)
             self._warn(f"{type(exc).__name__}: {exc}")
-            return SpanExportResult.FAILURE
-        if result is SpanExportResult.SUCCESS:
-            self.exported += len(spans)
-        else:
-            self.dropped += len(spans)
+            return False
+        if result is not SpanExportResult.SUCCESS:
             self._warn(f"exporter {type(self.inner).__name__} reported failure")
-        return result
+            return False
+        return True
 
     def shutdown(self) -> None:
         try:
