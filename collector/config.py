@@ -208,7 +208,8 @@ class CollectorConfig:
         64 << 20,
         "--forward-queue-bytes",
         "N",
-        "bodies waiting for --forward-traces, at most; beyond, dropped and counted",
+        "bytes each forwarding buffer holds at most (--forward-traces' queue, its policy's intake and held "
+        "traces, --forward-records' queue: four buffers with a policy); beyond, dropped and counted",
         int,
         1,
     )

@@ -43,6 +43,33 @@ def span_bytes(body_bytes: int, spans: int) -> int:
     return 2 * body_bytes // max(spans, 1) + SPAN_OVERHEAD_BYTES
 
 
+#: how long a stop gives forwarding, counted from its start (the derivation of what was in flight
+#: included), and at least how long for the records that derivation made
+FORWARD_STOP_S = 5.0
+FORWARD_LAST_S = 1.0
+
+#: what one derivation pass takes at most (counted span bytes, see :func:`span_bytes`; traces): its
+#: temporaries (every token array of the pass joined, the records, their log records) grow with it,
+#: and a pass that fell behind took the next one's backlog whole
+CHUNK_BYTES = 16 << 20
+CHUNK_TRACES = 2000
+
+
+def derivation_chunks(released: list, max_bytes: int = CHUNK_BYTES, max_traces: int = CHUNK_TRACES):
+    """``released`` in order, in runs of at most ``max_traces`` traces and ``max_bytes`` counted
+    bytes (a trace larger than that alone)."""
+    chunk: list = []
+    size = 0
+    for r in released:
+        if chunk and (size + r.bytes > max_bytes or len(chunk) >= max_traces):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(r)
+        size += r.bytes
+    if chunk:
+        yield chunk
+
+
 class IntakeGate:
     """Admits export requests while open; :meth:`close` refuses new ones (:class:`Overloaded`) and
     waits for those already admitted to finish. Starts open."""
@@ -242,8 +269,10 @@ class Collector:
             steps, self._steps = self._steps, []
         if steps and self.store_writer is not None:
             self.store_writer.put(StepBatch.from_walked(steps))
-        if not released:
-            return 0
+        return sum(self._derive(chunk) for chunk in derivation_chunks(released))
+
+    def _derive(self, released: list[ReleasedTrace]) -> int:
+        """Derive, store, record and forward one chunk of released traces; returns its records."""
         with self._process_lock:
             batch, rm = derive(released)
             if self.store_writer is not None:
@@ -257,7 +286,8 @@ class Collector:
             if self.records_forwarder is not None and len(batch):
                 from .exporters.records_logs import records_to_logs
 
-                self.records_forwarder.submit(records_to_logs(batch, self.instance_id))
+                for body in records_to_logs(batch, self.instance_id):
+                    self.records_forwarder.submit(body)
             self.records_derived += len(batch)
             self.events_rejected += int(batch.events_rejected.sum())
         return len(batch)
@@ -437,7 +467,11 @@ class Collector:
 
                 hold = cfg.assembly.timeout_s + cfg.assembly.peer_wait_s + 10.0
                 self.policy_forwarder = PolicyForwarder(
-                    cfg.forward_traces_policy, self.forwarder, cfg.forward_queue_bytes, hold_s=hold
+                    cfg.forward_traces_policy,
+                    self.forwarder,
+                    cfg.forward_queue_bytes,
+                    hold_s=hold,
+                    max_queued_bytes=cfg.forward_queue_bytes,
                 ).start()
         if cfg.forward_records:
             from .exporters.otlp_forward import OTLPForwarder
@@ -492,7 +526,8 @@ class Collector:
                 self._stopped = True
 
     def _stop_once(self) -> None:
-        deadline = time.monotonic() + self.config.shutdown_timeout_s
+        began = time.monotonic()
+        deadline = began + self.config.shutdown_timeout_s
         left = lambda: max(0.0, deadline - time.monotonic())
         # from here every request is refused (503 / UNAVAILABLE, also on kept-alive connections)
         # and those already admitted finish first: all that was answered OK is in assembly
@@ -516,8 +551,9 @@ class Collector:
             )
         if self.pusher is not None:
             self.pusher.stop()
-        # the forwarders share one deadline (a target that never answers cannot stretch the stop)
-        forwarding_ends = time.monotonic() + min(5.0, left())
+        # the forwarders share one deadline, counted from the stop's start (a target that never
+        # answers cannot stretch the stop), and have at least FORWARD_LAST_S for the last records
+        forwarding_ends = min(max(began + FORWARD_STOP_S, time.monotonic() + FORWARD_LAST_S), deadline)
         until = lambda: max(0.0, forwarding_ends - time.monotonic())
         if self.policy_forwarder is not None:  # what it holds is decided (by the ratio) and handed on
             self.policy_forwarder.stop(until())

@@ -12,12 +12,15 @@ events as int arrays ``otel_llm.event_offsets_ns`` and ``otel_llm.event_tokens``
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
-from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import ExportLogsServiceRequest
-from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationScope, KeyValue
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
+from opentelemetry.proto.resource.v1.resource_pb2 import Resource
+
+from otel_llm.otlp.otlp_encode import int_arrays_bytes, length_delimited
 
 from ..pipeline.records import COLUMNS, RecordBatch
 
@@ -38,49 +41,89 @@ def _value(v) -> AnyValue | None:
     return AnyValue(string_value=str(v))
 
 
-def records_to_logs(batch: RecordBatch, instance_id: str) -> bytes:
-    """One ExportLogsServiceRequest (protobuf bytes) holding every record of ``batch``."""
-    req = ExportLogsServiceRequest()
-    rl = req.resource_logs.add()
+#: the largest export request written (bytes): gRPC's default receive limit, 4 MiB; a record larger
+#: than this alone goes in a request of its own
+MAX_REQUEST_BYTES = 4 << 20
+_CHUNK = 256  # records whose token-event arrays are encoded in one vectorised pass
+
+
+def records_to_logs(batch: RecordBatch, instance_id: str, max_bytes: int = MAX_REQUEST_BYTES) -> list[bytes]:
+    """The records of ``batch`` as ExportLogsServiceRequests (protobuf bytes), in order, each at
+    most ``max_bytes``. The token-event arrays are written at the wire level
+    (:func:`otel_llm.otlp.otlp_encode.int_arrays_bytes`), never as one protobuf object per element:
+    a batch's worth of those took hundreds of MiB and seconds (#47)."""
+    resource = Resource()
     for k, v in (("service.name", "otel-llm-collector"), ("service.instance.id", instance_id)):
-        rl.resource.attributes.add(key=k).value.string_value = v
-    sl = rl.scope_logs.add()
-    sl.scope.name = "otel-llm.collector"
+        resource.attributes.add(key=k).value.string_value = v
+    head = length_delimited(b"\x0a", resource.SerializeToString())  # ResourceLogs.resource
+    scope = length_delimited(b"\x0a", InstrumentationScope(name="otel-llm.collector").SerializeToString())
+    out: list[bytes] = []
+    pieces: list[bytes] = []
+    size = 0
+    for record in _log_records(batch):
+        piece = length_delimited(b"\x12", record)  # ScopeLogs.log_records
+        if pieces and size + len(piece) > max_bytes:
+            out.append(_request(head, scope, pieces))
+            pieces, size = [], 0
+        pieces.append(piece)
+        size += len(piece)
+    if pieces:
+        out.append(_request(head, scope, pieces))
+    return out
+
+
+def _request(resource: bytes, scope: bytes, records: list[bytes]) -> bytes:
+    """ExportLogsServiceRequest{resource_logs: [{resource, scope_logs: [{scope, log_records}]}]}."""
+    scope_logs = length_delimited(b"\x12", scope + b"".join(records))  # ResourceLogs.scope_logs
+    return length_delimited(b"\x0a", resource + scope_logs)  # ExportLogsServiceRequest.resource_logs
+
+
+_ARRAY_KEYS = tuple(length_delimited(b"\x0a", (PREFIX + n).encode()) for n in ("event_offsets_ns", "event_tokens"))
+
+
+def _log_records(batch: RecordBatch):
+    """Each record as a serialized ``LogRecord``: its scalars through protobuf, then its two
+    token-event arrays appended as ``attributes`` entries (field 6) at the wire level."""
     now = time.time_ns()
     cols = batch.scalar_columns()
     names = [c.name for c in COLUMNS]
-    st = batch.event_start.tolist()
-    offs, toks = batch.event_offsets_ns.tolist(), batch.event_tokens.tolist()
-    for i, values in enumerate(zip(*cols.values())):
-        row = dict(zip(names, values))
-        lr = LogRecord(
-            time_unix_nano=int(row["end_ns"]),
-            observed_time_unix_nano=now,
-            severity_number=SEVERITY_INFO,
-            severity_text="INFO",
-            event_name=EVENT_NAME,
-        )
-        if row.get("trace_id"):
-            try:
-                lr.trace_id = bytes.fromhex(row["trace_id"])
-            except ValueError:
-                pass
-        ttft = row.get("ttft")
-        lr.body.string_value = (
-            f"{row['boundary']} request {row['request_id']} {row['status']}"
-            + (f", ttft {ttft * 1e3:.1f} ms" if isinstance(ttft, float) and ttft == ttft else "")
-            + f", {row['output_tokens']} tokens"
-        )
-        attrs = []
-        for name, v in row.items():
-            av = _value(v)
-            if av is not None:
-                attrs.append(KeyValue(key=PREFIX + name, value=av))
-        a, b = st[i], st[i + 1]
-        for name, arr in (("event_offsets_ns", offs[a:b]), ("event_tokens", toks[a:b])):
-            kv = KeyValue(key=PREFIX + name)
-            kv.value.array_value.values.extend(AnyValue(int_value=x) for x in arr)
-            attrs.append(kv)
-        lr.attributes.extend(attrs)
-        sl.log_records.append(lr)
-    return req.SerializeToString()
+    rows = zip(*cols.values())
+    st, offs, toks = batch.event_start, batch.event_offsets_ns, batch.event_tokens
+    n = len(batch)
+    for a in range(0, n, _CHUNK):
+        b = min(n, a + _CHUNK)
+        bounds = st[a : b + 1].tolist()
+        spans = list(itertools.pairwise(bounds))
+        blobs = int_arrays_bytes([offs[i:j] for i, j in spans] + [toks[i:j] for i, j in spans])
+        for k in range(b - a):
+            lr = _log_record(dict(zip(names, next(rows))), now)
+            arrays = b"".join(
+                length_delimited(b"\x32", key + length_delimited(b"\x12", length_delimited(b"\x2a", blob)))
+                for key, blob in zip(_ARRAY_KEYS, (blobs[k], blobs[b - a + k]))
+            )
+            yield lr.SerializeToString() + arrays
+
+
+def _log_record(row: dict, now: int) -> LogRecord:
+    lr = LogRecord(
+        time_unix_nano=int(row["end_ns"]),
+        observed_time_unix_nano=now,
+        severity_number=SEVERITY_INFO,
+        severity_text="INFO",
+        event_name=EVENT_NAME,
+    )
+    if row.get("trace_id"):
+        try:
+            lr.trace_id = bytes.fromhex(row["trace_id"])
+        except ValueError:
+            pass
+    ttft = row.get("ttft")
+    lr.body.string_value = (
+        f"{row['boundary']} request {row['request_id']} {row['status']}"
+        + (f", ttft {ttft * 1e3:.1f} ms" if isinstance(ttft, float) and ttft == ttft else "")
+        + f", {row['output_tokens']} tokens"
+    )
+    lr.attributes.extend(
+        KeyValue(key=PREFIX + name, value=av) for name, v in row.items() if (av := _value(v)) is not None
+    )
+    return lr

@@ -28,7 +28,12 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from otel_llm.otlp.otlp_encode import length_delimited
+
 log = logging.getLogger("collector")
+
+#: what one held span costs beyond its serialized bytes (the tuple, the bytes object's header)
+_PART_OVERHEAD = 120
 
 RULES = ("error", "slo", "stall", "ratio", "all")
 
@@ -75,7 +80,7 @@ class TracePolicy:
 class _Held:
     first_seen: float
     size: int = 0
-    parts: list = field(default_factory=list)  # (resource, scope, span) protobuf messages
+    parts: list = field(default_factory=list)  # (resource bytes, scope bytes, span bytes): serialized
 
 
 class PolicyForwarder:
@@ -91,6 +96,7 @@ class PolicyForwarder:
         hold_s: float = 60.0,
         max_verdicts: int = 200_000,
         max_queue: int = 10_000,
+        max_queued_bytes: int = 64 << 20,
     ):
         self.policy, self.sink = policy, sink
         self.max_held_bytes, self.hold_s, self.max_verdicts = max_held_bytes, hold_s, max_verdicts
@@ -99,16 +105,27 @@ class PolicyForwarder:
         self._held_bytes = 0
         self._lock = threading.Lock()
         self._q: queue.Queue = queue.Queue(max_queue)
+        self.max_queued_bytes = max_queued_bytes
+        self._queued_bytes = 0  # bodies waiting to be parsed: at most max_queued_bytes
+        self._q_lock = threading.Lock()
         self.traces_forwarded = self.traces_dropped = self.decided_early = self.bodies_dropped = 0
         self.parse_errors = 0
         self._thread = threading.Thread(target=self._run, name="forward-policy", daemon=True)
 
     # -- what the receivers and derivation call ---------------------------------------------------
     def submit(self, body: bytes) -> None:
-        """One accepted export request (protobuf): parsed later, on this forwarder's thread."""
+        """One accepted export request (protobuf): parsed later, on this forwarder's thread. The
+        bodies waiting hold at most ``max_queued_bytes`` (beyond: dropped, counted)."""
+        with self._q_lock:
+            if self._queued_bytes + len(body) > self.max_queued_bytes:
+                self.bodies_dropped += 1
+                return
+            self._queued_bytes += len(body)
         try:
             self._q.put_nowait(body)
         except queue.Full:
+            with self._q_lock:
+                self._queued_bytes -= len(body)
             self.bodies_dropped += 1
 
     def verdicts(self, decided: dict[bytes, bool]) -> None:
@@ -146,17 +163,23 @@ class PolicyForwarder:
             body = self._q.get()
             if body is None:
                 return
+            with self._q_lock:
+                self._queued_bytes -= len(body)
             req = ExportTraceServiceRequest()
             try:
                 req.ParseFromString(body)
             except Exception:
                 self.parse_errors += 1
                 continue
+            # held as bytes, what is counted: parsed messages took several times their size
             by_trace: dict[bytes, list] = {}
             for rs in req.resource_spans:
+                resource = rs.resource.SerializeToString(deterministic=True)
                 for ss in rs.scope_spans:
+                    scope = ss.scope.SerializeToString(deterministic=True)
                     for span in ss.spans:
-                        by_trace.setdefault(span.trace_id, []).append((rs.resource, ss.scope, span))
+                        by_trace.setdefault(span.trace_id, []).append((resource, scope, span.SerializeToString()))
+            del req
             now = time.monotonic()
             with self._lock:
                 for tid, parts in by_trace.items():
@@ -172,7 +195,7 @@ class PolicyForwarder:
         held = self._held.get(tid)
         if held is None:
             held = self._held[tid] = _Held(now)
-        size = sum(span.ByteSize() for _, _, span in parts)
+        size = sum(len(span) + _PART_OVERHEAD for _, _, span in parts)
         held.parts.extend(parts)
         held.size += size
         self._held_bytes += size
@@ -192,20 +215,18 @@ class PolicyForwarder:
             self.traces_dropped += 1
 
     def _send(self, tid: bytes, parts: list) -> None:
-        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-
-        req = ExportTraceServiceRequest()
-        groups: dict = {}
+        """One ExportTraceServiceRequest of the trace's spans, grouped by resource and scope,
+        written at the wire level from the held bytes."""
+        groups: dict[bytes, dict[bytes, list[bytes]]] = {}
         for resource, scope, span in parts:
-            key = (resource.SerializeToString(deterministic=True), scope.SerializeToString(deterministic=True))
-            ss = groups.get(key)
-            if ss is None:
-                rs = req.resource_spans.add()
-                rs.resource.CopyFrom(resource)
-                ss = groups[key] = rs.scope_spans.add()
-                ss.scope.CopyFrom(scope)
-            ss.spans.add().CopyFrom(span)
-        self.sink.submit(req.SerializeToString())
+            groups.setdefault(resource, {}).setdefault(scope, []).append(length_delimited(b"\x12", span))
+        out = []
+        for resource, scopes in groups.items():
+            body = [length_delimited(b"\x0a", resource)]  # ResourceSpans.resource
+            for scope, spans in scopes.items():  # ResourceSpans.scope_spans: {scope, spans}
+                body.append(length_delimited(b"\x12", length_delimited(b"\x0a", scope) + b"".join(spans)))
+            out.append(length_delimited(b"\x0a", b"".join(body)))  # ExportTraceServiceRequest.resource_spans
+        self.sink.submit(b"".join(out))
 
     def start(self) -> PolicyForwarder:
         self._thread.start()

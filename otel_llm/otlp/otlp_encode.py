@@ -108,6 +108,10 @@ def _field(tag: bytes, payload: bytes) -> bytes:
     return tag + (_BYTE[n] if n < 128 else _varint(n)) + payload
 
 
+#: a length-delimited protobuf field's bytes, for other writers at the wire level (the records' logs)
+length_delimited = _field
+
+
 class _Cache(dict):
     """Bounded memo of encoded pieces that repeat from span to span (attribute keys, names,
     constant key-values): emptied when it reaches ``limit`` entries."""

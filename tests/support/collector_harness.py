@@ -30,8 +30,22 @@ _ID = "R" + "0" * 11  # the template's request id; request i's is R + i in 11 di
 class Bodies:
     """``body(i)``: the export request of request ``R<i>`` (trace id ``i`` and ``salt``)."""
 
-    def __init__(self, salt: int = 0):
-        req = sample_request([Req(_ID)])
+    def __init__(self, salt: int = 0, tokens: int = 3):
+        """``tokens``: token events at each boundary (3: a body of about 2 KB; 300: 7.7 KB, a
+        request of 300 tokens as an engine sends it)."""
+        ms = [i * 0.01 for i in range(tokens)]
+        req = sample_request(
+            [Req(_ID)]
+            if tokens == 3
+            else [
+                Req(
+                    _ID,
+                    client_events=[(100 + t, 1) for t in ms],
+                    client_end=105 + ms[-1],
+                    engine_events=[(85 + t, 1) for t in ms],
+                )
+            ]
+        )
         self._trace_id = req.resource_spans[0].scope_spans[0].spans[0].trace_id
         self.template = req.SerializeToString()
         assert self.template.count(self._trace_id) >= 2 and _ID.encode() in self.template
