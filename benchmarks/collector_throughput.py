@@ -14,8 +14,12 @@ memory with 100,000 traces in flight. All in one run, one process.
   spool before it is accepted; segments deleted as their traces are stored).
 * raw and end-to-end alternate over ``--rounds`` rounds and the ratio is taken per round (this
   machine's speed drifts by tens of percent within minutes); the median round is the result.
-* memory (fresh processes): peak RSS growth with 100,000 traces held in flight (long grace),
-  then the same arrivals with ``--max-traces`` a tenth of that (the ring buffer bounds it).
+* where the end-to-end time goes: each stage's share of the rounds' wall time (decode, assembly,
+  derivation, metrics, store), measured by wrapping each where the service calls it.
+* memory (fresh processes): peak RSS growth with 100,000 traces held in flight (long grace,
+  ``--max-inflight-bytes`` lifted: 100,000 traces are more than its 512 MiB default), beside the
+  bytes the collector counted for them; then the default bound (what it refuses, retryably); then
+  ``--max-traces`` a tenth of that (the ring buffer bounds it).
 
 Run: ``.venv/bin/python benchmarks/collector_throughput.py [--traces 50000]``
 Targets: >= 100,000 spans/s end to end, >= 0.5 x the raw rate; memory bounded by --max-traces.
@@ -161,7 +165,9 @@ def raw_rate(bodies: list[bytes], total: int) -> float:
     return _parse_rate(bodies, total, _minimal_walk)
 
 
-def make_collector(store: str, max_traces: int, grace_s: float = 0.0, spool: str | None = None):
+def make_collector(
+    store: str, max_traces: int, grace_s: float = 0.0, spool: str | None = None, max_inflight_bytes: int = 512 << 20
+):
     from collector.config import CollectorConfig
     from collector.pipeline.assembly import AssemblyConfig
     from collector.service import Collector
@@ -177,11 +183,56 @@ def make_collector(store: str, max_traces: int, grace_s: float = 0.0, spool: str
         max_backlog=10**9,
         spool=spool,
         spool_max_bytes=1 << 40,
+        max_inflight_bytes=max_inflight_bytes,
     )
     return Collector(cfg)  # not started: the benchmark drives it
 
 
-def end_to_end_rate(bodies: list[bytes], total: int, n_traces: int, tmp: str, spool: bool = False) -> tuple[float, int]:
+class StageClock:
+    """Wall time (s) spent in each stage of the collector's pipeline during a run: ``decode``
+    (parse and walk a request), ``assembly`` (group its spans, release traces), ``derivation``,
+    ``metrics`` (the registry), ``store`` (handing the records to the writer process, and the
+    wait for it at the end), each wrapped where the service calls it."""
+
+    STAGES = ("decode", "assembly", "derivation", "metrics", "store")
+
+    def __init__(self):
+        self.spent = dict.fromkeys(self.STAGES, 0.0)
+
+    def timed(self, stage: str, fn):
+        spent = self.spent
+
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[stage] += time.perf_counter() - t0
+
+        return wrapper
+
+    def attach(self, c) -> None:
+        import collector.service as service
+
+        self._restore = (service.decode_payload, service.derive)
+        service.decode_payload = self.timed("decode", service.decode_payload)
+        service.derive = self.timed("derivation", service.derive)
+        c.assembler.add = self.timed("assembly", c.assembler.add)
+        c.assembler.expire = self.timed("assembly", c.assembler.expire)
+        c.assembler.flush = self.timed("assembly", c.assembler.flush)
+        c.registry.record = self.timed("metrics", c.registry.record)
+        c.store_writer.put = self.timed("store", c.store_writer.put)
+        c.store_writer.drain = self.timed("store", c.store_writer.drain)
+
+    def detach(self) -> None:
+        import collector.service as service
+
+        service.decode_payload, service.derive = self._restore
+
+
+def end_to_end_rate(
+    bodies: list[bytes], total: int, n_traces: int, tmp: str, spool: bool = False, clock: StageClock | None = None
+) -> tuple[float, int]:
     import shutil
 
     path = os.path.join(tmp, "e2e.db")
@@ -192,6 +243,8 @@ def end_to_end_rate(bodies: list[bytes], total: int, n_traces: int, tmp: str, sp
             os.remove(f)
     c = make_collector(path, max_traces=100_000, spool=spool_dir if spool else None)
     c.store_writer.wait_ready(30)  # its start-up is not part of the rate
+    if clock is not None:
+        clock.attach(c)
     gc.collect()
     t0 = time.perf_counter()
     for i, body in enumerate(bodies):
@@ -201,6 +254,9 @@ def end_to_end_rate(bodies: list[bytes], total: int, n_traces: int, tmp: str, sp
     c.process(c.assembler.flush())
     c.store_writer.drain()  # every record is in SQLite before the clock stops
     dt = time.perf_counter() - t0
+    if clock is not None:
+        clock.detach()
+        clock.spent["total"] = dt
     stored = c.store.count()
     assert stored == 2 * n_traces, stored
     c.store_writer.close()
@@ -219,34 +275,44 @@ def rss_bytes() -> int:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def memory_in_flight(n_traces: int, max_traces: int) -> None:
-    """Child-process mode: RSS growth while ``n_traces`` arrive and at most ``max_traces`` are held."""
+def memory_in_flight(n_traces: int, max_traces: int, max_inflight_bytes: int) -> None:
+    """Child-process mode: RSS growth while ``n_traces`` arrive and at most ``max_traces`` (and
+    ``max_inflight_bytes`` counted) are held; requests refused by the byte bound are counted."""
+    from collector.receivers.intake import Overloaded
+
     tmp = tempfile.mkdtemp(prefix="otel-llm-collector-mem-")
     bodies, _ = payloads(n_traces, seed=1)
     gc.collect()
     before = rss_bytes()
-    c = make_collector(os.path.join(tmp, "mem.db"), max_traces=max_traces, grace_s=3600)
-    peak = 0
+    c = make_collector(
+        os.path.join(tmp, "mem.db"), max_traces=max_traces, grace_s=3600, max_inflight_bytes=max_inflight_bytes
+    )
+    peak = counted = refused = 0
     for body in bodies:
-        c.accept(body)
+        try:
+            c.accept(body)
+        except Overloaded:  # 503 to a sender: retryable, nothing kept
+            refused += 1
         c.process([])  # traces evicted past the bound are derived and stored, so they leave memory
         peak = max(peak, rss_bytes() - before)
+        counted = max(counted, c.inflight_bytes())
     with open(f"/proc/{c.store_writer.pid}/status") as fh:  # the store writer process, for the record
         writer = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmHWM:"))
-    print(f"{len(c.assembler)} {c.assembler.counters.traces_evicted} {peak} {writer}")
+    print(f"{len(c.assembler)} {c.assembler.counters.traces_evicted} {peak} {writer} {counted} {refused}")
 
 
-def memory_run(n_traces: int, max_traces: int) -> tuple[int, int, int]:
+def memory_run(n_traces: int, max_traces: int, max_inflight_bytes: int) -> tuple[int, ...]:
+    """(traces held, derived early, peak RSS growth, store writer peak, peak counted in-flight
+    bytes, requests refused), from a fresh process."""
     import subprocess
 
     out = subprocess.run(
-        [sys.executable, __file__, "--memory-child", str(n_traces), str(max_traces)],
+        [sys.executable, __file__, "--memory-child", str(n_traces), str(max_traces), str(max_inflight_bytes)],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
-    held, evicted, peak, writer = map(int, out[-4:])
-    return held, evicted, peak, writer
+    return tuple(map(int, out[-6:]))
 
 
 def main() -> None:
@@ -254,7 +320,7 @@ def main() -> None:
     ap.add_argument("--traces", type=int, default=50_000, help="traces for the rate runs (default 50,000)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating raw / end-to-end rounds (default 3)")
     ap.add_argument("--in-flight", type=int, default=100_000, help="traces held for the memory run (default 100,000)")
-    ap.add_argument("--memory-child", nargs=2, type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--memory-child", nargs=3, type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.memory_child:
         memory_in_flight(*a.memory_child)
@@ -265,11 +331,12 @@ def main() -> None:
     print(
         f"payloads: {a.traces:,} traces, {total:,} spans in {len(bodies)} requests ({mib:.1f} MiB protobuf)", flush=True
     )
-    rounds = []
+    rounds, clocks = [], []
     for r in range(a.rounds):
         raw = raw_rate(bodies, total)
         full = full_walk_rate(bodies, total) if r == 0 else None
-        e2e, stored = end_to_end_rate(bodies, total, a.traces, tmp)
+        clocks.append(StageClock())
+        e2e, stored = end_to_end_rate(bodies, total, a.traces, tmp, clock=clocks[-1])
         durable, _ = end_to_end_rate(bodies, total, a.traces, tmp, spool=True)
         rounds.append((e2e / raw, raw, e2e, durable, durable / e2e))
         print(
@@ -297,18 +364,30 @@ def main() -> None:
         f"end to end without it (per round {', '.join(f'{x[4]:.2f}' for x in rounds)})",
         flush=True,
     )
+    spent = {k: med([c.spent[k] for c in clocks]) for k in (*StageClock.STAGES, "total")}
+    parts = ", ".join(f"{k} {spent[k] / spent['total']:.0%}" for k in StageClock.STAGES)
+    rest = 1 - sum(spent[k] for k in StageClock.STAGES) / spent["total"]
+    print(f"where end to end goes (median of the rounds' wall time): {parts}, the rest {rest:.0%}", flush=True)
     del bodies
-    held, _, peak, writer = memory_run(a.in_flight, a.in_flight)
+    MiB = 2**20
+    held, _, peak, writer, counted, _ = memory_run(a.in_flight, a.in_flight, 1 << 40)
     print(
-        f"memory: {held:,} traces in flight -> peak RSS +{peak / 2**20:,.0f} MiB "
-        f"({peak / max(held, 1):,.0f} bytes/trace); store writer process peak {writer / 2**20:,.0f} MiB",
+        f"memory: {held:,} traces in flight (--max-inflight-bytes lifted) -> peak RSS +{peak / MiB:,.0f} MiB "
+        f"({peak / max(held, 1):,.0f} bytes/trace), counted in flight {counted / MiB:,.0f} MiB "
+        f"(counted / RSS {counted / max(peak, 1):.2f}); store writer process peak {writer / MiB:,.0f} MiB",
+        flush=True,
+    )
+    held_d, _, peak_d, _, counted_d, refused_d = memory_run(a.in_flight, a.in_flight, 512 << 20)
+    print(
+        f"memory with the default --max-inflight-bytes 512 MiB: {held_d:,} in flight, {refused_d:,} requests "
+        f"refused (503, retryable) -> peak RSS +{peak_d / MiB:,.0f} MiB, counted {counted_d / MiB:,.0f} MiB",
         flush=True,
     )
     bound = max(a.in_flight // 10, 1)
-    held_b, ev, peak_b, writer_b = memory_run(a.in_flight, bound)
+    held_b, ev, peak_b, writer_b, _, _ = memory_run(a.in_flight, bound, 1 << 40)
     print(
         f"memory with --max-traces {bound}: {held_b:,} in flight, {ev:,} derived early -> "
-        f"peak RSS +{peak_b / 2**20:,.0f} MiB; store writer process peak {writer_b / 2**20:,.0f} MiB"
+        f"peak RSS +{peak_b / MiB:,.0f} MiB; store writer process peak {writer_b / MiB:,.0f} MiB"
     )
 
 
