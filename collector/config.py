@@ -161,12 +161,13 @@ class ReceiverSettings:
     """What each OTLP receiver needs of the configuration, and nothing else."""
 
     max_message_bytes: int
-    max_connections: int = 64  # OTLP/HTTP connections at once; the next is refused with 503
+    max_connections: int = 1024  # OTLP/HTTP connections at once; the next is refused with 503
     read_timeout_s: float = 10.0  # longest wait for the next bytes of a request (headers, body)
     request_timeout_s: float = 30.0  # longest a whole request may take to arrive (OTLP/HTTP)
     auth_token: str | None = None  # bearer token required, when set
     tls_cert: str | None = None
     tls_key: str | None = None
+    max_connections_per_peer: int = 64  # OTLP/HTTP connections one peer address may hold
 
 
 @dataclass
@@ -264,7 +265,21 @@ class CollectorConfig:
         4 * 2**20, "--max-message-bytes", "N", "largest accepted export request, decompressed", int, 1024
     )
     max_connections: int = option(
-        64, "--max-connections", "N", "OTLP/HTTP connections at once; the next is answered 503 and closed", int, 1
+        1024,
+        "--max-connections",
+        "N",
+        "OTLP/HTTP connections at once (read on an event loop: an idle or slow one costs a buffer, not a thread); "
+        "the next is answered 503 and closed",
+        int,
+        1,
+    )
+    max_connections_per_peer: int = option(
+        64,
+        "--max-connections-per-peer",
+        "N",
+        "OTLP/HTTP connections one peer address may hold at once; its next is answered 503 and closed",
+        int,
+        1,
     )
     read_timeout_s: float = option(
         10.0, "--read-timeout", "S", "longest wait for the next bytes of an OTLP/HTTP request", float, 0.01
@@ -382,6 +397,7 @@ class CollectorConfig:
             self.auth_token,
             self.tls_cert,
             self.tls_key,
+            self.max_connections_per_peer,
         )
 
 
