@@ -11,7 +11,9 @@ answers them. What it bounds, whatever the senders do:
   ``max_buffered_bytes`` (503, retryable): a request's body is read as it arrives, never reserved.
 
 What a request gets is the caller's: ``early(request)`` answers from the head alone (or None to
-read the body), ``handle(request)`` answers with the body, on a worker thread.
+read the body), ``handle(request)`` answers with the body: on the loop's thread when
+``quick(request)`` says it is (a hand-off to a worker and back cost a quarter of the intake rate
+with small bodies), else on a worker thread, the loop reading the other connections meanwhile.
 """
 
 from __future__ import annotations
@@ -99,9 +101,10 @@ class LoopServer:
         ssl_context: ssl.SSLContext | None = None,
         workers: int = 4,
         name: str = "otlp-http",
+        quick: Callable[[Request], bool] = lambda req: False,
     ):
         self.sock, self.limits, self.counters = sock, limits, counters
-        self.early, self.handle, self.ssl_context = early, handle, ssl_context
+        self.early, self.handle, self.ssl_context, self.quick = early, handle, ssl_context, quick
         self.pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix=name)
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(self._loop_error)
@@ -264,7 +267,10 @@ class LoopServer:
                     self.counters.requests_timed_out += 1
                 return
             try:
-                answer = await self.loop.run_in_executor(self.pool, self.handle, req)
+                if self.quick(req):  # on this thread: no hand-off to wait for
+                    answer = self.handle(req)
+                else:  # on a worker: the loop goes on reading the others meanwhile
+                    answer = await self.loop.run_in_executor(self.pool, self.handle, req)
             except Exception:  # a defect in handle(): said, answered 500, the server goes on
                 log.exception("collector: answering an OTLP/HTTP request failed")
                 answer = Answer(500, b"", "text/plain", close=True)

@@ -32,6 +32,7 @@ METRICS_PATH = "/v1/metrics"  # the traced processes' own cost (collector.receiv
 #: bodies being read at once, at most this many times --max-message-bytes (the bytes buffered
 #: across connections; a request that would go past it is answered 503, retryable)
 READING_MESSAGES = 64
+QUICK_BYTES = 1 << 20
 
 
 def _status(code: int, http_code: int, message: str, as_json: bool, extra=None, close: bool = False) -> Answer:
@@ -67,6 +68,12 @@ class OtlpHttp:
             self.counters.unauthenticated += 1
             return _status(16, 401, "missing or wrong bearer token", as_json, {"WWW-Authenticate": "Bearer"}, True)
         return None
+
+    @staticmethod
+    def quick(req: Request) -> bool:
+        """Answered on the receiver's loop thread: protobuf bodies up to ``QUICK_BYTES`` (a JSON
+        body, or a large one, goes to a worker thread: the loop keeps reading meanwhile)."""
+        return len(req.body) <= QUICK_BYTES and "json" not in req.headers.get("content-type", "")
 
     def handle(self, req: Request) -> Answer:
         ctype = (req.headers.get("content-type") or "").split(";")[0].strip().lower()
@@ -120,7 +127,7 @@ class HttpReceiver:
             max_buffered_bytes=READING_MESSAGES * settings.max_message_bytes,
         )
         otlp = OtlpHttp(intake, settings, counters)
-        self.server = LoopServer(sock, limits, counters, otlp.early, otlp.handle, ctx)
+        self.server = LoopServer(sock, limits, counters, otlp.early, otlp.handle, ctx, quick=otlp.quick)
         self.address = sock.getsockname()
 
     def start(self) -> HttpReceiver:
