@@ -249,6 +249,26 @@ def _span_parts(s: ReadableSpan, arrays: list) -> list | None:
     return parts
 
 
+class _ListArrays:
+    """A span as the SDK's encoder reads it, its int64 numpy arrays as lists (the types the
+    OpenTelemetry API allows): everything else is the span's own."""
+
+    def __init__(self, span: ReadableSpan):
+        self._span = span
+        self.attributes = {k: v.tolist() if type(v) is np.ndarray else v for k, v in span.attributes.items()}
+
+    def __getattr__(self, name: str):
+        return getattr(self._span, name)
+
+
+def _sdk_typed(s: ReadableSpan):
+    """``s`` for the SDK's encoder: a span that falls back to it (an attribute type ours leaves
+    out, e.g. a numpy scalar an engine's extractor returned) keeps its token-event arrays, which
+    engine_hooks hands over as numpy arrays and the SDK would drop with the rest."""
+    attrs = s.attributes or {}
+    return _ListArrays(s) if any(type(v) is np.ndarray for v in attrs.values()) else s
+
+
 def encode_spans_bytes(spans: Sequence[ReadableSpan]) -> bytes:
     """The serialized ``ExportTraceServiceRequest`` of ``spans``: the message the SDK's encoder
     builds, written as wire bytes directly (pieces that repeat are memoised, integer arrays
@@ -265,7 +285,7 @@ def encode_spans_bytes(spans: Sequence[ReadableSpan]) -> bytes:
         mark = len(arrays)
         parts = _span_parts(s, arrays)
         if parts is None:
-            parts = [sdk_encode_spans([s]).resource_spans[0].scope_spans[0].spans[0].SerializeToString()]
+            parts = [sdk_encode_spans([_sdk_typed(s)]).resource_spans[0].scope_spans[0].spans[0].SerializeToString()]
         if len(arrays) == mark:  # no integer array: the span's bytes now
             parts = _field(b"\x12", b"".join(parts))
         if g is not last_g or scope is not last_scope:

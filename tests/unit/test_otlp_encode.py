@@ -191,3 +191,32 @@ def test_the_c_writer_of_integer_arrays_writes_what_python_writes(monkeypatch):
         from otel_llm.otlp._int_text import values_json
 
         values_json(np.zeros(3, dtype=np.int32))  # only int64 buffers
+
+
+def test_a_span_that_falls_back_to_the_sdk_keeps_its_numpy_token_arrays():
+    """engine_hooks hands the token-event arrays over as int64 numpy arrays; an attribute the fast
+    encoder leaves to the SDK (a numpy scalar an extractor returned) sent the whole span to the
+    SDK's encoder, which dropped the arrays with it: the request's TTFT and ITL were unknown.
+    Now the arrays go as the lists the SDK takes; the numpy scalar is what the SDK makes of it."""
+    import numpy as np
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    offsets = np.array([1_000, 2_500, 4_000], dtype=np.int64)
+    s = make_span(
+        {"llm.token_event.offsets_ns": offsets, "llm.test.np": np.int64(7), "llm.request.id": "r1"},
+        SpanKind.INTERNAL,
+        None,
+        Status(StatusCode.UNSET),
+    )
+    req = ExportTraceServiceRequest.FromString(otlp_encode.encode_spans_bytes([s]))
+    (span,) = req.resource_spans[0].scope_spans[0].spans
+    attrs = {kv.key: kv.value for kv in span.attributes}
+    assert [v.int_value for v in attrs["llm.token_event.offsets_ns"].array_value.values] == offsets.tolist()
+    assert attrs["llm.request.id"].string_value == "r1"
+    plain = make_span(
+        {"llm.token_event.offsets_ns": offsets.tolist(), "llm.test.np": np.int64(7), "llm.request.id": "r1"},
+        SpanKind.INTERNAL,
+        None,
+        Status(StatusCode.UNSET),
+    )
+    assert req == sdk_encode([plain])  # what the SDK makes of the same span with list arrays
