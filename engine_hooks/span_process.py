@@ -351,10 +351,11 @@ class SpanProcessSink:
             self._base = self._child_totals()
             self._child = _ZERO
             live = [p for p in self._retired if p.poll() is None]
-            for old in live[:-1] if self.deadline is None else ():
-                self._kill(old, "a second span process was retired while it still worked")
-            self._retired = live[-1:] if self.deadline is None else live
-            self._retired.append(self._proc)
+            if self.deadline is None:  # not exiting (shutdown waits for them all, then kills)
+                for old in live[:-1]:
+                    self._kill(old, "a second span process was retired while it still worked")
+                live = live[-1:]
+            self._retired = [*live, self._proc]
             self._sent.clear()  # it may still export them: not counted either way
         self._close_fds()
         self._proc = None

@@ -20,7 +20,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, InstrumentationSc
 from opentelemetry.proto.logs.v1.logs_pb2 import LogRecord
 from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 
-from otel_llm.otlp.otlp_encode import int_arrays_bytes, length_delimited
+from otel_llm.otlp.otlp_encode import export_request_bytes, int_arrays_bytes, length_delimited
 
 from ..pipeline.records import COLUMNS, RecordBatch
 
@@ -55,27 +55,21 @@ def records_to_logs(batch: RecordBatch, instance_id: str, max_bytes: int = MAX_R
     resource = Resource()
     for k, v in (("service.name", "otel-llm-collector"), ("service.instance.id", instance_id)):
         resource.attributes.add(key=k).value.string_value = v
-    head = length_delimited(b"\x0a", resource.SerializeToString())  # ResourceLogs.resource
-    scope = length_delimited(b"\x0a", InstrumentationScope(name="otel-llm.collector").SerializeToString())
+    head = resource.SerializeToString()
+    scope = InstrumentationScope(name="otel-llm.collector").SerializeToString()
     out: list[bytes] = []
     pieces: list[bytes] = []
     size = 0
     for record in _log_records(batch):
         piece = length_delimited(b"\x12", record)  # ScopeLogs.log_records
         if pieces and size + len(piece) > max_bytes:
-            out.append(_request(head, scope, pieces))
+            out.append(export_request_bytes({head: {scope: pieces}}))
             pieces, size = [], 0
         pieces.append(piece)
         size += len(piece)
     if pieces:
-        out.append(_request(head, scope, pieces))
+        out.append(export_request_bytes({head: {scope: pieces}}))
     return out
-
-
-def _request(resource: bytes, scope: bytes, records: list[bytes]) -> bytes:
-    """ExportLogsServiceRequest{resource_logs: [{resource, scope_logs: [{scope, log_records}]}]}."""
-    scope_logs = length_delimited(b"\x12", scope + b"".join(records))  # ResourceLogs.scope_logs
-    return length_delimited(b"\x0a", resource + scope_logs)  # ExportLogsServiceRequest.resource_logs
 
 
 _ARRAY_KEYS = tuple(length_delimited(b"\x0a", (PREFIX + n).encode()) for n in ("event_offsets_ns", "event_tokens"))

@@ -28,7 +28,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from otel_llm.otlp.otlp_encode import length_delimited
+from otel_llm.otlp.otlp_encode import export_request_bytes, length_delimited
 
 log = logging.getLogger("collector")
 
@@ -218,15 +218,9 @@ class PolicyForwarder:
         """One ExportTraceServiceRequest of the trace's spans, grouped by resource and scope,
         written at the wire level from the held bytes."""
         groups: dict[bytes, dict[bytes, list[bytes]]] = {}
-        for resource, scope, span in parts:
+        for resource, scope, span in parts:  # ScopeSpans.spans
             groups.setdefault(resource, {}).setdefault(scope, []).append(length_delimited(b"\x12", span))
-        out = []
-        for resource, scopes in groups.items():
-            body = [length_delimited(b"\x0a", resource)]  # ResourceSpans.resource
-            for scope, spans in scopes.items():  # ResourceSpans.scope_spans: {scope, spans}
-                body.append(length_delimited(b"\x12", length_delimited(b"\x0a", scope) + b"".join(spans)))
-            out.append(length_delimited(b"\x0a", b"".join(body)))  # ExportTraceServiceRequest.resource_spans
-        self.sink.submit(b"".join(out))
+        self.sink.submit(export_request_bytes(groups))
 
     def start(self) -> PolicyForwarder:
         self._thread.start()

@@ -112,6 +112,19 @@ def _field(tag: bytes, payload: bytes) -> bytes:
 length_delimited = _field
 
 
+def export_request_bytes(groups: dict[bytes, dict[bytes, list[bytes]]]) -> bytes:
+    """An OTLP ``Export{Trace,Logs}ServiceRequest`` (the two share their layout) at the wire level:
+    ``{serialized Resource: {serialized InstrumentationScope: items}}``, each item already framed
+    as field 2 of its scope's message (``ScopeSpans.spans``, ``ScopeLogs.log_records``)."""
+    out = []
+    for resource, scopes in groups.items():
+        body = [_field(b"\x0a", resource)]  # Resource{Spans,Logs}.resource
+        for scope, items in scopes.items():  # .scope_{spans,logs}: {scope, items}
+            body.append(_field(b"\x12", _field(b"\x0a", scope) + b"".join(items)))
+        out.append(_field(b"\x0a", b"".join(body)))  # the request's resource_{spans,logs}
+    return b"".join(out)
+
+
 class _Cache(dict):
     """Bounded memo of encoded pieces that repeat from span to span (attribute keys, names,
     constant key-values): emptied when it reaches ``limit`` entries."""
