@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-quick lint bench soak venv loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels valgrind cost
+.PHONY: demo test test-pure test-quick lint bench soak venv loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels valgrind cost
 
 venv: $(STAMP) $(EXT)
 

@@ -25,7 +25,7 @@ if __name__ == "__main__":  # run as the benchmark; never on import: a test that
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its process's environment for the servers it starts
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from engine_hooks.recorder import ARRIVAL, RAW
+from engine_hooks import hook_events
 from engine_hooks.span_factory import SpanFactory
 from engine_hooks.tracker import RequestTracker
 from engine_hooks.vllm.frontend import expand_outputs, output_scanner
@@ -88,13 +88,13 @@ def events(n: int, steps: int, outputs: list[list] | None = None) -> list[tuple]
     them (each step's outputs scanned as the engine's thread does, :func:`output_scanner`)."""
     scan = output_scanner()
     m0, now = monotonic_ns(), time.monotonic()
-    out = [(ARRIVAL, m0, f"r{i}", None, 32, None, {sc.REQUEST_ID: f"r{i}"}) for i in range(n)]
+    out = [hook_events.arrival(m0, f"r{i}", None, 32, None, {sc.REQUEST_ID: f"r{i}"}) for i in range(n)]
     last = None
     for t, step in enumerate(outputs or step_outputs(n, steps)):
         ids, counts, rare = scan(step, last)
         last = ids
         step_mono = m0 + (t + 1) * 3_000_000
-        out.append((RAW, step_mono, expand_outputs, (now + (t + 1) * 0.003, ids, counts, rare)))
+        out.append(hook_events.raw(step_mono, expand_outputs, (now + (t + 1) * 0.003, ids, counts, rare)))
     return out
 
 

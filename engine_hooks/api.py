@@ -63,9 +63,9 @@ from typing import Any
 from otel_llm import environment
 from otel_llm.clock import monotonic_ns
 
+from . import hook_events as events
 from .batch_scan import _hotpath, accelerated
 from .pipeline import TracingPipeline, default_pipeline
-from .recorder import ARRIVAL, FINISH, GENERATED, PREEMPTED, QUEUED, RAW, SCHEDULED, STEP, TOKEN_OUT
 
 Extractor = Callable[..., Any]
 
@@ -256,7 +256,7 @@ class EngineHooks:
         """The requests a method that raised was about: they end here, with the exception's type."""
         t = monotonic_ns()
         for rid in [ids] if isinstance(ids, str) else (ids or ()):
-            self._rec((FINISH, t, rid, status, type(exc).__name__))
+            self._rec(events.finish(t, rid, status, type(exc).__name__))
 
     # -- the lifecycle decorators ------------------------------------------------------------------
     def arrival(
@@ -294,13 +294,13 @@ class EngineHooks:
         object)."""
 
         def arrived(res, a, k):
-            rid, start, n_in, headers, attrs = fields(res, *a, **k)
+            rid, start, *rest = fields(res, *a, **k)
             if rid is None:  # the engine refused it without an id (nothing to trace)
                 return
             now = monotonic_ns()
             if start is not None:  # arrived no later than this hook ran
                 start = now - max(0, time.time_ns() - start)
-            self._rec((ARRIVAL, now, rid, start, n_in, headers, attrs))
+            self._rec(events.arrival(now, rid, start, *rest))
 
         def deco(fn):
             def failed(exc, a, k):
@@ -309,7 +309,7 @@ class EngineHooks:
 
             if accelerated() and _plain(fn):  # _wrap's, with arrived() in it, in C: once a request
                 on_error = self._on_method_error(failed)
-                hook = _hotpath.MethodHook(fn, fields, None, self, self._hook_failed, on_error, ARRIVAL, True)
+                hook = _hotpath.MethodHook(fn, fields, None, self, self._hook_failed, on_error, events.ARRIVAL, True)
                 return mark_hooked(functools.wraps(fn)(hook))
             return self._wrap(fn, lambda res, a, k, _: arrived(res, a, k), failed=failed)
 
@@ -326,7 +326,7 @@ class EngineHooks:
                 t = monotonic_ns()
                 ids = request_id(res, *a, **k)
                 for rid in [ids] if isinstance(ids, str) else (ids or ()):
-                    self._rec((QUEUED, t, rid))
+                    self._rec(events.queued(t, rid))
 
             return self._wrap(fn, after)
 
@@ -348,7 +348,7 @@ class EngineHooks:
                 if scheduled is not None:
                     t = monotonic_ns()
                     for rid in scheduled(res, *a, **k) or ():
-                        self._rec((SCHEDULED, t, rid))
+                        self._rec(events.scheduled(t, rid))
 
             return self._wrap(fn, after, before)
 
@@ -390,8 +390,7 @@ class EngineHooks:
                 self._step_index = idx + 1
                 prefill, decode = split(res, *a, **k)
                 self._rec(
-                    (
-                        STEP,
+                    events.step(
                         t0,
                         t1,
                         idx,
@@ -399,9 +398,9 @@ class EngineHooks:
                         prefill,
                         decode,
                         pr(res, *a, **k),
-                        kv_usage(res, *a, **k) if kv_usage else None,
-                        None if handle is None else (timer, handle),  # read back by its own timer
-                        waiting(res, *a, **k) if waiting else None,
+                        kv_usage=kv_usage(res, *a, **k) if kv_usage else None,
+                        gpu_handle=None if handle is None else (timer, handle),  # read back by its own timer
+                        waiting=waiting(res, *a, **k) if waiting else None,
                     )
                 )
 
@@ -430,22 +429,22 @@ class EngineHooks:
 
         def deco(fn):
             def after(res, a, k, pre):
-                ev = (PREEMPTED, monotonic_ns(), request_id(res, *a, **k), mode_fn(res, *a, **k))
-                self._rec(ev if pre is None else ev + pre)
+                kv, tokens = pre if pre is not None else (None, None)
+                self._rec(events.preempted(monotonic_ns(), request_id(res, *a, **k), mode_fn(res, *a, **k), kv, tokens))
 
             failed = lambda exc, a, k: self._finish_failed(request_id(None, *a, **k), "error", exc)
             return self._wrap(fn, after, state, failed=failed)
 
         return deco
 
-    def _tokens(self, kind: int, outputs: Extractor):
+    def _tokens(self, build: Callable[[int, str, int], tuple], outputs: Extractor):
         """token_out and generated: ``(request_id, tokens)`` pairs, recorded when the method is
         called (a generator: for each item it yields)."""
 
         def record(res, a, k):
             t = monotonic_ns()
             for rid, n in outputs(res, *a, **k) or ():
-                self._rec((kind, t, rid, n))
+                self._rec(build(t, rid, n))
 
         def failed(exc, a, k):
             self._finish_failed([rid for rid, _ in outputs(None, *a, **k) or ()], "error", exc)
@@ -463,14 +462,14 @@ class EngineHooks:
         Recorded when the method is *called* (its extractor gets ``result=None``), so that a
         ``finish`` hook running inside it comes after the tokens it hands out; a generator
         method: for each item it yields (``outputs(item, *args, **kwargs)``)."""
-        return self._tokens(TOKEN_OUT, outputs)
+        return self._tokens(events.token_out, outputs)
 
     def generated(self, outputs: Extractor):
         """Tokens produced inside the engine (a forward pass's sampled tokens), before they are
         handed out: prefill ends at the first, and the stall analysis tells a late engine from a
         late delivery by them. ``outputs`` as for :meth:`token_out`. Without this hook the
         token-out times stand in."""
-        return self._tokens(GENERATED, outputs)
+        return self._tokens(events.generated, outputs)
 
     def finish(self, request_id: Extractor, status: str | Extractor = "ok", reason: Extractor | None = None):
         """A request finished (``status``: ok, error, cancelled or rejected). ``request_id`` may
@@ -484,7 +483,7 @@ class EngineHooks:
                 st = status_fn(res, *a, **k)
                 rs = reason(res, *a, **k) if reason else None
                 for rid in [ids] if isinstance(ids, str) else (ids or ()):
-                    self._rec((FINISH, t, rid, st, rs))
+                    self._rec(events.finish(t, rid, st, rs))
 
             failed = lambda exc, a, k: self._finish_failed(request_id(None, *a, **k), "error", exc)
             return self._wrap(fn, after, failed=failed)
@@ -499,19 +498,19 @@ class EngineHooks:
 
         def deco(fn):
             def after(res, a, k, _):
-                self._rec((RAW, monotonic_ns(), expander, payload(res, *a, **k)))
+                self._rec(events.raw(monotonic_ns(), expander, payload(res, *a, **k)))
 
             if not _plain(fn):
                 return self._wrap(fn, after)
             hook_failed = self._hook_failed
             if accelerated():  # the wrapper below, in C
-                hook = _hotpath.MethodHook(fn, payload, expander, self, hook_failed, None, RAW, False)
+                hook = _hotpath.MethodHook(fn, payload, expander, self, hook_failed, None, events.RAW, False)
                 return mark_hooked(functools.wraps(fn)(hook))
 
             def wrapper(*args, **kwargs):  # _wrap's, with its hook written in: this runs at every engine step
                 result = fn(*args, **kwargs)
                 try:
-                    self._rec((RAW, monotonic_ns(), expander, payload(result, *args, **kwargs)))
+                    self._rec(events.raw(monotonic_ns(), expander, payload(result, *args, **kwargs)))
                 except Exception as exc:
                     hook_failed(exc)
                 return result

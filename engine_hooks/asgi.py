@@ -37,8 +37,8 @@ from array import array
 from otel_llm import environment
 from otel_llm.clock import monotonic_ns
 
+from . import hook_events as events
 from .batch_scan import _hotpath, accelerated
-from .recorder import RAW
 
 _TRACEPARENT = b"traceparent"
 _TRACESTATE = b"tracestate"
@@ -363,6 +363,6 @@ class TracingMiddleware:
                     p,
                     t_app,
                 )
-                self.recorder.record((RAW, end, _expand, rec))
+                self.recorder.record(events.raw(end, _expand, rec))
             except Exception:  # tracing never breaks the server
                 pass

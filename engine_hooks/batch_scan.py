@@ -20,11 +20,10 @@ The answer, ``(ids, counts, rare)``:
 from __future__ import annotations
 
 import operator
-import os
 from collections.abc import Sequence
 from itertools import compress, repeat
 
-from otel_llm import environment
+from otel_llm import accelerator
 
 try:
     from . import _hotpath
@@ -34,10 +33,7 @@ except ImportError:  # no C compiler at install: the Python scan
 
 def accelerated() -> bool:
     """Whether the hooks' C accelerator runs here (steps scanned, HTTP body chunks timed in C)."""
-    if _hotpath is None:
-        return False
-    # unset, the usual case, looked up alone: this runs for each connection an HTTP server takes
-    return os.environ.get(environment.PURE_PYTHON) is None or not environment.env_bool(environment.PURE_PYTHON)
+    return accelerator.on(_hotpath)
 
 
 class BatchScanner:

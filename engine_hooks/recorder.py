@@ -1,6 +1,7 @@
 """The hot-path side: a bounded buffer of raw event tuples.
 
-Hooks call :meth:`Recorder.record` with a tuple of plain numbers and ids (monotonic ns first).
+Hooks call :meth:`Recorder.record` with an event (:mod:`engine_hooks.hook_events`: a tuple of
+plain numbers and ids, its kind first).
 One ``len`` check and one ``deque.append``: O(1) Python work per call, no allocation beyond the
 tuple, no lock (``deque.append``/``popleft`` are atomic). When full, the event is dropped and
 counted, never blocking the engine.
@@ -9,12 +10,6 @@ counted, never blocking the engine.
 from __future__ import annotations
 
 from collections import deque
-
-# event kinds (first element of each tuple); payloads documented in engine_hooks.tracker
-ARRIVAL, SCHEDULED, PREEMPTED, GENERATED, TOKEN_OUT, FINISH, STEP, RAW, QUEUED = range(9)
-#: not recorded by a hook: a RAW event whose payload its expander's ``to_plain`` made plain data,
-#: as the engine's process sends it to the span process (which runs the expander)
-PLAIN_RAW = 9
 
 DEFAULT_CAPACITY = 1 << 18
 

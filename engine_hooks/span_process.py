@@ -61,7 +61,7 @@ from collections.abc import Callable
 
 from otel_llm import environment
 
-from .recorder import PLAIN_RAW, RAW, STEP
+from .hook_events import RAW, STEP, STEP_GPU, plain_raw
 
 log = logging.getLogger("engine_hooks")
 
@@ -107,27 +107,15 @@ class CallRecorder:
         for ev in events:
             kind = ev[0]
             if kind == RAW:
-                try:
-                    to_plain = self._to_plain.get(ev[2], _UNSEEN)
-                    if to_plain is _UNSEEN:
-                        to_plain = self._to_plain[ev[2]] = _sendable_to_plain(ev[2])
-                    if to_plain is not None:  # plain data: the span process runs the expander
-                        items.append((PLAIN_RAW, ev[1], ev[2], to_plain(ev[3])))
-                    else:
-                        self._expand_here(ev)
-                except Exception as exc:  # one engine object its expander could not read: the rest go on
-                    self.failed_expansions += 1
-                    if self.failed_expansions == 1:
-                        why = f"{type(exc).__name__}: {exc}"
-                        log.warning("engine_hooks: unpacking an engine's event failed (%s); the others go on", why)
-            elif kind == STEP and ev[9] is not None:
+                self._translate_raw(items, *ev[1:])
+            elif kind == STEP and ev[STEP_GPU] is not None:
                 self._gpu.append(ev)
             else:
                 items.append(ev)
         if self._gpu:
             waiting = []
             for ev in self._gpu:
-                h = ev[9]
+                h = ev[STEP_GPU]
                 try:
                     ns = h[0].elapsed_ns(h[1]) if type(h) is tuple else gpu_elapsed(h) if gpu_elapsed else None
                 except Exception:  # a GPU error reading it back: the step goes without its GPU time
@@ -135,16 +123,28 @@ class CallRecorder:
                 if ns is None and not force:
                     waiting.append(ev)
                 else:
-                    items.append(ev[:9] + (ns if ns is not None else _NO_GPU_TIME,) + ev[10:])
+                    items.append(ev[:STEP_GPU] + (ns if ns is not None else _NO_GPU_TIME,) + ev[STEP_GPU + 1 :])
             self._gpu = waiting
         self.items = []
         return items
 
-    def _expand_here(self, ev: tuple) -> None:
-        """A RAW event's expander run here, on this stand-in (given its plain payload if it has a
-        ``to_plain`` the span process cannot run)."""
-        to_plain = getattr(ev[2], "to_plain", None)
-        ev[2](self, ev[1], ev[3] if to_plain is None else to_plain(ev[3]))
+    def _translate_raw(self, items: list, mono: int, expander: Callable, payload) -> None:
+        """A RAW event (its fields by name, :mod:`engine_hooks.hook_events`) for the span process:
+        its payload made plain there (the span process expands it), else its expander's calls here."""
+        try:
+            to_plain = self._to_plain.get(expander, _UNSEEN)
+            if to_plain is _UNSEEN:
+                to_plain = self._to_plain[expander] = _sendable_to_plain(expander)
+            if to_plain is not None:  # plain data: the span process runs the expander
+                items.append(plain_raw(mono, expander, to_plain(payload)))
+            else:  # run here, on this stand-in (given its plain payload if it has a to_plain)
+                own = getattr(expander, "to_plain", None)
+                expander(self, mono, payload if own is None else own(payload))
+        except Exception as exc:  # one engine object its expander could not read: the rest go on
+            self.failed_expansions += 1
+            if self.failed_expansions == 1:
+                why = f"{type(exc).__name__}: {exc}"
+                log.warning("engine_hooks: unpacking an engine's event failed (%s); the others go on", why)
 
     def take_http(self) -> list:
         h, self.http_done = self.http_done, []

@@ -1,25 +1,7 @@
 """Turns raw recorder events into finished-request and engine-step records (off the hot path).
 
-Event tuples (``mono`` = monotonic ns when the hook ran):
-
-=========== =============================================================================
-ARRIVAL     ``(ARRIVAL, mono, request_id, start_mono_ns|None, input_tokens|None, trace_headers|None, attrs|None)``
-SCHEDULED   ``(SCHEDULED, mono, request_id)``: first scheduled, or scheduled again after a preemption
-PREEMPTED   ``(PREEMPTED, mono, request_id, mode[, kv_usage, recompute_tokens])``: ``mode`` is
-            ``recompute`` or ``swap``; the KV cache's used fraction and the request's tokens whose
-            KV it lost, as the engine had them when it decided (either may be None)
-GENERATED   ``(GENERATED, mono, request_id, tokens)``: tokens produced inside the engine
-TOKEN_OUT   ``(TOKEN_OUT, mono, request_id, tokens)``: output handed to the transport
-FINISH      ``(FINISH, mono, request_id, status, reason|None)``: status ``ok|error|cancelled|rejected``
-STEP        ``(STEP, mono_start, mono_end, index, batch, prefill_tokens, decode_tokens, preempted,
-            kv_usage|None, gpu_handle|None)``
-RAW         ``(RAW, mono, expander, payload)``: ``expander(tracker, mono, payload)`` unpacks an engine's
-            own objects later, so that the hot path only keeps a reference. An expander with a
-            ``to_plain`` (:func:`engine_hooks.api.plain_payload`) is given
-            ``expander.to_plain(payload)``: plain data, made where the engine's objects are
-PLAIN_RAW   ``(PLAIN_RAW, mono, expander, plain payload)``: the same, made plain already (by the
-            engine's process, for its span process)
-=========== =============================================================================
+It reads the hook events of :mod:`engine_hooks.hook_events` (:meth:`RequestTracker.feed`): one
+handler each, ``_on_<name>``, whose parameters are the event's fields by name.
 
 An engine without a separate GENERATED hook gets its token-out times used as generation times.
 In-flight requests are bounded (``max_in_flight``): the oldest is evicted and counted.
@@ -49,7 +31,7 @@ import numpy as np
 
 from otel_llm.clock import WallAnchor
 
-from .recorder import ARRIVAL, FINISH, GENERATED, PLAIN_RAW, PREEMPTED, QUEUED, RAW, SCHEDULED, STEP, TOKEN_OUT
+from .hook_events import EVENTS
 
 log = logging.getLogger("engine_hooks")
 
@@ -249,6 +231,8 @@ class RequestTracker:
         self._batch: list[str] | None = None
         self._run_first = 0
         self._run_len = 0
+        # each kind of hook event's handler (feed)
+        self._handlers = {e.kind: getattr(self, f"_on_{e.name}") for e in EVENTS}
 
     # -- request lifecycle, wall-clock ns ---------------------------------------------------------
     def arrival(
@@ -620,36 +604,80 @@ class RequestTracker:
 
     # -- raw events ---------------------------------------------------------------------------------
     def feed(self, events: list[tuple]) -> None:
-        wall = self.anchor.wall_ns
+        """Take recorded hook events, in order: each to its kind's handler (an unknown kind is
+        counted in ``unknown_events``)."""
+        handlers = self._handlers
         for ev in events:
-            kind = ev[0]
-            if kind in (RAW, PLAIN_RAW):
-                self._expand(ev, kind == RAW)
-            elif kind == TOKEN_OUT:
-                self.token_out(ev[2], wall(ev[1]), ev[3])
-            elif kind == GENERATED:
-                self.generated(ev[2], wall(ev[1]), ev[3])
-            elif kind == STEP:
-                self.step(wall(ev[1]), wall(ev[2]), *ev[3:])
-            elif kind == ARRIVAL:
-                self.arrival(ev[2], wall(ev[1]), None if ev[3] is None else wall(ev[3]), *ev[4:])
-            elif kind == SCHEDULED:
-                self.scheduled(ev[2], wall(ev[1]))
-            elif kind == PREEMPTED:
-                self.preempted(ev[2], wall(ev[1]), *ev[3:])
-            elif kind == FINISH:
-                self.finish(ev[2], wall(ev[1]), ev[3], ev[4])
-            elif kind == QUEUED:
-                self.queued(ev[2], wall(ev[1]))
+            handler = handlers.get(ev[0])
+            if handler is None:
+                self.unknown_events += 1
+            else:
+                handler(*ev[1:])
 
-    def _expand(self, ev: tuple, raw: bool) -> None:
+    # the handlers: one per kind of hook event, its fields by name (engine_hooks.hook_events)
+    def _on_arrival(self, mono, request_id, start_mono, input_tokens, trace_headers, attrs) -> None:
+        wall = self.anchor.wall_ns
+        start = None if start_mono is None else wall(start_mono)
+        self.arrival(request_id, wall(mono), start, input_tokens, trace_headers, attrs)
+
+    def _on_queued(self, mono, request_id) -> None:
+        self.queued(request_id, self.anchor.wall_ns(mono))
+
+    def _on_scheduled(self, mono, request_id) -> None:
+        self.scheduled(request_id, self.anchor.wall_ns(mono))
+
+    def _on_preempted(self, mono, request_id, mode, kv_usage=None, recompute_tokens=None) -> None:
+        self.preempted(request_id, self.anchor.wall_ns(mono), mode, kv_usage, recompute_tokens)
+
+    def _on_generated(self, mono, request_id, tokens) -> None:
+        self.generated(request_id, self.anchor.wall_ns(mono), tokens)
+
+    def _on_token_out(self, mono, request_id, tokens) -> None:
+        self.token_out(request_id, self.anchor.wall_ns(mono), tokens)
+
+    def _on_finish(self, mono, request_id, status, reason=None) -> None:
+        self.finish(request_id, self.anchor.wall_ns(mono), status, reason)
+
+    def _on_step(
+        self,
+        start_mono,
+        end_mono,
+        index,
+        batch,
+        prefill_tokens,
+        decode_tokens,
+        preempted,
+        kv_usage=None,
+        gpu_handle=None,
+        waiting=None,
+    ) -> None:
+        wall = self.anchor.wall_ns
+        self.step(
+            wall(start_mono),
+            wall(end_mono),
+            index,
+            batch,
+            prefill_tokens,
+            decode_tokens,
+            preempted,
+            kv_usage,
+            gpu_handle,
+            waiting,
+        )
+
+    def _on_raw(self, mono, expander, payload) -> None:
+        self._expand(mono, expander, payload, True)
+
+    def _on_plain_raw(self, mono, expander, payload) -> None:
+        self._expand(mono, expander, payload, False)
+
+    def _expand(self, mono: int, expander: Callable, payload, raw: bool) -> None:
         """One RAW or PLAIN_RAW event's expander on this tracker; one that fails costs its own
         event only (counted in ``failed_expansions``, said once)."""
-        expander, payload = ev[2], ev[3]
         try:
             if raw and (to_plain := getattr(expander, "to_plain", None)) is not None:
                 payload = to_plain(payload)
-            expander(self, ev[1], payload)
+            expander(self, mono, payload)
         except Exception as exc:  # one engine object its expander could not read: the rest go on
             self.failed_expansions += 1
             if self.failed_expansions == 1:

@@ -46,6 +46,18 @@ def _settings_kept():
         pytest.fail(f"the test changed the process's environment: {changed}", pytrace=False)
 
 
+def c_or_python(monkeypatch, pure: bool, module) -> None:
+    """One of a test's two runs: ``pure``, the Python twins (``OTEL_LLM_PURE_PYTHON=1``); else the C
+    accelerator ``module``, skipped where it is not built or the whole run is pure Python
+    (``make test-pure``)."""
+    from otel_llm import accelerator
+
+    if pure:
+        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    elif not accelerator.on(module):
+        pytest.skip("the C accelerator is not built here, or this run is pure Python")
+
+
 def write_jsonl(path: Path, rows) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

@@ -20,7 +20,7 @@ import numpy as np
 from google.protobuf.message import DecodeError as _PBDecodeError
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
-from otel_llm import environment
+from otel_llm import accelerator
 from otel_llm.otlp.otlp_json import from_json
 
 from ..pipeline import walked_span as sp
@@ -83,7 +83,7 @@ _MAX_NS = 2**63 - 1  # times are int64 ns from here on
 
 def accelerated() -> bool:
     """Whether protobuf payloads are walked by the C accelerator."""
-    return _otlp_walk is not None and not environment.env_bool(environment.PURE_PYTHON)
+    return accelerator.on(_otlp_walk)
 
 
 class DecodeError(ValueError):

@@ -26,16 +26,14 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.trace.span import DEFAULT_TRACE_STATE
 from opentelemetry.trace.status import StatusCode
 
-from otel_llm import environment
+from otel_llm import accelerator
 
 from .sdk_internals import dropped_attributes, encode_attributes, sdk_encode_spans, span_fields
 
 try:  # the C writer of integer arrays as JSON text (setup.py; optional)
-    from ._int_text import values_json as _values_json
+    from . import _int_text
 except ImportError:  # pragma: no cover - built where a C compiler is
-    _values_json = None
-if environment.env_bool(environment.PURE_PYTHON):
-    _values_json = None
+    _int_text = None
 
 _KIND = {SpanKind.INTERNAL: 1, SpanKind.SERVER: 2, SpanKind.CLIENT: 3, SpanKind.PRODUCER: 4, SpanKind.CONSUMER: 5}
 _STATUS = {StatusCode.UNSET: 0, StatusCode.OK: 1, StatusCode.ERROR: 2}
@@ -376,15 +374,16 @@ def _json_array(value, out: list[str]) -> None:
     """An array attribute value's text, appended to ``out`` in pieces (a long one is copied once,
     by the final join)."""
     ints = False
+    c = accelerator.active(_int_text)
     if type(value) is np.ndarray:  # engine_hooks' int64 arrays need no look at each element
         ints = value.dtype.kind == "i" and value.ndim == 1
-        if ints and _values_json is not None and len(value):
-            out += ('{"arrayValue":{"values":[', _values_json(np.ascontiguousarray(value, dtype=np.int64)), "]}}")
+        if ints and c is not None and len(value):
+            out += ('{"arrayValue":{"values":[', c.values_json(np.ascontiguousarray(value, dtype=np.int64)), "]}}")
             return
         value = value.tolist()
     if value and (ints or all(type(x) is int for x in value)):  # no call per element
-        if _values_json is not None and min(value) >= -(2**63) and max(value) < 2**63:
-            out += ('{"arrayValue":{"values":[', _values_json(array("q", value)), "]}}")
+        if c is not None and min(value) >= -(2**63) and max(value) < 2**63:
+            out += ('{"arrayValue":{"values":[', c.values_json(array("q", value)), "]}}")
         else:
             out += ('{"arrayValue":{"values":[{"intValue":"', '"},{"intValue":"'.join(map(str, value)), '"}]}}')
         return

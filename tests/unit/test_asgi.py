@@ -12,10 +12,12 @@ import time
 from array import array
 
 import pytest
+from conftest import c_or_python
 
 from engine_hooks import asgi
 from engine_hooks.asgi import TracingMiddleware, parse_traceparent
-from engine_hooks.recorder import RAW, Recorder
+from engine_hooks.hook_events import RAW
+from engine_hooks.recorder import Recorder
 from engine_hooks.tracker import RequestTracker
 
 
@@ -58,10 +60,7 @@ def records(rec: Recorder):
 @pytest.mark.parametrize("pure_python", [False, True])
 def test_chunks_timed_and_traceparent_handed_on(monkeypatch, pure_python):
     """The same with each chunk timed in C (the accelerator) and in Python."""
-    if pure_python:
-        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
-    elif asgi._hotpath is None:
-        pytest.skip("the C accelerator is not built here")
+    c_or_python(monkeypatch, pure_python, asgi._hotpath)
     rec = Recorder()
     tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     mw, sent, seen = run(streaming_app, headers=[(b"traceparent", tp.encode()), (b"x-other", b"1")], recorder=rec)
@@ -111,8 +110,7 @@ def test_chunks_timed_and_traceparent_handed_on(monkeypatch, pure_python):
 )
 @pytest.mark.parametrize("pure_python", [False, True], ids=["C", "Python"])
 def test_a_bad_traceparent_starts_a_new_trace(monkeypatch, bad, pure_python):
-    if pure_python:
-        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    c_or_python(monkeypatch, pure_python, asgi._hotpath)
     rec = Recorder()
     headers = [(b"traceparent", bad), (b"tracestate", b"vendor=abc"), (b"x-other", b"1")]
     _, sent, seen = run(streaming_app, headers=headers, recorder=rec)
@@ -146,8 +144,7 @@ def test_every_caller_traceparent_is_replaced_by_the_server_spans(monkeypatch, h
     it into another trace than the server span's (#47): the first one in any spelling is the
     parent where valid, every one is removed, and exactly one, the server span's, is handed on;
     the caller's tracestate goes on with its own parent only."""
-    if pure_python:
-        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    c_or_python(monkeypatch, pure_python, asgi._hotpath)
     rec = Recorder()
     _, sent, seen = run(streaming_app, headers=headers, recorder=rec)
     assert sent[0]["status"] == 200
@@ -206,8 +203,7 @@ def test_a_failure_before_the_app_serves_the_request_untraced():
 def test_the_caller_traceparent_is_found_however_the_server_spells_it(monkeypatch, headers, pure_python):
     """Header names are looked up in any case (in C where ASGI's shape: a list of tuples with
     bytes names; in Python otherwise); a later version's value may go on after its flags."""
-    if pure_python:
-        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
+    c_or_python(monkeypatch, pure_python, asgi._hotpath)
     rec = Recorder()
     _, _, seen = run(streaming_app, headers=headers, recorder=rec)
     (h,) = records(rec)
@@ -337,10 +333,7 @@ def test_under_uvicorn_the_writes_are_timed_and_the_app_gets_the_servers_send(mo
     send is wrapped, and the records are the same."""
     import socket
 
-    if pure_python:
-        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
-    elif asgi._hotpath is None:
-        pytest.skip("the C accelerator is not built here")
+    c_or_python(monkeypatch, pure_python, asgi._hotpath)
     from uvicorn.protocols.http.h11_impl import H11Protocol
     from uvicorn.protocols.http.h11_impl import RequestResponseCycle as H11Cycle
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol

@@ -8,7 +8,7 @@ import asyncio
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, c_or_python
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine_hooks import CudaEventTimer, EngineHooks, TracingPipeline, default_pipeline
@@ -202,10 +202,7 @@ def pure(request, monkeypatch) -> bool:
     """The hooks as the accelerator builds them (engine_hooks._hotpath), then in pure Python."""
     from engine_hooks import batch_scan
 
-    if request.param:
-        monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")
-    elif not batch_scan.accelerated():
-        pytest.skip("the C accelerator is not built here")
+    c_or_python(monkeypatch, request.param, batch_scan._hotpath)
     return request.param
 
 
@@ -219,7 +216,7 @@ def test_a_raw_hook_passes_every_argument_and_result_through(pure):
     import time
 
     from engine_hooks.api import hooked
-    from engine_hooks.recorder import RAW
+    from engine_hooks.hook_events import RAW
 
     pipeline = TracingPipeline(None)
     hooks = EngineHooks(pipeline)
@@ -285,7 +282,7 @@ def test_an_arrival_hook_records_what_its_fields_say(pure):
     method that raises records the request arrived and rejected, and its exception goes on."""
     import time
 
-    from engine_hooks.recorder import ARRIVAL, FINISH
+    from engine_hooks.hook_events import ARRIVAL, FINISH
 
     pipeline = TracingPipeline(None)
     hooks = EngineHooks(pipeline)

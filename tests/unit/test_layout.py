@@ -144,6 +144,7 @@ LEAVES = {
     "otel_llm.semconv",
     "otel_llm.environment",
     "otel_llm.clock",
+    "otel_llm.accelerator",
     "otel_llm.cli_options",
 }
 

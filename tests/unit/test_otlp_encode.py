@@ -15,6 +15,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
+from otel_llm import accelerator
 from otel_llm.otlp import otlp_encode
 from otel_llm.otlp.export import exporter_from_env
 from otel_llm.otlp.otlp_json import from_dict
@@ -168,7 +169,7 @@ def test_spans_of_interleaved_resources_and_scopes_group_as_the_sdk_groups_them(
     assert from_dict(json.loads(otlp_encode.spans_to_json(spans))) == sdk_encode(spans)
 
 
-@pytest.mark.skipif(otlp_encode._values_json is None, reason="the C accelerator is not built here")
+@pytest.mark.skipif(not accelerator.on(otlp_encode._int_text), reason="the C accelerator is not built here (or is off)")
 def test_the_c_writer_of_integer_arrays_writes_what_python_writes(monkeypatch):
     """Token-event offsets go through the C writer (otel_llm/otlp/_int_text.c) where it is built:
     the text must be the Python writer's to the byte, at int64's edges and for every array kind
@@ -180,7 +181,7 @@ def test_the_c_writer_of_integer_arrays_writes_what_python_writes(monkeypatch):
     values = [edges, list(range(1000)), base, base[::3], np.array(edges, dtype=np.int64), [2**63, 1], [True, 2]]
     s = make_span({f"a{i}": v for i, v in enumerate(values)}, SpanKind.SERVER, "local", Status(StatusCode.UNSET))
     fast = otlp_encode.spans_to_json([s])
-    monkeypatch.setattr(otlp_encode, "_values_json", None)
+    monkeypatch.setenv("OTEL_LLM_PURE_PYTHON", "1")  # the Python writer
     assert fast == otlp_encode.spans_to_json([s])
     kvs = {
         kv["key"]: kv["value"] for kv in json.loads(fast)["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]

@@ -67,7 +67,7 @@ def test_the_http_server_span_crosses_to_the_span_process_whole(tmp_path, monkey
     from array import array
 
     from engine_hooks.asgi import _expand
-    from engine_hooks.recorder import RAW
+    from engine_hooks.hook_events import RAW
     from engine_hooks.tracker import HttpRecord
 
     chunks = array("q", [3_000 + 7 * i for i in range(300)])
@@ -276,7 +276,7 @@ def test_a_span_process_that_cannot_run_leaves_the_spans_to_the_pipeline_thread(
 
 
 def test_an_expander_that_fails_costs_its_own_event_only(tmp_path, monkeypatch):
-    from engine_hooks.recorder import RAW
+    from engine_hooks.hook_events import RAW
 
     monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "t.jsonl"))
     p = TracingPipeline(None, engine="toy", span_process=True)
@@ -332,7 +332,7 @@ def test_vllm_outputs_are_unpacked_in_the_span_process_as_on_the_thread(tmp_path
     """vLLM's step payloads go to the span process as plain data (engine_hooks.api.plain_payload)
     and are unpacked there into the same spans the pipeline's thread builds from the engine's
     objects."""
-    from engine_hooks.recorder import PLAIN_RAW
+    from engine_hooks.hook_events import PLAIN_RAW
     from engine_hooks.vllm.frontend import expand_outputs, plain_outputs
 
     here, there = tmp_path / "here.jsonl", tmp_path / "there.jsonl"
@@ -367,7 +367,7 @@ def test_a_plain_payload_that_fails_costs_its_own_event_only(tmp_path, monkeypat
     ``to_plain`` that fails, and an expander that fails in the span process, each lose their own
     event, never the batch around it."""
     from engine_hooks.api import plain_payload
-    from engine_hooks.recorder import RAW
+    from engine_hooks.hook_events import RAW
     from engine_hooks.vllm.frontend import expand_outputs
 
     seen = []

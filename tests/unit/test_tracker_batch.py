@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine_hooks import TracingPipeline
-from engine_hooks.recorder import ARRIVAL, FINISH, RAW
+from engine_hooks.hook_events import ARRIVAL, FINISH, RAW
 from engine_hooks.span_factory import SpanFactory
 from engine_hooks.tracker import RequestTracker
 from otel_llm import semconv as sc
