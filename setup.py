@@ -11,17 +11,21 @@ parser and a Python walk, the hooks a Python scan, the JSON writer str() and joi
 slower).
 """
 
+from glob import glob
+
 from setuptools import Extension, setup
 
 FLAGS = ["-O2", "-Wall", "-Wextra", "-Wno-unused-parameter", "-Wno-missing-field-initializers"]
 
+SHARED = ["otel_llm/csrc/otel_llm_c.h"]  # what every accelerator includes
+
 setup(
     ext_modules=[
-        Extension(name, [source], extra_compile_args=FLAGS, optional=True)
-        for name, source in (
-            ("collector.receivers._otlp_walk", "collector/receivers/_otlp_walk.c"),
-            ("engine_hooks._hotpath", "engine_hooks/_hotpath.c"),
-            ("otel_llm.otlp._int_text", "otel_llm/otlp/_int_text.c"),
+        Extension(name, sources, depends=SHARED + headers, extra_compile_args=FLAGS, optional=True)
+        for name, sources, headers in (
+            ("collector.receivers._otlp_walk", ["collector/receivers/_otlp_walk.c"], []),
+            ("engine_hooks._hotpath", sorted(glob("engine_hooks/csrc/*.c")), ["engine_hooks/csrc/hotpath.h"]),
+            ("otel_llm.otlp._int_text", ["otel_llm/otlp/_int_text.c"], []),
         )
     ]
 )

@@ -26,10 +26,8 @@
  * return None: the caller then parses with protobuf, which decides. Every read is bounds-checked;
  * the only recursion is the schema check's, bounded by MAX_DEPTH.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include "../../otel_llm/csrc/otel_llm_c.h"
 #include <stdint.h>
-#include <string.h>
 
 #define FALLBACK (-1) /* not handled here: let protobuf decide (no exception set) */
 #define PYERR (-2)    /* a Python exception is set */
@@ -495,12 +493,6 @@ static int key_value(const uint8_t *data, Py_ssize_t len, const table *keys, PyO
     }
     Py_XSETREF(slots[slot], v);
     return 0;
-}
-
-static int all_zero(const uint8_t *p, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (p[i]) return 0;
-    return 1;
 }
 
 typedef struct {

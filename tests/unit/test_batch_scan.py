@@ -137,3 +137,89 @@ def test_pure_python_is_honoured(monkeypatch):
     assert scan._c is None
     assert scan(_make([(1, 2, None)])) == (["req-1"], [2], None)
 
+
+class _Out:
+    """An output whose id and token list are Python objects that can run code mid-scan."""
+
+    __slots__ = ("finish_reason", "new_token_ids", "request_id")
+
+    def __init__(self, rid, toks, finish=None):
+        self.request_id, self.new_token_ids, self.finish_reason = rid, toks, finish
+
+
+class _Id:
+    """A request id whose ``__eq__`` runs ``action`` once (then compares by text)."""
+
+    def __init__(self, text, action=None):
+        self.text, self.action = text, action
+
+    def __eq__(self, other):
+        if self.action is not None:
+            action, self.action = self.action, None
+            action()
+        return isinstance(other, _Id) and other.text == self.text
+
+    __hash__ = None
+
+
+class _Tokens(list):
+    """A token list whose ``__len__`` runs ``action`` once."""
+
+    def __init__(self, n, action=None):
+        super().__init__([5] * n)
+        self.action = action
+
+    def __len__(self):
+        if self.action is not None:
+            action, self.action = self.action, None
+            action()
+        return super().__len__()
+
+
+@needs_c
+@pytest.mark.parametrize(
+    "mutation",
+    ["clear items", "clear previous", "replace items", "shrink items", "grow items", "drop an id", "len clears"],
+)
+def test_code_run_by_the_scan_that_changes_the_lists_never_reads_freed_memory(mutation):
+    """The C scan calls into Python (an id's __eq__, a token list's __len__); that code may change
+    the very lists being scanned or drop the last reference to the item being read. The scan holds
+    what it reads and stops where a list changed size (TypeError: the scanner then reads through
+    Python); it never reads an item that is gone (run under the debug allocator, a read of freed
+    memory would crash or give garbage)."""
+    scanner = BatchScanner(_Out, "request_id", "new_token_ids", ("finish_reason",))
+    n = 6
+    items = [_Out(_Id(f"r{i}"), [5]) for i in range(n)]
+    previous = [_Id(f"r{i}") for i in range(n)]
+    actions = {
+        "clear items": items.clear,
+        "clear previous": previous.clear,
+        "replace items": lambda: items.__setitem__(slice(None), [_Out(_Id("x"), [5, 5])] * n),
+        "shrink items": lambda: items.pop(),
+        "grow items": lambda: items.extend(_Out(_Id("y"), [5]) for _ in range(100)),
+        "drop an id": lambda: setattr(items[2], "request_id", _Id("other")),
+    }
+    if mutation == "len clears":
+        items[2].new_token_ids = _Tokens(3, items.clear)
+    else:
+        items[2].request_id = _Id("r2-changed", actions[mutation])  # compared with previous[2]
+    before = list(items)  # what the scan was given (the objects stay alive for the check below)
+    try:
+        ids, counts, rare = scanner.c_scan(items, previous)
+    except TypeError:  # a list changed size: the caller's Python pass reads what is there now
+        ids, counts, rare = scanner.scan_python(items, previous)
+        assert ids == [o.request_id for o in items] or ids is previous
+        return
+    assert len(ids) == len(before) and all(isinstance(i, _Id) for i in ids)
+    assert counts is None or len(counts) == len(before)
+    assert rare is None
+
+
+@needs_c
+def test_a_scan_whose_list_changes_falls_back_to_python_through_the_scanner():
+    """Through the scanner (what the hook calls): a list cleared mid-scan gives the Python answer
+    for the list as it is then, never an exception into the engine."""
+    scanner = BatchScanner(_Out, "request_id", "new_token_ids", ("finish_reason",))
+    items = [_Out(f"r{i}", [5]) for i in range(4)]
+    items[1].new_token_ids = _Tokens(2, items.clear)
+    assert scanner(items, None) == ([], None, None)
