@@ -13,7 +13,7 @@ export TRANSFORMERS_OFFLINE := 1
 
 venv: $(STAMP) $(EXT)
 
-$(EXT): $(STAMP) collector/receivers/_otlp_walk.c $(wildcard engine_hooks/csrc/*) otel_llm/csrc/otel_llm_c.h otel_llm/otlp/_int_text.c setup.py
+$(EXT): $(STAMP) collector/receivers/_otlp_walk.c $(wildcard engine_hooks/hot_path/csrc/*) otel_llm/csrc/otel_llm_c.h otel_llm/otlp/_int_text.c setup.py
 	@$(PY) setup.py -q build_ext --inplace >/dev/null 2>&1 || \
 	  echo "warning: the C accelerators did not build (no C compiler?); the collector, the hooks and the JSON writer run without them, slower"
 	@touch $(EXT)

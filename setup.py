@@ -2,7 +2,7 @@
 
 * ``collector.receivers._otlp_walk`` walks OTLP protobuf payloads without building protobuf
   objects;
-* ``engine_hooks._hotpath`` reads an engine step's outputs (request ids, token counts, the
+* ``engine_hooks.hot_path._hotpath`` reads an engine step's outputs (request ids, token counts, the
   rare fields) in one pass on the engine's thread;
 * ``otel_llm.otlp._int_text`` writes integer arrays (token-event offsets) as OTLP/JSON text.
 
@@ -24,7 +24,11 @@ setup(
         Extension(name, sources, depends=SHARED + headers, extra_compile_args=FLAGS, optional=True)
         for name, sources, headers in (
             ("collector.receivers._otlp_walk", ["collector/receivers/_otlp_walk.c"], []),
-            ("engine_hooks._hotpath", sorted(glob("engine_hooks/csrc/*.c")), ["engine_hooks/csrc/hotpath.h"]),
+            (
+                "engine_hooks.hot_path._hotpath",
+                sorted(glob("engine_hooks/hot_path/csrc/*.c")),
+                ["engine_hooks/hot_path/csrc/hotpath.h"],
+            ),
             ("otel_llm.otlp._int_text", ["otel_llm/otlp/_int_text.c"], []),
         )
     ]

@@ -173,7 +173,7 @@ def _roles(driver_pid: int) -> dict[str, int]:
     its parent's role."""
     import psutil
 
-    from engine_hooks.span_process import SPAN_PROCESS_ARG
+    from engine_hooks.span_process.parent import SPAN_PROCESS_ARG
 
     def valgrind_children(pid: int) -> tuple[list[int], list[int]]:
         """(the engine's children, span processes) of ``pid`` running under valgrind."""

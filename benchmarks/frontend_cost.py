@@ -25,9 +25,9 @@ if __name__ == "__main__":  # run as the benchmark; never on import: a test that
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # its process's environment for the servers it starts
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from engine_hooks import hook_events
-from engine_hooks.span_factory import SpanFactory
-from engine_hooks.tracker import RequestTracker
+from engine_hooks.hot_path import hook_events
+from engine_hooks.spans.span_factory import SpanFactory
+from engine_hooks.spans.tracker import RequestTracker
 from engine_hooks.vllm.frontend import expand_outputs, output_scanner
 from otel_llm import semconv as sc
 from otel_llm.clock import monotonic_ns

@@ -44,9 +44,9 @@ def drive() -> None:
     from uvicorn.protocols.http.flow_control import FlowControl
     from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
-    from engine_hooks import _hotpath
     from engine_hooks.asgi import FIRST_BYTE, TIMED_TRANSPORT, TracingMiddleware
-    from engine_hooks.recorder import Recorder
+    from engine_hooks.hot_path import _hotpath
+    from engine_hooks.hot_path.recorder import Recorder
     from otel_llm.clock import monotonic_ns
 
     class Transport:

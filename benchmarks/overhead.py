@@ -14,7 +14,7 @@ Run: ``.venv/bin/python benchmarks/overhead.py [--rounds 5] [--requests 128] [--
 (default: phases, the default level); ``--detail all`` runs the benchmark once per level, each in a
 process of its own (a process has one front-end pipeline), and prints the levels side by side.
 ``--exporter file``: the instrumented engine writes ``OTEL_LLM_TRACES_FILE`` instead of OTLP. Each
-traced process's own report of its span CPU (engine_hooks.self_metrics, to the sink every second)
+traced process's own report of its span CPU (engine_hooks.spans.self_metrics, to the sink every second)
 is printed per process: front end and engine core, per request and per step.
 Each round also reads the CPU time (user + system) of this process and every engine-core process
 under it before and after each engine's batch: CPU per output token, printed as plain /
@@ -126,12 +126,12 @@ def start_sink() -> tuple[object, int, list]:
     """An OTLP/gRPC sink on loopback that keeps the traces' bytes unparsed (:func:`count_spans`
     counts them when asked: parsing at once would be work of the sink's that the scheduler tends
     to run on the exporting engine's core, its cost then charged to the engine being measured)
-    and takes the traced processes' own metrics (engine_hooks.self_metrics), which it acknowledges."""
+    and takes the traced processes' own metrics (engine_hooks.spans.self_metrics), which it acknowledges."""
     import grpc
     from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 
     received: list = [[0]]  # [[spans counted so far, then the messages not yet counted], costs]
-    costs: dict = {}  # (service, pid, pipeline) -> {metric: latest value}, from engine_hooks.self_metrics
+    costs: dict = {}  # (service, pid, pipeline) -> {metric: latest value}, from engine_hooks.spans.self_metrics
     received.append(costs)
 
     def export_traces(request: bytes, context) -> bytes:

@@ -62,7 +62,7 @@ def bench(base_url: str, model: str, requests: int, concurrency: int, tokens: in
 def middleware_cost_us(requests: int = 2000, chunks: int = 256) -> tuple[float, float]:
     """(us per request, us per chunk) the HTTP server span adds around a do-nothing streaming app."""
     from engine_hooks.asgi import TracingMiddleware
-    from engine_hooks.recorder import Recorder
+    from engine_hooks.hot_path.recorder import Recorder
 
     async def app(scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": []})

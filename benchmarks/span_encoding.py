@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans as sdk_encode
 
-from engine_hooks.span_factory import SpanFactory
-from engine_hooks.tracker import FinishedRequest
+from engine_hooks.spans.span_factory import SpanFactory
+from engine_hooks.spans.tracker import FinishedRequest
 from otel_llm.otlp import otlp_encode
 from otel_llm.otlp.otlp_json import to_json
 from otel_llm.otlp.tracing import make_resource

@@ -8,7 +8,7 @@
 """
 
 from .api import EngineHooks
-from .gpu_timer import CudaEventTimer
+from .hot_path.gpu_timer import CudaEventTimer
 from .pipeline import TracingPipeline, default_pipeline, flush
 
 

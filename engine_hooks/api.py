@@ -32,7 +32,7 @@ must walk a batch can be deferred with :meth:`EngineHooks.raw`, which keeps a re
 unpacks it on the span-building thread (or, its payload made plain data, :func:`plain_payload`,
 in the span process). A plain (not coroutine or generator) method hooked by ``raw`` or
 ``arrival_fields`` is wrapped in C where the accelerator is built
-(``engine_hooks._hotpath.MethodHook``: the same calls, no Python frame of ours around the
+(``engine_hooks.hot_path._hotpath.MethodHook``: the same calls, no Python frame of ours around the
 engine's method). A hook that raises never reaches the engine: the failure is
 counted and warned about once (``EngineHooks(strict=True)`` or ``OTEL_LLM_STRICT=1``: it raises,
 for tests).
@@ -63,8 +63,8 @@ from typing import Any
 from otel_llm import environment
 from otel_llm.clock import monotonic_ns
 
-from . import hook_events as events
-from .batch_scan import _hotpath, accelerated
+from .hot_path import hook_events as events
+from .hot_path.batch_scan import _hotpath, accelerated
 from .pipeline import TracingPipeline, default_pipeline
 
 Extractor = Callable[..., Any]

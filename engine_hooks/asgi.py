@@ -14,10 +14,10 @@ The caller's ``traceparent`` parents it, and the middleware hands the request on
 ``traceparent``, so the engine's ``llm.request`` becomes its child.
 
 Cheap on the event loop. Under uvicorn with the C accelerator built, each connection's transport
-is a :class:`engine_hooks._hotpath.TimedTransport` (:func:`instrument_uvicorn`): the response's
+is a :class:`engine_hooks.hot_path._hotpath.TimedTransport` (:func:`instrument_uvicorn`): the response's
 head and each body chunk are timed as uvicorn writes them, in C, and the app gets the server's
 ``send`` untouched; under another server, the app's ``send`` is wrapped (a
-:class:`engine_hooks._hotpath.TimedSend`, or :class:`_TimedSend` in Python). Either way the record
+:class:`engine_hooks.hot_path._hotpath.TimedSend`, or :class:`_TimedSend` in Python). Either way the record
 is a plain tuple, built into a span later on the tracing pipeline's thread or in the span process
 (a RAW event, as the engine hooks record). vLLM's API server
 takes it through the plugin (``OTEL_LLM_ENABLE=1``) or as ``--middleware
@@ -37,8 +37,8 @@ from array import array
 from otel_llm import environment
 from otel_llm.clock import monotonic_ns
 
-from . import hook_events as events
-from .batch_scan import _hotpath, accelerated
+from .hot_path import hook_events as events
+from .hot_path.batch_scan import _hotpath, accelerated
 
 _TRACEPARENT = b"traceparent"
 _TRACESTATE = b"tracestate"
@@ -72,7 +72,7 @@ def _time_connections(protocol: type) -> None:
 def instrument_uvicorn() -> bool:
     """Make uvicorn put, into each HTTP request's ASGI scope, the monotonic ns at which its
     protocol began reading the request (``FIRST_BYTE``) and, where the C accelerator is built,
-    the connection's :class:`~engine_hooks._hotpath.TimedTransport` (``TIMED_TRANSPORT``): every
+    the connection's :class:`~engine_hooks.hot_path._hotpath.TimedTransport` (``TIMED_TRANSPORT``): every
     connection's transport is wrapped when it is made, so that the middleware times its response's
     writes there. Idempotent; False where uvicorn is not installed."""
     done = False
@@ -131,7 +131,7 @@ _TRANSPORT_TYPE = _hotpath.TimedTransport if _hotpath is not None else None
 
 
 class _TimedSend:
-    """:class:`engine_hooks._hotpath.TimedSend` in Python (no C accelerator, or
+    """:class:`engine_hooks.hot_path._hotpath.TimedSend` in Python (no C accelerator, or
     ``OTEL_LLM_PURE_PYTHON``): the app's ``send``, timing the response."""
 
     __slots__ = ("send", "started", "status", "times")
@@ -169,7 +169,7 @@ def _field_name(h) -> bytes | None:
 
 
 def take_traceparent(headers: list) -> tuple[bytes, bytes, int] | None:
-    """:func:`engine_hooks._hotpath.take_traceparent` in Python, and for headers that are not ASGI's
+    """:func:`engine_hooks.hot_path._hotpath.take_traceparent` in Python, and for headers that are not ASGI's
     (a str name, list pairs): the caller's W3C trace context taken out of ``headers``, in place.
     The first header named ``traceparent`` (in any case) is the parent where valid
     (:func:`parse_traceparent`); every header of that name is removed, so that a second one cannot
@@ -188,7 +188,7 @@ def take_traceparent(headers: list) -> tuple[bytes, bytes, int] | None:
 
 
 def make_traceparent(trace_id: bytes, span_id: bytes, flags: int) -> bytes:
-    """:func:`engine_hooks._hotpath.traceparent` in Python: the W3C header value, version 00."""
+    """:func:`engine_hooks.hot_path._hotpath.traceparent` in Python: the W3C header value, version 00."""
     return b"00-" + binascii.hexlify(trace_id) + b"-" + binascii.hexlify(span_id) + _FLAGS_TAIL[flags]
 
 
@@ -230,7 +230,7 @@ def serve_engine(recorder_of) -> None:
 
 
 def _expand(tracker, mono: int, rec: tuple) -> None:
-    tracker.http_done.append(rec)  # engine_hooks.tracker.HttpRecord's fields, made a record when built
+    tracker.http_done.append(rec)  # engine_hooks.spans.tracker.HttpRecord's fields, made a record when built
 
 
 class TracingMiddleware:
@@ -347,7 +347,7 @@ class TracingMiddleware:
                 if transport is not None and transport.timer is timer:
                     transport.timer = None
                 status, started, chunks = timer.take()
-                rec = (  # engine_hooks.tracker.HttpRecord's fields, in order
+                rec = (  # engine_hooks.spans.tracker.HttpRecord's fields, in order
                     t0,
                     end,
                     scope.get("method", ""),

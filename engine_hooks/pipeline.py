@@ -1,13 +1,13 @@
 """The tracing pipeline of one process: recorder -> tracker -> delivery (span factory -> exporter).
 
-The engine's threads only touch the :class:`~engine_hooks.recorder.Recorder`. A daemon thread
+The engine's threads only touch the :class:`~engine_hooks.hot_path.recorder.Recorder`. A daemon thread
 wakes every ``interval_s`` (``OTEL_LLM_SCHEDULE_DELAY`` ms, default 200: not the SDK's
 ``OTEL_BSP_SCHEDULE_DELAY``, whose default is 5000 ms; see :mod:`otel_llm.environment`), drains
 the recorder into the tracker and delivers what finished: the spans are built with explicit times
 and exported in batches of at most ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE`` (default 512), either on
-this thread (:class:`~engine_hooks.delivery.SpanBuilder`) or, for the exporter the environment
+this thread (:class:`~engine_hooks.spans.delivery.SpanBuilder`) or, for the exporter the environment
 configures (:func:`default_pipeline`), in a span process of its own
-(:mod:`engine_hooks.span_process`; ``OTEL_LLM_SPAN_PROCESS=0``: on this thread), which takes
+(:mod:`engine_hooks.span_process.parent`; ``OTEL_LLM_SPAN_PROCESS=0``: on this thread), which takes
 what costs most off the engine's process. Nothing here raises into the engine: failures are
 counted in :class:`PipelineCounters` and warned about once. Spans are flushed at exit.
 """
@@ -35,12 +35,12 @@ from otel_llm.otlp.export import (
 )
 from otel_llm.otlp.tracing import make_resource
 
-from .delivery import SpanBuilder
-from .export_queue import ExportQueue
-from .recorder import Recorder
-from .span_factory import SpanFactory
-from .span_process import CallRecorder, SpanProcessSink
-from .tracker import RequestTracker
+from .hot_path.recorder import Recorder
+from .span_process.export_queue import ExportQueue
+from .span_process.parent import CallRecorder, SpanProcessSink
+from .spans.delivery import SpanBuilder
+from .spans.span_factory import SpanFactory
+from .spans.tracker import RequestTracker
 
 log = logging.getLogger("engine_hooks")
 
@@ -126,8 +126,8 @@ class TracingPipeline:
         if self._thread is None and not self._stopped:
             self._thread = threading.Thread(target=self._run, name="otel-llm-spans", daemon=True)
             self._thread.start()
-            if self._from_env:  # what tracing costs this process, beside its spans (engine_hooks.self_metrics)
-                from . import self_metrics
+            if self._from_env:  # what tracing costs this process, beside its spans (engine_hooks.spans.self_metrics)
+                from .spans import self_metrics
 
                 self_metrics.start(_live_pipelines, self.factory.resource)
         return self
@@ -208,7 +208,7 @@ class TracingPipeline:
 
     def _send(self, final: bool, everything: bool) -> int:
         """Span-process mode: this round's events, as the tracker would be told them
-        (:class:`~engine_hooks.span_process.CallRecorder`), to the span process."""
+        (:class:`~engine_hooks.span_process.parent.CallRecorder`), to the span process."""
         calls = self._calls
         events = self.recorder.drain()
         items = calls.translate(events, self.gpu_elapsed, force=final)
@@ -242,7 +242,7 @@ class TracingPipeline:
         return n
 
     def _span_process_settings(self) -> dict:
-        """What the span process builds the same spans with (:func:`engine_hooks.span_process.serve`):
+        """What the span process builds the same spans with (:func:`engine_hooks.span_process.parent.serve`):
         this pipeline's settings, and its wall-clock anchor (its events' monotonic times are this
         host's, and the span process places them as this process would)."""
         f, t = self.factory, self.tracker
@@ -350,7 +350,7 @@ def _flush_all_at_exit() -> None:
             p.shutdown(deadline)
         except Exception:
             pass
-    from . import self_metrics
+    from .spans import self_metrics
 
     self_metrics.shutdown(deadline)  # the last values, after the final flush
     dropped = sum(p.counters.spans_dropped + p.counters.events_dropped for p in pipelines)

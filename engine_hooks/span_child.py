@@ -1,4 +1,4 @@
-"""The span process itself (:mod:`engine_hooks.span_process` has the engine process's end and the
+"""The span process itself (:mod:`engine_hooks.span_process.parent` has the engine process's end and the
 wire): a pipeline of its own, fed the engine process's events, that builds and exports their
 spans; it ends when its stdin does, after exporting what it holds."""
 
@@ -13,7 +13,7 @@ import sys
 import time
 
 from .pipeline import TracingPipeline, exit_timeout_s
-from .span_process import _COUNTERS, _HEAD, _LEN, BATCH, END, FLUSH, MAX_FRAME, SPAN_PROCESS_ARG
+from .span_process.parent import _COUNTERS, _HEAD, _LEN, BATCH, END, FLUSH, MAX_FRAME, SPAN_PROCESS_ARG
 
 log = logging.getLogger("engine_hooks")
 

@@ -1,7 +1,7 @@
 """The C accelerators: whether one runs, decided in one place for all three.
 
 Three optional extensions are built with the package (``setup.py``; without a C compiler the
-install goes on): ``engine_hooks._hotpath`` (an engine step's outputs scanned, the arrival and
+install goes on): ``engine_hooks.hot_path._hotpath`` (an engine step's outputs scanned, the arrival and
 raw hooks, the HTTP span's chunk timer), ``collector.receivers._otlp_walk`` (OTLP protobuf walked
 without protobuf objects) and ``otel_llm.otlp._int_text`` (integer arrays written as OTLP/JSON
 text). Each package imports its own (``None`` where it was not built) and asks :func:`on` whether

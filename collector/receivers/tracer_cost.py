@@ -1,5 +1,5 @@
 """OTLP metrics from the traced processes about tracing itself (``otel_llm.tracer.*``, sent by
-:mod:`engine_hooks.self_metrics`): what tracing costs each process, kept as the collector's own
+:mod:`engine_hooks.spans.self_metrics`): what tracing costs each process, kept as the collector's own
 counters so that ``/metrics`` (and Grafana) show it beside what it measures.
 
 ``POST /v1/metrics`` and gRPC ``MetricsService/Export`` take any OTLP metrics; only cumulative

@@ -34,8 +34,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..api import EngineHooks, hooked, mark_hooked
-from ..gpu_timer import CudaEventTimer
-from ..tracker import RequestTracker
+from ..hot_path.gpu_timer import CudaEventTimer
+from ..spans.tracker import RequestTracker
 
 
 def _traceparent() -> dict | None:

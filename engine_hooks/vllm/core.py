@@ -29,7 +29,7 @@ import logging
 from otel_llm import environment
 
 from ..api import EngineHooks, hooked, mark_hooked
-from ..gpu_timer import CudaEventTimer
+from ..hot_path.gpu_timer import CudaEventTimer
 
 log = logging.getLogger("engine_hooks")
 

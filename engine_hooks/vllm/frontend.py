@@ -6,7 +6,7 @@ generic :class:`~engine_hooks.api.EngineHooks`:
 * ``add_request`` -> arrival (internal request id, external id as ``llm.request.id``, arrival
   wall time, prompt tokens, the caller's W3C trace headers);
 * ``process_outputs`` -> :meth:`EngineHooks.raw`: on the engine's thread, one pass in C over the
-  step's ``EngineCoreOutput`` list (:class:`~engine_hooks.batch_scan.BatchScanner`: request ids,
+  step's ``EngineCoreOutput`` list (:class:`~engine_hooks.hot_path.batch_scan.BatchScanner`: request ids,
   token counts, the few outputs with events or a finish reason); made plain data at the next
   round (:func:`plain_outputs`) and unpacked in the span process (:func:`expand_outputs`) into
   token events, and into the engine core's
@@ -26,8 +26,8 @@ from typing import Any
 from otel_llm import semconv as sc
 
 from ..api import EngineHooks, hooked, mark_hooked, plain_payload
-from ..batch_scan import BatchScanner
-from ..tracker import RequestTracker
+from ..hot_path.batch_scan import BatchScanner
+from ..spans.tracker import RequestTracker
 
 #: trace headers of the request being added on this task (AsyncLLM drops them unless vLLM's own
 #: tracing is on, so the adapter captures them before that).

@@ -1,4 +1,4 @@
-/* What otel-llm's C accelerators share (engine_hooks/csrc, collector/receivers/_otlp_walk.c):
+/* What otel-llm's C accelerators share (engine_hooks/hot_path/csrc, collector/receivers/_otlp_walk.c):
  * small helpers, and the CPython API differences between the versions the package supports
  * (3.10 on), so that no file uses an API deprecated in a later one. Header-only: each extension
  * module gets its own copy of these static inline functions. */

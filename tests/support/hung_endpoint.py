@@ -9,7 +9,7 @@ import socket
 import threading
 from collections.abc import Iterator
 
-from engine_hooks.span_process import SPAN_PROCESS_ARG
+from engine_hooks.span_process.parent import SPAN_PROCESS_ARG
 
 
 @contextlib.contextmanager

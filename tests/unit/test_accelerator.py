@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from collector.receivers import decode
-from engine_hooks import batch_scan
+from engine_hooks.hot_path import batch_scan
 from otel_llm import accelerator
 from otel_llm.otlp import otlp_encode
 
 BUILT = {
-    "engine_hooks._hotpath": batch_scan._hotpath,
+    "engine_hooks.hot_path._hotpath": batch_scan._hotpath,
     "collector.receivers._otlp_walk": decode._otlp_walk,
     "otel_llm.otlp._int_text": otlp_encode._int_text,
 }

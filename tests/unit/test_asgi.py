@@ -16,9 +16,9 @@ from conftest import c_or_python
 
 from engine_hooks import asgi
 from engine_hooks.asgi import TracingMiddleware, parse_traceparent
-from engine_hooks.hook_events import RAW
-from engine_hooks.recorder import Recorder
-from engine_hooks.tracker import RequestTracker
+from engine_hooks.hot_path.hook_events import RAW
+from engine_hooks.hot_path.recorder import Recorder
+from engine_hooks.spans.tracker import RequestTracker
 
 
 def run(app, path="/v1/completions", headers=(), recorder=None):
@@ -234,7 +234,7 @@ def test_a_failing_app_keeps_its_exception_and_its_span():
 def test_the_span_follows_the_http_conventions():
     from opentelemetry.sdk.resources import Resource
 
-    from engine_hooks.span_factory import SpanFactory
+    from engine_hooks.spans.span_factory import SpanFactory
     from otel_llm import semconv as sc
 
     rec = Recorder()

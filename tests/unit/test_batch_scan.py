@@ -1,4 +1,4 @@
-"""The engine-thread scan of a step's outputs (engine_hooks.batch_scan): the C pass and the Python
+"""The engine-thread scan of a step's outputs (engine_hooks.hot_path.batch_scan): the C pass and the Python
 one give the same answer on vLLM's real EngineCoreOutput objects, whatever the batch holds, and
 anything the C pass was not made for goes through Python rather than failing the engine."""
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_hooks import batch_scan
-from engine_hooks.batch_scan import BatchScanner
+from engine_hooks.hot_path import batch_scan
+from engine_hooks.hot_path.batch_scan import BatchScanner
 from engine_hooks.vllm.frontend import RARE_FIELDS, output_scanner
 
 vllm_engine = pytest.importorskip("vllm.v1.engine")

@@ -12,7 +12,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from support.spantree import check_nesting_and_order, request_trees
 
 from engine_hooks import EngineHooks, TracingPipeline
-from engine_hooks.gpu_timer import CudaEventTimer
+from engine_hooks.hot_path.gpu_timer import CudaEventTimer
 from otel_llm import semconv as sc
 from otel_llm.otlp.export import FileSpanExporter
 from otel_llm.otlp.span_records import read_trace_file

@@ -199,8 +199,8 @@ def test_the_gpu_timer_records_nothing_where_no_step_span_is_sent(detail):
 
 @pytest.fixture(params=[False, True], ids=["c", "python"])
 def pure(request, monkeypatch) -> bool:
-    """The hooks as the accelerator builds them (engine_hooks._hotpath), then in pure Python."""
-    from engine_hooks import batch_scan
+    """The hooks as the accelerator builds them (engine_hooks.hot_path._hotpath), then in pure Python."""
+    from engine_hooks.hot_path import batch_scan
 
     c_or_python(monkeypatch, request.param, batch_scan._hotpath)
     return request.param
@@ -208,7 +208,7 @@ def pure(request, monkeypatch) -> bool:
 
 def test_a_raw_hook_passes_every_argument_and_result_through(pure):
     """EngineHooks.raw on a plain method (in C where the accelerator is built,
-    engine_hooks._hotpath.MethodHook): the method gets its caller's arguments as they were given
+    engine_hooks.hot_path._hotpath.MethodHook): the method gets its caller's arguments as they were given
     (positional, keyword, many), bound to the instance it is read from; the payload gets the result
     and the same arguments; the event is (RAW, monotonic ns, expander, payload); what the method
     raises goes on untouched with nothing recorded; what the payload raises is counted and the
@@ -216,7 +216,7 @@ def test_a_raw_hook_passes_every_argument_and_result_through(pure):
     import time
 
     from engine_hooks.api import hooked
-    from engine_hooks.hook_events import RAW
+    from engine_hooks.hot_path.hook_events import RAW
 
     pipeline = TracingPipeline(None)
     hooks = EngineHooks(pipeline)
@@ -282,7 +282,7 @@ def test_an_arrival_hook_records_what_its_fields_say(pure):
     method that raises records the request arrived and rejected, and its exception goes on."""
     import time
 
-    from engine_hooks.hook_events import ARRIVAL, FINISH
+    from engine_hooks.hot_path.hook_events import ARRIVAL, FINISH
 
     pipeline = TracingPipeline(None)
     hooks = EngineHooks(pipeline)

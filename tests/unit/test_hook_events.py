@@ -1,4 +1,4 @@
-"""The hook events are declared once (engine_hooks.hook_events): the builders, the tracker's
+"""The hook events are declared once (engine_hooks.hot_path.hook_events): the builders, the tracker's
 handlers, the span process's reader and the tuples the C accelerator packs all follow that one
 declaration, field by field."""
 
@@ -10,11 +10,11 @@ import time
 import pytest
 from conftest import c_or_python
 
-from engine_hooks import hook_events as events
 from engine_hooks.api import EngineHooks
+from engine_hooks.hot_path import hook_events as events
 from engine_hooks.pipeline import TracingPipeline
-from engine_hooks.span_process import CallRecorder
-from engine_hooks.tracker import RequestTracker
+from engine_hooks.span_process.parent import CallRecorder
+from engine_hooks.spans.tracker import RequestTracker
 
 
 def test_every_kind_is_declared_once_with_distinct_fields():
@@ -92,14 +92,14 @@ def test_a_tracker_fed_built_events_gets_the_request_they_describe():
 
 @pytest.fixture(params=[False, True], ids=["c", "python"])
 def pure(request, monkeypatch) -> bool:
-    from engine_hooks import batch_scan
+    from engine_hooks.hot_path import batch_scan
 
     c_or_python(monkeypatch, request.param, batch_scan._hotpath)
     return request.param
 
 
 def test_the_c_accelerator_packs_the_declared_tuples(pure):
-    """engine_hooks._hotpath.MethodHook packs arrival and raw events itself: same arity and the
+    """engine_hooks.hot_path._hotpath.MethodHook packs arrival and raw events itself: same arity and the
     same field at each declared index as the builders (and as the Python path)."""
     pipeline = TracingPipeline(None)
     hooks = EngineHooks(pipeline)

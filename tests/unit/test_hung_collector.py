@@ -19,7 +19,7 @@ from support.hung_endpoint import hung_endpoint as hung_port
 from support.hung_endpoint import span_processes
 
 from engine_hooks import EngineHooks, TracingPipeline
-from engine_hooks.export_queue import ExportQueue
+from engine_hooks.span_process.export_queue import ExportQueue
 
 
 @pytest.fixture

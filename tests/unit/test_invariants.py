@@ -10,8 +10,8 @@ import numpy as np
 from support.otlp_helpers import Req, metrics_text, sample_request
 
 from collector.pipeline.invariants import KINDS
-from engine_hooks.span_factory import _broken_orderings
-from engine_hooks.tracker import FinishedRequest
+from engine_hooks.spans.span_factory import _broken_orderings
+from engine_hooks.spans.tracker import FinishedRequest
 from otel_llm import semconv as sc
 
 CASES = {

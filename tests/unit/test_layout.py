@@ -130,6 +130,11 @@ STAGES = {
         "exporters": {"pipeline", "receivers"},
         "analysis": {"pipeline", "storage", "receivers"},
     },
+    "engine_hooks": {
+        "hot_path": set(),
+        "spans": {"hot_path"},
+        "span_process": {"hot_path", "spans"},
+    },
     "otel_llm": {
         "metrics": set(),
         "otlp": set(),
@@ -181,10 +186,14 @@ def test_the_stage_checker_finds_a_wrong_arrow():
         "collector.storage.store": {"collector.pipeline.records"},
         "otel_llm.metrics.summary": {"otel_llm.client.traced", "otel_llm.semconv"},
         "otel_llm.bench.load": {"otel_llm.client.traced", "otel_llm.cli"},
+        "engine_hooks.hot_path.recorder": {"engine_hooks.spans.tracker"},
+        "engine_hooks.span_process.parent": {"engine_hooks.hot_path.hook_events", "engine_hooks.pipeline"},
     }
     assert arrows_against_the_stages(graph) == [
         "collector.analysis.report imports collector.cli",
         "collector.pipeline.derive imports collector.analysis.compare",
+        "engine_hooks.hot_path.recorder imports engine_hooks.spans.tracker",
+        "engine_hooks.span_process.parent imports engine_hooks.pipeline",
         "otel_llm.bench.load imports otel_llm.cli",
         "otel_llm.metrics.summary imports otel_llm.client.traced",
     ]

@@ -1,4 +1,4 @@
-"""Span building and export in a span process of its own (engine_hooks.span_process): the same
+"""Span building and export in a span process of its own (engine_hooks.span_process.parent): the same
 spans as on the pipeline's thread, nothing delivered is lost when the engine's process is killed
 or its process group stopped, and a span process that is stuck or dead never holds the engine up."""
 
@@ -67,8 +67,8 @@ def test_the_http_server_span_crosses_to_the_span_process_whole(tmp_path, monkey
     from array import array
 
     from engine_hooks.asgi import _expand
-    from engine_hooks.hook_events import RAW
-    from engine_hooks.tracker import HttpRecord
+    from engine_hooks.hot_path.hook_events import RAW
+    from engine_hooks.spans.tracker import HttpRecord
 
     chunks = array("q", [3_000 + 7 * i for i in range(300)])
     rec = HttpRecord(1_000, 9_000_000, "POST", "/v1/completions", 200, 2_000, chunks)
@@ -255,7 +255,7 @@ def test_a_forked_child_gets_a_span_process_of_its_own(tmp_path):
 def test_a_span_process_that_cannot_run_leaves_the_spans_to_the_pipeline_thread(tmp_path, monkeypatch):
     """A span process that exits as it starts (three times running): the pipeline says so once and
     builds and exports on its own thread; what it had not sent yet is not lost."""
-    from engine_hooks import span_process
+    from engine_hooks.span_process import parent as span_process
 
     monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "t.jsonl"))
     monkeypatch.setattr(span_process, "_CHILD", "import sys; sys.exit(3)")
@@ -276,7 +276,7 @@ def test_a_span_process_that_cannot_run_leaves_the_spans_to_the_pipeline_thread(
 
 
 def test_an_expander_that_fails_costs_its_own_event_only(tmp_path, monkeypatch):
-    from engine_hooks.hook_events import RAW
+    from engine_hooks.hot_path.hook_events import RAW
 
     monkeypatch.setenv("OTEL_LLM_TRACES_FILE", str(tmp_path / "t.jsonl"))
     p = TracingPipeline(None, engine="toy", span_process=True)
@@ -332,7 +332,7 @@ def test_vllm_outputs_are_unpacked_in_the_span_process_as_on_the_thread(tmp_path
     """vLLM's step payloads go to the span process as plain data (engine_hooks.api.plain_payload)
     and are unpacked there into the same spans the pipeline's thread builds from the engine's
     objects."""
-    from engine_hooks.hook_events import PLAIN_RAW
+    from engine_hooks.hot_path.hook_events import PLAIN_RAW
     from engine_hooks.vllm.frontend import expand_outputs, plain_outputs
 
     here, there = tmp_path / "here.jsonl", tmp_path / "there.jsonl"
@@ -367,7 +367,7 @@ def test_a_plain_payload_that_fails_costs_its_own_event_only(tmp_path, monkeypat
     ``to_plain`` that fails, and an expander that fails in the span process, each lose their own
     event, never the batch around it."""
     from engine_hooks.api import plain_payload
-    from engine_hooks.hook_events import RAW
+    from engine_hooks.hot_path.hook_events import RAW
     from engine_hooks.vllm.frontend import expand_outputs
 
     seen = []

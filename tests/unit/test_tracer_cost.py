@@ -1,5 +1,5 @@
 """What tracing costs a traced process, as OpenTelemetry metrics beside its spans
-(engine_hooks/self_metrics.py), and the collector keeping them on its /metrics
+(engine_hooks/spans/self_metrics.py), and the collector keeping them on its /metrics
 (collector/receivers/tracer_cost.py): a real traced process end to end, then the receiver's
 rules (what it keeps, what it ignores, what it refuses) over both transports."""
 

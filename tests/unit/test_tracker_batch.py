@@ -8,9 +8,9 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from engine_hooks import TracingPipeline
-from engine_hooks.hook_events import ARRIVAL, FINISH, RAW
-from engine_hooks.span_factory import SpanFactory
-from engine_hooks.tracker import RequestTracker
+from engine_hooks.hot_path.hook_events import ARRIVAL, FINISH, RAW
+from engine_hooks.spans.span_factory import SpanFactory
+from engine_hooks.spans.tracker import RequestTracker
 from otel_llm import semconv as sc
 from otel_llm.clock import monotonic_ns
 from otel_llm.otlp import otlp_encode

@@ -3,7 +3,7 @@
  * are, in C: ``fn(*args, **kwargs)`` called with the caller's own arguments (vectorcall: no tuple or
  * dict built), then ``extract(result, *args, **kwargs)`` likewise, and one hook event recorded by
  * ``owner._rec(event)`` (looked up at each call: the owner's pipeline is made on first use, and may
- * be changed). The events are engine_hooks/hook_events.py's (tests/unit/test_hook_events.py checks
+ * be changed). The events are engine_hooks/hot_path/hook_events.py's (tests/unit/test_hook_events.py checks
  * these tuples against that declaration):
  *   raw (arrival false): ``(kind, mono, expander, payload)``, the payload extract's;
  *   arrival: extract gives the arrival's fields after ``mono``, the start as wall ns or None
@@ -216,7 +216,7 @@ static PyGetSetDef mh_getset[] = {
 };
 
 static PyTypeObject MethodHookType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.MethodHook",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks.hot_path._hotpath.MethodHook",
     .tp_basicsize = sizeof(MethodHook),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
     .tp_doc = "MethodHook(fn, extract, expander, owner, hook_failed, method_failed, kind, arrival): a traced "

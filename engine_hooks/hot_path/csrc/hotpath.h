@@ -1,9 +1,9 @@
-/* engine_hooks._hotpath's parts (one file each, joined in module.c): what they share.
+/* engine_hooks.hot_path._hotpath's parts (one file each, joined in module.c): what they share.
  *
  *   scan.c          Scanner: one pass over an engine step's outputs (request ids, token counts,
  *                   the rare outputs), on the engine's thread
  *   method_hook.c   MethodHook: the traced method of EngineHooks.raw and .arrival_fields, which
- *                   records its hook event (engine_hooks/hook_events.py) with no Python frame
+ *                   records its hook event (engine_hooks/hot_path/hook_events.py) with no Python frame
  *   http_timing.c   TimedSend and TimedTransport: the HTTP server span's response times (each
  *                   body chunk's), at ASGI's send or below it, at the transport's write
  *   traceparent.c   take_traceparent, traceparent: the W3C header read and written
@@ -12,7 +12,7 @@
 #ifndef HOTPATH_H
 #define HOTPATH_H
 
-#include "../../otel_llm/csrc/otel_llm_c.h"
+#include "../../../otel_llm/csrc/otel_llm_c.h"
 #include <time.h>
 
 static inline long long monotonic(void) {

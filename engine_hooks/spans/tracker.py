@@ -1,6 +1,6 @@
 """Turns raw recorder events into finished-request and engine-step records (off the hot path).
 
-It reads the hook events of :mod:`engine_hooks.hook_events` (:meth:`RequestTracker.feed`): one
+It reads the hook events of :mod:`engine_hooks.hot_path.hook_events` (:meth:`RequestTracker.feed`): one
 handler each, ``_on_<name>``, whose parameters are the event's fields by name.
 
 An engine without a separate GENERATED hook gets its token-out times used as generation times.
@@ -31,7 +31,7 @@ import numpy as np
 
 from otel_llm.clock import WallAnchor
 
-from .hook_events import EVENTS
+from ..hot_path.hook_events import EVENTS
 
 log = logging.getLogger("engine_hooks")
 
@@ -614,7 +614,7 @@ class RequestTracker:
             else:
                 handler(*ev[1:])
 
-    # the handlers: one per kind of hook event, its fields by name (engine_hooks.hook_events)
+    # the handlers: one per kind of hook event, its fields by name (engine_hooks.hot_path.hook_events)
     def _on_arrival(self, mono, request_id, start_mono, input_tokens, trace_headers, attrs) -> None:
         wall = self.anchor.wall_ns
         start = None if start_mono is None else wall(start_mono)

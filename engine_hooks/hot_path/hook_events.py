@@ -1,7 +1,7 @@
 """The hook events: what a hook records on the engine's thread, declared once.
 
 An event is a plain tuple, ``(kind, *fields)``: the cheapest thing to build on the engine's
-thread (in C too: ``engine_hooks._hotpath.MethodHook`` packs arrivals and raw events) and to
+thread (in C too: ``engine_hooks.hot_path._hotpath.MethodHook`` packs arrivals and raw events) and to
 pickle to the span process. Its fields have names all the same: :data:`EVENTS` declares each kind
 with its fields in tuple order, and everything else is made from that one declaration:
 

@@ -225,7 +225,7 @@ class SpanFactory:
         return self._array(np.asarray(times, dtype=np.int64) - s0)
 
     def http_span(self, h, wall_ns) -> ReadableSpan | None:
-        """The server span of one HTTP request (:class:`engine_hooks.tracker.HttpRecord`; ``wall_ns``
+        """The server span of one HTTP request (:class:`engine_hooks.spans.tracker.HttpRecord`; ``wall_ns``
         turns its monotonic times into wall-clock ns)."""
         t0, t1 = wall_ns(h.start_mono), wall_ns(h.end_mono)
         ctx = SpanContext(

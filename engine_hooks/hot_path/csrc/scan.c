@@ -253,7 +253,7 @@ static void sc_dealloc(Scanner *sc) {
 }
 
 static PyTypeObject ScannerType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.Scanner",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks.hot_path._hotpath.Scanner",
     .tp_basicsize = sizeof(Scanner),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "Scanner(cls, id_member, count_member, rare_members)(items, previous_ids) -> (ids, counts, rare)",

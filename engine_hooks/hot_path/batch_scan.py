@@ -3,7 +3,7 @@ the few outputs that carry something rare.
 
 A batching engine hands out one output per running request at every step, and the tracing needs
 three things of each: its request id, its token count, and whether it carries an event or a
-finish reason. :class:`BatchScanner` reads them in C (``engine_hooks._hotpath``, built with the
+finish reason. :class:`BatchScanner` reads them in C (``engine_hooks.hot_path._hotpath``, built with the
 package; about 60 instructions per output, against about 1,800 for the same reads through
 ``operator.attrgetter``), and in Python where the accelerator is not built, where
 ``OTEL_LLM_PURE_PYTHON=1``, or where an output is not of the class it was made for. Both give the

@@ -21,7 +21,7 @@ The wire, parent to child on the child's stdin: frames of ``<uint32 length><kind
 * ``s``: the settings (the parent's resource attributes, boundary, engine, model, detail, anchor);
 * ``b``: a batch: ``(number, items, http records, final, everything)``, each HTTP record as the
   tuple of its fields with its chunk times as bytes, as the middleware built it
-  (``engine_hooks.tracker.HttpRecord``: pickled as a dataclass, it took three times the
+  (``engine_hooks.spans.tracker.HttpRecord``: pickled as a dataclass, it took three times the
   instructions);
 * ``f``: flush (with a sequence number): build and export what came before, then answer;
 * ``e``: the end (with the deadline, ``time.monotonic()``: one clock for every process of the
@@ -35,7 +35,7 @@ delivers and waits for a flush's. A span process that dies loses what it had not
 those events are counted dropped (``otel_llm.tracer.events.dropped``).
 
 Bounds: the child's OTLP exporter sends on a thread of its own behind a bounded queue
-(:mod:`engine_hooks.export_queue`), so a slow or hung endpoint drops spans (counted), never the
+(:mod:`engine_hooks.span_process.export_queue`), so a slow or hung endpoint drops spans (counted), never the
 reading of its pipe. A write that cannot go through within ``OTEL_BSP_EXPORT_TIMEOUT`` ms (a stuck
 child: stopped, starved) is given up and its events counted dropped; a frame cut short retires the
 child, and at most one retired child lives on (an older one is killed: counted, said once). A
@@ -61,7 +61,7 @@ from collections.abc import Callable
 
 from otel_llm import environment
 
-from .hook_events import RAW, STEP, STEP_GPU, plain_raw
+from ..hot_path.hook_events import RAW, STEP, STEP_GPU, plain_raw
 
 log = logging.getLogger("engine_hooks")
 
@@ -129,7 +129,7 @@ class CallRecorder:
         return items
 
     def _translate_raw(self, items: list, mono: int, expander: Callable, payload) -> None:
-        """A RAW event (its fields by name, :mod:`engine_hooks.hook_events`) for the span process:
+        """A RAW event (its fields by name, :mod:`engine_hooks.hot_path.hook_events`) for the span process:
         its payload made plain there (the span process expands it), else its expander's calls here."""
         try:
             to_plain = self._to_plain.get(expander, _UNSEEN)
@@ -150,7 +150,7 @@ class CallRecorder:
         h, self.http_done = self.http_done, []
         return h
 
-    # the tracker's recording methods (engine_hooks.tracker.RequestTracker), each call kept
+    # the tracker's recording methods (engine_hooks.spans.tracker.RequestTracker), each call kept
     def arrival(self, *args) -> None:
         self.items.append(("arrival",) + args)
 

@@ -8,7 +8,7 @@ counters, read from the pipelines' own counters when the SDK collects, one serie
 (``otel_llm.pipeline``: its engine and boundary):
 
 * ``otel_llm.tracer.cpu_time`` (s): CPU time of span building and export: the pipeline's thread,
-  and its span process (:mod:`engine_hooks.span_process`) where it has one;
+  and its span process (:mod:`engine_hooks.span_process.parent`) where it has one;
 * ``otel_llm.tracer.spans.exported`` and ``.spans.dropped`` ({span});
 * ``otel_llm.tracer.events.dropped`` ({event}): hook events lost to a full recorder;
 * ``otel_llm.tracer.requests.unsampled`` ({request}): finished requests the sampler did not keep;

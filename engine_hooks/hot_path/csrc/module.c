@@ -1,4 +1,4 @@
-/* engine_hooks._hotpath: the hooks' work that runs for every engine step and every streamed chunk,
+/* engine_hooks.hot_path._hotpath: the hooks' work that runs for every engine step and every streamed chunk,
  * in C (hotpath.h lists the parts; each file says what it does). Optional: without it the hooks
  * run their Python twins (otel_llm/accelerator.py decides, OTEL_LLM_PURE_PYTHON=1 turns it off).
  *
@@ -23,8 +23,8 @@ static PyModuleDef_Slot slots[] = {
 
 static struct PyModuleDef module_def = {
     PyModuleDef_HEAD_INIT,
-    .m_name = "engine_hooks._hotpath",
-    .m_doc = "The hooks' per-step and per-chunk work in C (see engine_hooks/csrc).",
+    .m_name = "engine_hooks.hot_path._hotpath",
+    .m_doc = "The hooks' per-step and per-chunk work in C (see engine_hooks/hot_path/csrc).",
     .m_size = 0,
     .m_slots = slots,
 };

@@ -1,6 +1,6 @@
 """The hot-path side: a bounded buffer of raw event tuples.
 
-Hooks call :meth:`Recorder.record` with an event (:mod:`engine_hooks.hook_events`: a tuple of
+Hooks call :meth:`Recorder.record` with an event (:mod:`engine_hooks.hot_path.hook_events`: a tuple of
 plain numbers and ids, its kind first).
 One ``len`` check and one ``deque.append``: O(1) Python work per call, no allocation beyond the
 tuple, no lock (``deque.append``/``popleft`` are atomic). When full, the event is dropped and

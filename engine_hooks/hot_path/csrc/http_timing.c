@@ -149,7 +149,7 @@ static PyMethodDef ts_methods[] = {
 };
 
 static PyTypeObject TimedSendType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.TimedSend",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks.hot_path._hotpath.TimedSend",
     .tp_basicsize = sizeof(TimedSend),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "TimedSend(send): an ASGI send that times the response (see the source)",
@@ -311,7 +311,7 @@ static PyGetSetDef tt_getset[] = {
 };
 
 static PyTypeObject TimedTransportType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks._hotpath.TimedTransport",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "engine_hooks.hot_path._hotpath.TimedTransport",
     .tp_basicsize = sizeof(TimedTransport),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "TimedTransport(transport): a transport whose writes are timed (see the source)",

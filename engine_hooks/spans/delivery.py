@@ -3,7 +3,7 @@
 :class:`SpanBuilder` builds the spans of one round's records (finished requests, engine steps,
 preemptions of requests traced elsewhere, HTTP requests) with the :class:`SpanFactory` and hands
 them to the exporter in batches: on the pipeline's thread, or in the span process
-(:mod:`engine_hooks.span_process`), whose pipeline is fed the engine process's events.
+(:mod:`engine_hooks.span_process.parent`), whose pipeline is fed the engine process's events.
 """
 
 from __future__ import annotations
