@@ -30,24 +30,10 @@ def _us(s: float) -> float:
     return round(s * 1e6, 3)
 
 
-def trace_events(batch: RecordBatch, steps: StepBatch | None) -> dict:
-    """The Chrome trace event document of the records and steps."""
-    records = batch.records()
-    if not records:
-        raise ValueError("no records to export")
-    client = [r for r in records if r.boundary == "client"]
-    origin = min(r.submit_ns for r in (client or records))
-    cmp = compare(records, None)
-    theta_ns = round(cmp.offset.theta * 1e9)
-    units = request_units(records, cmp)
-    rows = waterfall_rows(units, origin, theta_ns, slowest=len(units), sample=0)
-    rows.sort(key=lambda r: r.client_submit if r.client_submit is not None else (r.engine_arrival or 0.0))
-    ev: list[dict] = [
-        {"ph": "M", "pid": REQUESTS_PID, "name": "process_name", "args": {"name": "requests"}},
-        {"ph": "M", "pid": STEPS_PID, "name": "process_name", "args": {"name": "engine steps"}},
-        {"ph": "M", "pid": REQUESTS_PID, "name": "process_sort_index", "args": {"sort_index": 1}},
-        {"ph": "M", "pid": STEPS_PID, "name": "process_sort_index", "args": {"sort_index": 2}},
-    ]
+def _request_events(rows: list) -> list[dict]:
+    """Each waterfall row's track (a thread of the requests' process): its phases as slices, its
+    token events and its preemptions as instants (µs after the origin)."""
+    ev: list[dict] = []
     for tid, r in enumerate(rows, start=1):
         base = {"pid": REQUESTS_PID, "tid": tid}
         ev.append({**base, "ph": "M", "name": "thread_name", "args": {"name": r.id}})
@@ -89,42 +75,72 @@ def trace_events(batch: RecordBatch, steps: StepBatch | None) -> dict:
                     "args": {"preemptions": r.preemptions, "preempted_s": r.preemption_time},
                 }
             )
-    if steps is not None and len(steps):
-        services = sorted({s or "engine" for s in steps.service})
-        tids = {s: i for i, s in enumerate(services, start=1)}
-        for s, tid in tids.items():
-            ev.append({"ph": "M", "pid": STEPS_PID, "tid": tid, "name": "thread_name", "args": {"name": s}})
-        start = (steps.start_ns - theta_ns - origin) / 1e9
-        dur = (steps.end_ns - steps.start_ns) / 1e9
-        kv = steps.kv_usage
-        for i in range(len(steps)):
-            tid = tids[steps.service[i] or "engine"]
-            args = {
-                "index": int(steps.step_index[i]),
-                "batch_size": int(steps.batch_size[i]),
-                "prefill_tokens": int(steps.prefill_tokens[i]),
-                "decode_tokens": int(steps.decode_tokens[i]),
-                "preempted": int(steps.preempted[i]),
+    return ev
+
+
+def _step_events(steps: StepBatch, origin: int, theta_ns: int) -> list[dict]:
+    """The engine's steps: one track per service in the steps' process, a slice per step and its
+    batch size and KV usage as counters (µs after the origin, on the client's clock)."""
+    ev: list[dict] = []
+    services = sorted({s or "engine" for s in steps.service})
+    tids = {s: i for i, s in enumerate(services, start=1)}
+    for s, tid in tids.items():
+        ev.append({"ph": "M", "pid": STEPS_PID, "tid": tid, "name": "thread_name", "args": {"name": s}})
+    start = (steps.start_ns - theta_ns - origin) / 1e9
+    dur = (steps.end_ns - steps.start_ns) / 1e9
+    kv = steps.kv_usage
+    for i in range(len(steps)):
+        tid = tids[steps.service[i] or "engine"]
+        args = {
+            "index": int(steps.step_index[i]),
+            "batch_size": int(steps.batch_size[i]),
+            "prefill_tokens": int(steps.prefill_tokens[i]),
+            "decode_tokens": int(steps.decode_tokens[i]),
+            "preempted": int(steps.preempted[i]),
+        }
+        if np.isfinite(kv[i]):
+            args["kv_usage"] = float(kv[i])
+        ts = _us(float(start[i]))
+        ev.append(
+            {
+                "ph": "X",
+                "pid": STEPS_PID,
+                "tid": tid,
+                "name": "step",
+                "cat": "step",
+                "ts": ts,
+                "dur": _us(float(dur[i])),
+                "args": args,
             }
-            if np.isfinite(kv[i]):
-                args["kv_usage"] = float(kv[i])
-            ts = _us(float(start[i]))
-            ev.append(
-                {
-                    "ph": "X",
-                    "pid": STEPS_PID,
-                    "tid": tid,
-                    "name": "step",
-                    "cat": "step",
-                    "ts": ts,
-                    "dur": _us(float(dur[i])),
-                    "args": args,
-                }
-            )
-            counters = {"batch size": args["batch_size"]}
-            if "kv_usage" in args:
-                counters["KV usage"] = args["kv_usage"]
-            ev.append({"ph": "C", "pid": STEPS_PID, "tid": tid, "name": "engine", "ts": ts, "args": counters})
+        )
+        counters = {"batch size": args["batch_size"]}
+        if "kv_usage" in args:
+            counters["KV usage"] = args["kv_usage"]
+        ev.append({"ph": "C", "pid": STEPS_PID, "tid": tid, "name": "engine", "ts": ts, "args": counters})
+    return ev
+
+
+def trace_events(batch: RecordBatch, steps: StepBatch | None) -> dict:
+    """The Chrome trace event document of the records and steps."""
+    records = batch.records()
+    if not records:
+        raise ValueError("no records to export")
+    client = [r for r in records if r.boundary == "client"]
+    origin = min(r.submit_ns for r in (client or records))
+    cmp = compare(records, None)
+    theta_ns = round(cmp.offset.theta * 1e9)
+    units = request_units(records, cmp)
+    rows = waterfall_rows(units, origin, theta_ns, slowest=len(units), sample=0)
+    rows.sort(key=lambda r: r.client_submit if r.client_submit is not None else (r.engine_arrival or 0.0))
+    ev: list[dict] = [
+        {"ph": "M", "pid": REQUESTS_PID, "name": "process_name", "args": {"name": "requests"}},
+        {"ph": "M", "pid": STEPS_PID, "name": "process_name", "args": {"name": "engine steps"}},
+        {"ph": "M", "pid": REQUESTS_PID, "name": "process_sort_index", "args": {"sort_index": 1}},
+        {"ph": "M", "pid": STEPS_PID, "name": "process_sort_index", "args": {"sort_index": 2}},
+    ]
+    ev += _request_events(rows)
+    if steps is not None and len(steps):
+        ev += _step_events(steps, origin, theta_ns)
     return {
         "traceEvents": ev,
         "displayTimeUnit": "ms",

@@ -42,258 +42,309 @@ def _layout(title: str, **kw) -> dict:
     return base
 
 
+def _share_figure(d: ReportData, go, make_subplots):
+    """Where the client TTFT went over every paired request: one stacked bar, % of the summed TTFT."""
+    if not d.ttft_share:
+        return None
+    fig = go.Figure()
+    for part in PART_MEANING:
+        v = d.ttft_share.get(part)
+        if v is None:
+            continue
+        fig.add_bar(
+            name=part,
+            y=["all paired requests"],
+            x=[v * 100],
+            orientation="h",
+            marker_color=COLORS[part],
+            text=[f"{part} {v * 100:.1f}%"] if v >= 0.04 else None,
+            textposition="inside",
+            hovertemplate=f"{part}: %{{x:.1f}}% of the summed TTFT<extra>{html.escape(PART_MEANING[part])}</extra>",
+        )
+    fig.update_layout(
+        _layout(
+            "Where the client TTFT went, over every paired request (% of the summed TTFT)",
+            barmode="stack",
+            height=220,
+            legend={"orientation": "h", "y": -0.5, "traceorder": "normal"},
+        )
+    )
+    fig.update_xaxes(range=[0, 100], ticksuffix="%")
+    return fig
+
+
+def _decomposition_figure(d: ReportData, go, make_subplots):
+    """The client TTFT in its parts, for the requests at p50 / p90 / p99 and the slowest (ms)."""
+    if not d.decomposition:
+        return None
+    labels = [label for label, _ in d.decomposition]
+    fig = go.Figure()
+    for part in PART_MEANING:
+        if not any(part in parts for _, parts in d.decomposition):
+            continue
+        fig.add_bar(
+            name=part,
+            y=labels,
+            x=[parts.get(part, 0.0) * 1e3 for _, parts in d.decomposition],
+            orientation="h",
+            marker_color=COLORS[part],
+            hovertemplate=f"{part}: %{{x:.2f}} ms<extra>{html.escape(PART_MEANING[part])}</extra>",
+        )
+    fig.update_layout(
+        _layout(
+            "Client TTFT in its parts: the request at p50 / p90 / p99, then the slowest (ms)",
+            barmode="stack",
+            height=max(320, 24 * len(labels) + 140),
+            legend={"orientation": "h", "y": -0.18, "traceorder": "normal"},  # the bars' order, left to right
+        )
+    )
+    fig.update_yaxes(autorange="reversed", type="category")
+    return fig
+
+
+def _waterfall_segments(fig, ylab: list[str], name: str, color: str, pairs, width: float) -> None:
+    """One phase as a bar per row that has both ends (ms after the row's own start)."""
+    ys, xs, bases = [], [], []
+    for y, (a, b) in zip(ylab, pairs):
+        if a is not None and b is not None and b >= a:
+            ys.append(y)
+            bases.append(a)
+            xs.append(b - a)
+    if ys:
+        fig.add_bar(
+            name=name,
+            y=ys,
+            x=xs,
+            base=bases,
+            orientation="h",
+            width=width,
+            marker_color=color,
+            hovertemplate=f"{name}: %{{base:.1f}} ms + %{{x:.1f}} ms<extra>%{{y}}</extra>",
+        )
+
+
+def _waterfall_ticks(fig, ylab: list[str], rows: list[WaterfallRow], side: str, key: str, color: str) -> None:
+    """One boundary's token events as ticks on each row."""
+    xs, ys = [], []
+    for y, r in zip(ylab, rows):
+        t = getattr(r, key)
+        xs += t
+        ys += [y] * len(t)
+    if xs:
+        fig.add_scattergl(
+            name=side,
+            x=xs,
+            y=ys,
+            mode="markers",
+            marker={
+                "symbol": "line-ns",
+                "size": 12 if side.startswith("client") else 7,
+                "line": {"width": 1, "color": color},
+            },
+            hovertemplate=f"{side}: %{{x:.1f}} ms<extra>%{{y}}</extra>",
+        )
+
+
+def _waterfall_figure(d: ReportData, go, make_subplots):
+    """The waterfall: one row per request (the slowest, then a sample), its phases and token events."""
+    if not d.waterfall:
+        return None
+    rows = [_from_own_start(r) for r in d.waterfall]
+    ylab = [f"{r.id} ({r.group})" for r in rows]
+    fig = go.Figure()
+
+    def seg(name, color, pairs, width=0.8):
+        _waterfall_segments(fig, ylab, name, color, pairs, width)
+
+    seg("client (send -> stream closed)", "rgba(48,49,51,0.18)", [(r.client_submit, r.client_end) for r in rows])
+    seg(
+        "front end (arrival -> queued)",
+        COLORS["front_end"],
+        [(r.engine_arrival, r.queue_start) for r in rows],
+        0.5,
+    )
+    seg("queue", COLORS["queue"], [(r.queue_start, r.first_scheduled) for r in rows], 0.5)
+    seg("prefill", COLORS["prefill"], [(r.first_scheduled, r.first_generated) for r in rows], 0.5)
+    seg("decode", COLORS["decode"], [(r.first_generated, r.engine_end) for r in rows], 0.5)
+    for side, key, color in (
+        ("client tokens", "client_tokens", "rgba(48,49,51,0.55)"),
+        ("engine tokens", "engine_tokens", "rgba(20,60,140,0.55)"),
+    ):
+        _waterfall_ticks(fig, ylab, rows, side, key, color)
+    pre = [(y, r) for y, r in zip(ylab, rows) if r.preemptions]
+    if pre:
+        fig.add_scatter(
+            name="preempted",
+            x=[r.engine_end for _, r in pre],
+            y=[y for y, _ in pre],
+            mode="markers+text",
+            marker={"symbol": "x", "color": COLORS["preemption"], "size": 10},
+            text=[f"{r.preemptions}x, {r.preemption_time * 1e3:.0f} ms" for _, r in pre],
+            textposition="middle right",
+        )
+    fig.update_layout(
+        _layout(
+            "Waterfall: the slowest requests, then a sample, one row each (ms after each request's own "
+            "start; engine times on the client's clock)",
+            barmode="overlay",
+            height=max(400, 18 * len(rows) + 160),
+            legend={"orientation": "h", "y": -0.18, "traceorder": "normal"},
+        )
+    )
+    fig.update_yaxes(autorange="reversed", type="category")
+    fig.update_xaxes(title="ms after the request's start", rangemode="tozero")
+    return fig
+
+
+def _steps_figure(d: ReportData, go, make_subplots):
+    """The engine's steps: duration, batch, tokens and KV cache use over the run."""
+    st = d.steps
+    if st is None:
+        return None
+    fig = make_subplots(
+        rows=4,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.04,
+        subplot_titles=("step duration (ms)", "requests in the step", "tokens in the step", "KV cache used"),
+    )
+    fig.add_scattergl(x=st.start, y=st.duration * 1e3, mode="markers", name="step", marker={"size": 4}, row=1, col=1)
+    pre = st.preempted > 0
+    if pre.any():
+        fig.add_scattergl(
+            x=st.start[pre],
+            y=st.duration[pre] * 1e3,
+            mode="markers",
+            name="a preemption in the step",
+            marker={"symbol": "x", "size": 9, "color": COLORS["preemption"]},
+            row=1,
+            col=1,
+        )
+    fig.add_scattergl(x=st.start, y=st.batch_size, mode="lines", name="batch size", line_shape="hv", row=2, col=1)
+    # each value holds from its step to the next (steps, not ramps across the idle gaps)
+    for name, y in (("prefill tokens", st.prefill_tokens), ("decode tokens", st.decode_tokens)):
+        fig.add_scattergl(x=st.start, y=np.maximum(y, 0), mode="lines", name=name, line_shape="hv", row=3, col=1)
+    kv = np.isfinite(st.kv_usage)
+    if kv.any():
+        fig.add_scattergl(
+            x=st.start[kv], y=st.kv_usage[kv], mode="lines", name="KV usage", line_shape="hv", row=4, col=1
+        )
+    shown = "" if st.kept == st.total else f" ({st.kept:,} of {st.total:,} shown, the slowest of each stretch kept)"
+    fig.update_layout(_layout(f"The engine's steps (seconds after the first request){shown}", height=720))
+    fig.update_xaxes(title="s", row=4, col=1)
+    return fig
+
+
+def _itl_figure(d: ReportData, go, make_subplots):
+    """The inter-token latency's CDF at each boundary (ms)."""
+    if not d.itl_cdf:
+        return None
+    fig = go.Figure()
+    for side, (x, y) in d.itl_cdf.items():
+        fig.add_scatter(x=x * 1e3, y=y, mode="lines", name=side, line={"color": COLORS[side], "shape": "hv"})
+    fig.update_layout(_layout("Inter-token latency, CDF at each boundary (ms)"))
+    fig.update_xaxes(type="log", title="ms")
+    fig.update_yaxes(title="fraction of gaps", range=[0, 1.01])
+    return fig
+
+
+def _over_time_figure(d: ReportData, go, make_subplots):
+    """TTFT and E2E over the run, by send time."""
+    if not any(len(x) for x, _ in d.over_time.values()):
+        return None
+    fig = go.Figure()
+    for metric, (x, y) in d.over_time.items():
+        fig.add_scattergl(x=x, y=y, mode="markers", name=metric.upper(), marker={"size": 5})
+    fig.update_layout(_layout("TTFT and E2E over the run (by send time, seconds)"))
+    fig.update_xaxes(title="sent at (s)")
+    fig.update_yaxes(title="s", type="log")
+    return fig
+
+
+def _stalls_figure(d: ReportData, go, make_subplots):
+    """Stall seconds by cause (each request's longest client gap over the threshold)."""
+    if not d.paired:
+        return None
+    fig = go.Figure()
+    causes = list(d.stall_seconds)
+    fig.add_bar(
+        x=causes,
+        y=[d.stall_seconds[c] for c in causes],
+        text=[f"{d.stall_requests[c]} requests" for c in causes],
+        textposition="outside",
+        marker_color=[COLORS["delivery"], COLORS["preemption"], COLORS["prefill"]][: len(causes)],
+    )
+    fig.update_layout(_layout("Stall seconds by cause (each request's longest client gap over the threshold)"))
+    fig.update_yaxes(title="s", rangemode="tozero")
+    if not any(d.stall_seconds.values()):
+        fig.add_annotation(
+            text=f"no client gap over the stall threshold in {d.paired} paired requests",
+            x=0.5,
+            y=0.5,
+            xref="paper",
+            yref="paper",
+            showarrow=False,
+            font={"size": 16},
+        )
+    return fig
+
+
+def _sweep_figure(d: ReportData, go, make_subplots):
+    """Against load: attainment, latency percentiles and the TTFT's parts, one point per run."""
+    if not d.sweep:
+        return None
+    fig = make_subplots(
+        rows=1,
+        cols=3,
+        subplot_titles=("SLO attainment", "latency percentiles (s)", "mean client TTFT in its parts (s)"),
+    )
+    x = [p.arrival_rate for p in d.sweep]
+    if any(p.attainment is not None for p in d.sweep):
+        fig.add_scatter(x=x, y=[p.attainment for p in d.sweep], mode="lines+markers", name="attainment", row=1, col=1)
+    for key in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99"):
+        fig.add_scatter(
+            x=x,
+            y=[getattr(p, key) for p in d.sweep],
+            mode="lines+markers",
+            name=key.replace("_", " "),
+            row=1,
+            col=2,
+        )
+    for k in [k for k in PART_MEANING if any(k in p.parts_mean for p in d.sweep)]:
+        fig.add_bar(
+            x=x,
+            y=[p.parts_mean.get(k) for p in d.sweep],
+            name=k,
+            marker_color=COLORS[k],
+            row=1,
+            col=3,
+        )
+    fig.update_layout(_layout("Against load: one point per run (x: the run's client sends per second)"))
+    fig.update_layout(barmode="stack")
+    fig.update_xaxes(title_text="requests/s sent")
+    return fig
+
+
+#: the report's figures in page order, by id: each draws its figure, or None where the data has none
+FIGURES = {
+    "fig-share": _share_figure,
+    "fig-decomposition": _decomposition_figure,
+    "fig-waterfall": _waterfall_figure,
+    "fig-steps": _steps_figure,
+    "fig-itl": _itl_figure,
+    "fig-over-time": _over_time_figure,
+    "fig-stalls": _stalls_figure,
+    "fig-sweep": _sweep_figure,
+}
+
+
 def figures(d: ReportData) -> dict[str, object]:
     """The report's figures, by id (Plotly ``go.Figure`` objects); only those with data."""
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    figs: dict[str, object] = {}
-
-    if d.ttft_share:
-        fig = go.Figure()
-        for part in PART_MEANING:
-            v = d.ttft_share.get(part)
-            if v is None:
-                continue
-            fig.add_bar(
-                name=part,
-                y=["all paired requests"],
-                x=[v * 100],
-                orientation="h",
-                marker_color=COLORS[part],
-                text=[f"{part} {v * 100:.1f}%"] if v >= 0.04 else None,
-                textposition="inside",
-                hovertemplate=f"{part}: %{{x:.1f}}% of the summed TTFT<extra>{html.escape(PART_MEANING[part])}</extra>",
-            )
-        fig.update_layout(
-            _layout(
-                "Where the client TTFT went, over every paired request (% of the summed TTFT)",
-                barmode="stack",
-                height=220,
-                legend={"orientation": "h", "y": -0.5, "traceorder": "normal"},
-            )
-        )
-        fig.update_xaxes(range=[0, 100], ticksuffix="%")
-        figs["fig-share"] = fig
-
-    if d.decomposition:
-        labels = [label for label, _ in d.decomposition]
-        fig = go.Figure()
-        for part in PART_MEANING:
-            if not any(part in parts for _, parts in d.decomposition):
-                continue
-            fig.add_bar(
-                name=part,
-                y=labels,
-                x=[parts.get(part, 0.0) * 1e3 for _, parts in d.decomposition],
-                orientation="h",
-                marker_color=COLORS[part],
-                hovertemplate=f"{part}: %{{x:.2f}} ms<extra>{html.escape(PART_MEANING[part])}</extra>",
-            )
-        fig.update_layout(
-            _layout(
-                "Client TTFT in its parts: the request at p50 / p90 / p99, then the slowest (ms)",
-                barmode="stack",
-                height=max(320, 24 * len(labels) + 140),
-                legend={"orientation": "h", "y": -0.18, "traceorder": "normal"},  # the bars' order, left to right
-            )
-        )
-        fig.update_yaxes(autorange="reversed", type="category")
-        figs["fig-decomposition"] = fig
-
-    if d.waterfall:
-        rows = [_from_own_start(r) for r in d.waterfall]
-        ylab = [f"{r.id} ({r.group})" for r in rows]
-        fig = go.Figure()
-
-        def seg(name, color, pairs, width=0.8):
-            ys, xs, bases = [], [], []
-            for y, (a, b) in zip(ylab, pairs):
-                if a is not None and b is not None and b >= a:
-                    ys.append(y)
-                    bases.append(a)
-                    xs.append(b - a)
-            if ys:
-                fig.add_bar(
-                    name=name,
-                    y=ys,
-                    x=xs,
-                    base=bases,
-                    orientation="h",
-                    width=width,
-                    marker_color=color,
-                    hovertemplate=f"{name}: %{{base:.1f}} ms + %{{x:.1f}} ms<extra>%{{y}}</extra>",
-                )
-
-        seg("client (send -> stream closed)", "rgba(48,49,51,0.18)", [(r.client_submit, r.client_end) for r in rows])
-        seg(
-            "front end (arrival -> queued)",
-            COLORS["front_end"],
-            [(r.engine_arrival, r.queue_start) for r in rows],
-            0.5,
-        )
-        seg("queue", COLORS["queue"], [(r.queue_start, r.first_scheduled) for r in rows], 0.5)
-        seg("prefill", COLORS["prefill"], [(r.first_scheduled, r.first_generated) for r in rows], 0.5)
-        seg("decode", COLORS["decode"], [(r.first_generated, r.engine_end) for r in rows], 0.5)
-        for side, key, color in (
-            ("client tokens", "client_tokens", "rgba(48,49,51,0.55)"),
-            ("engine tokens", "engine_tokens", "rgba(20,60,140,0.55)"),
-        ):
-            xs, ys = [], []
-            for y, r in zip(ylab, rows):
-                t = getattr(r, key)
-                xs += t
-                ys += [y] * len(t)
-            if xs:
-                fig.add_scattergl(
-                    name=side,
-                    x=xs,
-                    y=ys,
-                    mode="markers",
-                    marker={
-                        "symbol": "line-ns",
-                        "size": 12 if side.startswith("client") else 7,
-                        "line": {"width": 1, "color": color},
-                    },
-                    hovertemplate=f"{side}: %{{x:.1f}} ms<extra>%{{y}}</extra>",
-                )
-        pre = [(y, r) for y, r in zip(ylab, rows) if r.preemptions]
-        if pre:
-            fig.add_scatter(
-                name="preempted",
-                x=[r.engine_end for _, r in pre],
-                y=[y for y, _ in pre],
-                mode="markers+text",
-                marker={"symbol": "x", "color": COLORS["preemption"], "size": 10},
-                text=[f"{r.preemptions}x, {r.preemption_time * 1e3:.0f} ms" for _, r in pre],
-                textposition="middle right",
-            )
-        fig.update_layout(
-            _layout(
-                "Waterfall: the slowest requests, then a sample, one row each (ms after each request's own "
-                "start; engine times on the client's clock)",
-                barmode="overlay",
-                height=max(400, 18 * len(rows) + 160),
-                legend={"orientation": "h", "y": -0.18, "traceorder": "normal"},
-            )
-        )
-        fig.update_yaxes(autorange="reversed", type="category")
-        fig.update_xaxes(title="ms after the request's start", rangemode="tozero")
-        figs["fig-waterfall"] = fig
-
-    st = d.steps
-    if st is not None:
-        fig = make_subplots(
-            rows=4,
-            cols=1,
-            shared_xaxes=True,
-            vertical_spacing=0.04,
-            subplot_titles=("step duration (ms)", "requests in the step", "tokens in the step", "KV cache used"),
-        )
-        fig.add_scattergl(
-            x=st.start, y=st.duration * 1e3, mode="markers", name="step", marker={"size": 4}, row=1, col=1
-        )
-        pre = st.preempted > 0
-        if pre.any():
-            fig.add_scattergl(
-                x=st.start[pre],
-                y=st.duration[pre] * 1e3,
-                mode="markers",
-                name="a preemption in the step",
-                marker={"symbol": "x", "size": 9, "color": COLORS["preemption"]},
-                row=1,
-                col=1,
-            )
-        fig.add_scattergl(x=st.start, y=st.batch_size, mode="lines", name="batch size", line_shape="hv", row=2, col=1)
-        # each value holds from its step to the next (steps, not ramps across the idle gaps)
-        for name, y in (("prefill tokens", st.prefill_tokens), ("decode tokens", st.decode_tokens)):
-            fig.add_scattergl(x=st.start, y=np.maximum(y, 0), mode="lines", name=name, line_shape="hv", row=3, col=1)
-        kv = np.isfinite(st.kv_usage)
-        if kv.any():
-            fig.add_scattergl(
-                x=st.start[kv], y=st.kv_usage[kv], mode="lines", name="KV usage", line_shape="hv", row=4, col=1
-            )
-        shown = "" if st.kept == st.total else f" ({st.kept:,} of {st.total:,} shown, the slowest of each stretch kept)"
-        fig.update_layout(_layout(f"The engine's steps (seconds after the first request){shown}", height=720))
-        fig.update_xaxes(title="s", row=4, col=1)
-        figs["fig-steps"] = fig
-
-    if d.itl_cdf:
-        fig = go.Figure()
-        for side, (x, y) in d.itl_cdf.items():
-            fig.add_scatter(x=x * 1e3, y=y, mode="lines", name=side, line={"color": COLORS[side], "shape": "hv"})
-        fig.update_layout(_layout("Inter-token latency, CDF at each boundary (ms)"))
-        fig.update_xaxes(type="log", title="ms")
-        fig.update_yaxes(title="fraction of gaps", range=[0, 1.01])
-        figs["fig-itl"] = fig
-
-    if any(len(x) for x, _ in d.over_time.values()):
-        fig = go.Figure()
-        for metric, (x, y) in d.over_time.items():
-            fig.add_scattergl(x=x, y=y, mode="markers", name=metric.upper(), marker={"size": 5})
-        fig.update_layout(_layout("TTFT and E2E over the run (by send time, seconds)"))
-        fig.update_xaxes(title="sent at (s)")
-        fig.update_yaxes(title="s", type="log")
-        figs["fig-over-time"] = fig
-
-    if d.paired:
-        fig = go.Figure()
-        causes = list(d.stall_seconds)
-        fig.add_bar(
-            x=causes,
-            y=[d.stall_seconds[c] for c in causes],
-            text=[f"{d.stall_requests[c]} requests" for c in causes],
-            textposition="outside",
-            marker_color=[COLORS["delivery"], COLORS["preemption"], COLORS["prefill"]][: len(causes)],
-        )
-        fig.update_layout(_layout("Stall seconds by cause (each request's longest client gap over the threshold)"))
-        fig.update_yaxes(title="s", rangemode="tozero")
-        if not any(d.stall_seconds.values()):
-            fig.add_annotation(
-                text=f"no client gap over the stall threshold in {d.paired} paired requests",
-                x=0.5,
-                y=0.5,
-                xref="paper",
-                yref="paper",
-                showarrow=False,
-                font={"size": 16},
-            )
-        figs["fig-stalls"] = fig
-
-    if d.sweep:
-        fig = make_subplots(
-            rows=1,
-            cols=3,
-            subplot_titles=("SLO attainment", "latency percentiles (s)", "mean client TTFT in its parts (s)"),
-        )
-        x = [p.arrival_rate for p in d.sweep]
-        if any(p.attainment is not None for p in d.sweep):
-            fig.add_scatter(
-                x=x, y=[p.attainment for p in d.sweep], mode="lines+markers", name="attainment", row=1, col=1
-            )
-        for key in ("ttft_p50", "ttft_p99", "tpot_p50", "tpot_p99", "e2e_p50", "e2e_p99"):
-            fig.add_scatter(
-                x=x,
-                y=[getattr(p, key) for p in d.sweep],
-                mode="lines+markers",
-                name=key.replace("_", " "),
-                row=1,
-                col=2,
-            )
-        for k in [k for k in PART_MEANING if any(k in p.parts_mean for p in d.sweep)]:
-            fig.add_bar(
-                x=x,
-                y=[p.parts_mean.get(k) for p in d.sweep],
-                name=k,
-                marker_color=COLORS[k],
-                row=1,
-                col=3,
-            )
-        fig.update_layout(_layout("Against load: one point per run (x: the run's client sends per second)"))
-        fig.update_layout(barmode="stack")
-        fig.update_xaxes(title_text="requests/s sent")
-        figs["fig-sweep"] = fig
-    return figs
+    drawn = {fid: draw(d, go, make_subplots) for fid, draw in FIGURES.items()}
+    return {fid: fig for fid, fig in drawn.items() if fig is not None}
 
 
 def _from_own_start(r: WaterfallRow) -> WaterfallRow:

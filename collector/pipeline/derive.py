@@ -676,19 +676,9 @@ def _callers(rq: Requests, fields: list) -> list[str | None]:
     return caller
 
 
-def record_batch(
-    rq: Requests,
-    fields: list,
-    events: TokenEvents,
-    metrics: RequestMetrics,
-    columns: dict[str, np.ndarray],
-    status: list[str],
-    request_id: list[str],
-    same: dict,
-) -> RecordBatch:
-    """Stage 9: the columns of ``records.COLUMNS`` for every record: the span's own, the earlier
-    stages' (``columns``: by name), what a pair shares (the client's bench run, the tokens its
-    client never read, each other's request id), the sampling weight and the timeline's violations."""
+def _unread_and_paired(rq: Requests, metrics: RequestMetrics, status: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Per record: the tokens its client never read (a cancelled pair: the engine's output less
+    the client's; -1 elsewhere), and whether it is paired."""
     n = len(rq.recs)
     unread = np.full(n, -1, np.int64)
     paired = np.zeros(n, bool)
@@ -698,6 +688,14 @@ def record_batch(
         gone = np.fromiter((status[c] == "cancelled" for c in ci.tolist()), bool, len(ci))
         lost = np.maximum(metrics.output_tokens[ei] - metrics.output_tokens[ci], 0)
         unread[ci[gone]] = unread[ei[gone]] = lost[gone]
+    return unread, paired
+
+
+def _shared_by_pairs(rq: Requests, fields: list, request_id: list[str], same: dict) -> tuple:
+    """What the boundaries of one request share: each other's request id (peer), the caller (the
+    application's span the call ran under), the bench run and whether it was a warm-up, the
+    client's given to its engine and the engine's to its server record."""
+    n = len(rq.recs)
     peer: list = [None] * n
     caller = _callers(rq, fields)
     run_id = [same.setdefault(v, v) if type(v) is str and v else None for v in fields[sp.RUN_ID]]
@@ -712,6 +710,25 @@ def record_batch(
         caller[sv] = caller[e]
         run_id[sv] = run_id[e]
         warmup[sv] = warmup[e]
+    return peer, caller, run_id, warmup
+
+
+def record_batch(
+    rq: Requests,
+    fields: list,
+    events: TokenEvents,
+    metrics: RequestMetrics,
+    columns: dict[str, np.ndarray],
+    status: list[str],
+    request_id: list[str],
+    same: dict,
+) -> RecordBatch:
+    """Stage 9: the columns of ``records.COLUMNS`` for every record: the span's own, the earlier
+    stages' (``columns``: by name), what a pair shares (the client's bench run, the tokens its
+    client never read, each other's request id), the sampling weight and the timeline's violations."""
+    n = len(rq.recs)
+    unread, paired = _unread_and_paired(rq, metrics, status)
+    peer, caller, run_id, warmup = _shared_by_pairs(rq, fields, request_id, same)
     violations = invariants.check(
         rq.code,
         events.submit,
@@ -764,5 +781,5 @@ def record_batch(
         peer_request_id=peer,
     )
     if rq.pairs:
-        batch.pairs = (ci, ei)
+        batch.pairs = tuple(np.array(rq.pairs, np.int64).T)
     return batch

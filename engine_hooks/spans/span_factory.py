@@ -135,13 +135,20 @@ class SpanFactory:
         if not keep:
             return []
         root = self._ctx(trace_id)
-        s0, s1 = r.start_ns, r.end_ns
-        clamp = lambda t: min(max(t, s0), s1)  # phase spans stay inside the request for trace viewers
-        b = {sc.BOUNDARY: self.boundary}
+        attrs, status = self._request_attributes(r, p)
+        out = [self._span(sc.SPAN_REQUEST, root, parent, r.start_ns, r.end_ns, attrs, SpanKind.SERVER, status)]
+        if self.detail != "request":
+            self._phase_spans(r, trace_id, root, out)
+        return out
+
+    def _request_attributes(self, r: FinishedRequest, p: float | None) -> tuple[dict, Status | None]:
+        """The ``llm.request`` span's attributes (``p``: the sampling probability it was kept with)
+        and its status (None where ok)."""
+        s0 = r.start_ns
         out_tokens = np.asarray(r.out_tokens, dtype=np.int64)
         broken = _broken_orderings(r)
         attrs = {
-            **b,
+            sc.BOUNDARY: self.boundary,
             sc.REQUEST_ID: r.request_id,
             sc.STATUS: r.status,
             sc.OUTPUT_TOKENS: r.output_tokens,
@@ -173,15 +180,18 @@ class SpanFactory:
             attrs[sc.SAMPLING_PROBABILITY] = p
         if r.attrs:
             attrs.update(r.attrs)
-        status = None
-        if r.status != "ok":
-            attrs[sc.ERROR_TYPE] = (
-                r.finish_reason if r.status in ("error", "rejected") and r.finish_reason else r.status
-            )
-            status = Status(StatusCode.ERROR, r.status)
-        out = [self._span(sc.SPAN_REQUEST, root, parent, s0, s1, attrs, SpanKind.SERVER, status)]
-        if self.detail == "request":
-            return out
+        if r.status == "ok":
+            return attrs, None
+        failed = r.status in ("error", "rejected") and r.finish_reason
+        attrs[sc.ERROR_TYPE] = r.finish_reason if failed else r.status
+        return attrs, Status(StatusCode.ERROR, r.status)
+
+    def _phase_spans(self, r: FinishedRequest, trace_id: int, root, out: list[ReadableSpan]) -> None:
+        """The request's phase spans (front end, queue, prefill, decode, preemptions, stream),
+        children of its ``llm.request`` span ``root``, appended to ``out``."""
+        s0, s1 = r.start_ns, r.end_ns
+        clamp = lambda t: min(max(t, s0), s1)  # phase spans stay inside the request for trace viewers
+        b = {sc.BOUNDARY: self.boundary}
         # a child without attributes of its own shares the boundary's (spans only read them)
         child = lambda name, t0, t1, a=None: out.append(
             self._span(name, self._ctx(trace_id), root, clamp(t0), clamp(t1), {**b, **a} if a else b)
@@ -213,7 +223,6 @@ class SpanFactory:
         if len(r.out_times_ns):
             t = r.out_times_ns
             child(sc.SPAN_STREAM, int(t[0]), int(t[-1]), {sc.STREAM_EVENTS: len(t)})
-        return out
 
     def _array(self, values: np.ndarray):
         """An int64 array as the attribute value the exporter takes."""

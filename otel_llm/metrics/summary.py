@@ -233,6 +233,61 @@ def _fluidity(batch: TimelineBatch, which: np.ndarray, t: FluidityTarget, ps, me
     )
 
 
+def _weighted_count(n: int, wt: np.ndarray | None):
+    """``count(mask)``: the requests of ``mask``, each counting for its weight (1 unsampled)."""
+    one = np.ones(n, np.int64)
+    return lambda mask: weighted_sum(one, wt, mask)
+
+
+def _tokens_in_window(batch: TimelineBatch, w: Window, wt: np.ndarray | None):
+    """Output tokens whose event is in the window (a response not streamed: at its end), weighted."""
+    in_tok = w.contains(batch.event_time)
+    if wt is None:
+        tok_in = int(batch.event_tokens[in_tok].sum())
+    else:
+        tok_in = float((batch.event_tokens * np.repeat(wt, np.diff(batch.offsets)))[in_tok].sum())
+    if batch.untimed_tokens is not None:  # a response not streamed: its tokens observed at its end
+        ends_in = w.contains(batch.end)
+        tok_in += weighted_sum(np.asarray(batch.untimed_tokens, np.int64), wt, ends_in)
+    return tok_in
+
+
+def _counts(batch: TimelineBatch, rm: RequestMetrics, in_win: np.ndarray, completed: np.ndarray) -> Counts:
+    """The requests by status (end in window), and what the completed ones' timelines leave unknown."""
+    st = batch.status
+    return Counts(
+        requests=len(batch),
+        completed=int(completed.sum()),
+        failed=int((in_win & (st == ERROR)).sum()),
+        cancelled=int((in_win & (st == CANCELLED)).sum()),
+        rejected=int((in_win & (st == REJECTED)).sum()),
+        tpot_undefined=int((completed & (rm.output_tokens <= 1)).sum()),
+        no_token=int((completed & (rm.events == 0)).sum()),
+        multi_token_events=int(rm.multi_token_events[completed].sum()),
+        summarised=0 if batch.summarised is None else int((completed & batch.summarised).sum()),
+    )
+
+
+def _goodput(rm: RequestMetrics, slo: SLO, completed: np.ndarray, wt: np.ndarray | None, T: float) -> Goodput:
+    """Goodput under ``slo``: the completed requests that meet every bound, per second of ``T``."""
+    n_of = _weighted_count(len(completed), wt)
+    n_completed = int(completed.sum())
+    checks = bound_checks(rm, slo)
+    good_mask = completed.copy()
+    for ok in checks.values():
+        good_mask &= ok
+    good_n, done_n = n_of(good_mask), n_of(completed)
+    return Goodput(
+        slo=slo.bounds,
+        tpot_undefined=slo.tpot_undefined,
+        good=int(good_mask.sum()),
+        requests_per_s=_rate(good_n, T),
+        output_tokens_per_s=_rate(weighted_sum(rm.output_tokens, wt, good_mask), T),
+        attainment=good_n / done_n if n_completed else None,
+        attainment_by_bound={k: (n_of(completed & ok) / done_n if n_completed else None) for k, ok in checks.items()},
+    )
+
+
 def summarize(
     batch: TimelineBatch,
     window: Window | None = None,
@@ -253,32 +308,12 @@ def summarize(
     in_win = w.contains(batch.end)
     st = batch.status
     completed = in_win & (st == OK)
-    n_completed = int(completed.sum())
     T = w.seconds
 
     wt = batch.weight  # sampled requests: each counts for 1 / its sampling probability in rates
-
-    one = np.ones(len(batch), np.int64)
-    n_of = lambda mask: weighted_sum(one, wt, mask)  # requests, each counting for its weight
-    in_tok = w.contains(batch.event_time)
-    if wt is None:
-        tok_in = int(batch.event_tokens[in_tok].sum())
-    else:
-        tok_in = float((batch.event_tokens * np.repeat(wt, np.diff(batch.offsets)))[in_tok].sum())
-    if batch.untimed_tokens is not None:  # a response not streamed: its tokens observed at its end
-        ends_in = w.contains(batch.end)
-        tok_in += weighted_sum(np.asarray(batch.untimed_tokens, np.int64), wt, ends_in)
-    counts = Counts(
-        requests=len(batch),
-        completed=n_completed,
-        failed=int((in_win & (st == ERROR)).sum()),
-        cancelled=int((in_win & (st == CANCELLED)).sum()),
-        rejected=int((in_win & (st == REJECTED)).sum()),
-        tpot_undefined=int((completed & (rm.output_tokens <= 1)).sum()),
-        no_token=int((completed & (rm.events == 0)).sum()),
-        multi_token_events=int(rm.multi_token_events[completed].sum()),
-        summarised=0 if batch.summarised is None else int((completed & batch.summarised).sum()),
-    )
+    n_of = _weighted_count(len(batch), wt)
+    tok_in = _tokens_in_window(batch, w, wt)
+    counts = _counts(batch, rm, in_win, completed)
     latency = {
         "ttft": Distribution.of(POPULATIONS["ttft"], rm.ttft[completed], ps, method),
         "tpot": Distribution.of(POPULATIONS["tpot"], rm.tpot[completed], ps, method),
@@ -286,25 +321,7 @@ def summarize(
         "itl_max": Distribution.of(POPULATIONS["itl_max"], rm.itl_max[completed], ps, method),
         "e2e": Distribution.of(POPULATIONS["e2e"], rm.e2e[completed], ps, method),
     }
-    goodput = None
-    if slo is not None:
-        checks = bound_checks(rm, slo)
-        good_mask = completed.copy()
-        for ok in checks.values():
-            good_mask &= ok
-        good = int(good_mask.sum())
-        good_n, done_n = n_of(good_mask), n_of(completed)
-        goodput = Goodput(
-            slo=slo.bounds,
-            tpot_undefined=slo.tpot_undefined,
-            good=good,
-            requests_per_s=_rate(good_n, T),
-            output_tokens_per_s=_rate(weighted_sum(rm.output_tokens, wt, good_mask), T),
-            attainment=good_n / done_n if n_completed else None,
-            attainment_by_bound={
-                k: (n_of(completed & ok) / done_n if n_completed else None) for k, ok in checks.items()
-            },
-        )
+    goodput = None if slo is None else _goodput(rm, slo, completed, wt, T)
     flu = None
     if fluidity is not None:
         timed = rm.events > 0 if batch.summarised is None else (rm.events > 0) & ~batch.summarised

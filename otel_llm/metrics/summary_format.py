@@ -33,7 +33,7 @@ def format_json(s: Summary) -> str:
 
 
 def _lines(s: Summary, markdown: bool) -> list[str]:
-    w, c = s.window, s.counts
+    w = s.window
     h = (lambda t: f"### {t}") if markdown else (lambda t: f"== {t} ==")
     if w.on_unix_clock:  # a store or a trace file: times people can read
         edges = f"{iso(w.start)} to {iso(w.end)}"
@@ -44,6 +44,15 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
         f"{edges}, T = {w.seconds:.3f} s ({'given' if w.explicit else 'earliest submit to latest end'})",
         "",
     ]
+    for section in (_throughput_lines, _latency_lines, _goodput_lines, _fluidity_lines):
+        out += section(s, h, markdown)
+    return out
+
+
+def _throughput_lines(s: Summary, h, markdown: bool) -> list[str]:
+    """The counts, the rates, what sampling and the timelines leave unknown."""
+    c = s.counts
+    out: list[str] = []
     out.append(h("Throughput"))
     out.append(
         f"requests: {c.requests} in data; completed {c.completed}, failed {c.failed}, "
@@ -72,6 +81,12 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
         kinds = ", ".join(f"{k} {m}" for k, m in v.items())
         out.append(f"timeline violations: {f'{n} records ({kinds}; otel-llm compare lists them)' if n else 'none'}")
     out.append("")
+    return out
+
+
+def _latency_lines(s: Summary, h, markdown: bool) -> list[str]:
+    """Each latency metric: n, mean, the percentiles, max and its population (ms)."""
+    out: list[str] = []
     pkeys = next(iter(s.latency.values())).percentiles.keys() if s.latency else []
     out.append(h(f"Latency (ms; percentiles by {s.percentile_method})"))
     cols = ["metric", "n", "mean", *pkeys, "max", "population"]
@@ -81,47 +96,62 @@ def _lines(s: Summary, markdown: bool) -> list[str]:
         rows.append([name, str(d.n), _ms(d.mean), *(_ms(d.percentiles[p]) for p in pkeys), _ms(d.max), d.population])
     out.extend(grid(cols, rows, markdown))
     out.append("")
-    if s.goodput is not None:
-        g = s.goodput
-        slo = ", ".join(f"{k} <= {v * 1000:g} ms" for k, v in g.slo.items()) or "none"
-        out.append(h("Goodput"))
-        out.append(f"SLO: {slo} (TPOT undefined: {g.tpot_undefined})")
-        out.append(
-            f"throughput {_num(s.requests_per_s)} requests/s   goodput {_num(g.requests_per_s)} requests/s   "
-            f"attainment {_pct(g.attainment)} ({g.good} of {c.completed} completed)"
-        )
-        out.append("per bound: " + ", ".join(f"{k} {_pct(v)}" for k, v in g.attainment_by_bound.items()))
-        out.append(f"goodput in tokens: {_num(g.output_tokens_per_s)} output tokens/s (the good requests' outputs)")
-        out.append("")
-    if s.fluidity is not None:
-        f = s.fluidity
-        d = f.miss_rate
-        out.append(h("Fluidity"))
-        out.append(
-            f"deadlines: first token {f.ttft_deadline * 1000:g} ms, then one every {f.tbt_deadline * 1000:g} ms "
-            f"(slack carried forward; docs/metrics/fluidity.md)"
-        )
-        out.append(
-            f"fluidity index: mean {_num(f.index_mean)} over {d.n} requests; fluid (index >= {f.target:g}): "
-            f"{_pct(f.attainment)}"
-        )
-        out.append(
-            "deadline miss rate per request: "
-            + ", ".join(f"{k} {_num(v)}" for k, v in d.percentiles.items())
-            + f", max {_num(d.max)}"
-        )
-        rate = f.fluid_token_rate
-        if rate is None:
-            rate = "none (the first-token deadline alone fails)"
-        elif rate == float("inf"):
-            rate = "unbounded (the slack banked by the first token covers every later one)"
-        else:
-            rate = f"{rate:.4g} tokens/s"
-        out.append(
-            f"fluid token generation rate: {rate} (1 / the smallest per-token deadline at which "
-            f"{_pct(f.share)} of requests reach index {f.target:g})"
-        )
-        out.append("")
+    return out
+
+
+def _goodput_lines(s: Summary, h, markdown: bool) -> list[str]:
+    """Goodput under the SLO, where one was given."""
+    c = s.counts
+    out: list[str] = []
+    g = s.goodput
+    if g is None:
+        return out
+    slo = ", ".join(f"{k} <= {v * 1000:g} ms" for k, v in g.slo.items()) or "none"
+    out.append(h("Goodput"))
+    out.append(f"SLO: {slo} (TPOT undefined: {g.tpot_undefined})")
+    out.append(
+        f"throughput {_num(s.requests_per_s)} requests/s   goodput {_num(g.requests_per_s)} requests/s   "
+        f"attainment {_pct(g.attainment)} ({g.good} of {c.completed} completed)"
+    )
+    out.append("per bound: " + ", ".join(f"{k} {_pct(v)}" for k, v in g.attainment_by_bound.items()))
+    out.append(f"goodput in tokens: {_num(g.output_tokens_per_s)} output tokens/s (the good requests' outputs)")
+    out.append("")
+    return out
+
+
+def _fluidity_lines(s: Summary, h, markdown: bool) -> list[str]:
+    """The fluidity index and the fluid token rate, where deadlines were given."""
+    out: list[str] = []
+    f = s.fluidity
+    if f is None:
+        return out
+    d = f.miss_rate
+    out.append(h("Fluidity"))
+    out.append(
+        f"deadlines: first token {f.ttft_deadline * 1000:g} ms, then one every {f.tbt_deadline * 1000:g} ms "
+        f"(slack carried forward; docs/metrics/fluidity.md)"
+    )
+    out.append(
+        f"fluidity index: mean {_num(f.index_mean)} over {d.n} requests; fluid (index >= {f.target:g}): "
+        f"{_pct(f.attainment)}"
+    )
+    out.append(
+        "deadline miss rate per request: "
+        + ", ".join(f"{k} {_num(v)}" for k, v in d.percentiles.items())
+        + f", max {_num(d.max)}"
+    )
+    rate = f.fluid_token_rate
+    if rate is None:
+        rate = "none (the first-token deadline alone fails)"
+    elif rate == float("inf"):
+        rate = "unbounded (the slack banked by the first token covers every later one)"
+    else:
+        rate = f"{rate:.4g} tokens/s"
+    out.append(
+        f"fluid token generation rate: {rate} (1 / the smallest per-token deadline at which "
+        f"{_pct(f.share)} of requests reach index {f.target:g})"
+    )
+    out.append("")
     return out
 
 

@@ -367,11 +367,13 @@ def test_a_request_larger_than_the_byte_bound_is_taken_when_nothing_is_held(make
     from collector.pipeline.assembly import AssemblyConfig
     from collector.receivers.intake import Overloaded
 
-    c = make_collector(assembly=AssemblyConfig(grace_s=1.0, timeout_s=5), max_inflight_bytes=1 << 20)
+    # held 5 s: the second request comes while the first is held, however slow the decode (the
+    # pure-Python decode of 2.3 MiB on a busy machine took over a second, the old grace)
+    c = make_collector(assembly=AssemblyConfig(grace_s=5.0, timeout_s=10), max_inflight_bytes=1 << 20)
     c.accept(_big_request(1, 300_000))  # ~2.3 MiB counted, over the 1 MiB bound: taken
     with pytest.raises(Overloaded):
         c.accept(_big_request(2, 300_000))
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 30
     while c.inflight_bytes() and time.monotonic() < deadline:
         time.sleep(0.05)
     c.accept(_big_request(2, 300_000))  # the retry, once the first was derived

@@ -255,3 +255,29 @@ def test_the_tests_checker_finds_an_import_and_a_path(tmp_path):
         'import sys\nsys.path.insert(0, os.path.join(ROOT, "tests"))\nfrom support.otlp_helpers import Req\n'
     )
     assert imports_into_tests(bad) == ["bench.py:2 names the tests folder", "bench.py:3 imports support.otlp_helpers"]
+
+
+#: the longest a function of the packages may be, in lines (its def to its last line, docstring in)
+MAX_FUNCTION_LINES = 80
+
+
+def long_functions(path: Path, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Every function (nested ones too) of ``path`` longer than ``limit`` lines."""
+    return [
+        f"{path.name}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > limit
+    ]
+
+
+def test_no_function_of_the_packages_is_over_80_lines():
+    """A function that does not fit on a screen does several things: one per function (the report
+    draws one figure per function, derivation has one function per stage)."""
+    assert [f"{m}: {bad}" for m, p in modules().items() for bad in long_functions(p)] == []
+
+
+def test_the_length_checker_counts_a_function_from_def_to_last_line(tmp_path):
+    f = tmp_path / "m.py"
+    body = "    x = 1\n" * 78
+    f.write_text(f"def fits():\n{body}    return x\n\n\nasync def over():\n{body}    x += 1\n    return x\n")
+    assert long_functions(f) == ["m.py:83 over (81 lines)"]
