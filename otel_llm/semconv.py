@@ -2,6 +2,8 @@
 collector (docs/architecture.md, "Span conventions"). GenAI semantic-convention names where one exists;
 engine internals under ``llm.``. Add keys freely; change none of these silently."""
 
+from dataclasses import dataclass
+
 # span names
 SPAN_CLIENT_REQUEST = "llm.client.request"
 SPAN_REQUEST = "llm.request"
@@ -176,3 +178,56 @@ GENAI_ACCEPTED = (
     VLLM_PREFILL,
     VLLM_DECODE,
 )
+
+
+@dataclass(frozen=True)
+class TracerMetric:
+    """One of tracing's own metrics: what a traced process sends about its tracing
+    (:mod:`engine_hooks.spans.self_metrics`, a cumulative counter per pipeline) and the collector
+    keeps for its ``/metrics`` (:mod:`collector.receivers.tracer_cost`). ``unit``: UCUM, as the
+    instrument declares it; ``help``: what it counts, on both sides."""
+
+    name: str
+    unit: str
+    help: str
+
+
+# tracing's own metrics (otel_llm.tracer.*), declared once for the sender, the collector, the
+# dashboard generator and docs/configuration.md
+TRACER_CPU_TIME = TracerMetric(
+    "otel_llm.tracer.cpu_time",
+    "s",
+    "CPU seconds a traced process spent building and exporting its spans (its span thread and its span "
+    "process; the hooks on the engine's threads are not in it)",
+)
+TRACER_SPANS_EXPORTED = TracerMetric(
+    "otel_llm.tracer.spans.exported", "{span}", "Spans a traced process handed to its exporter"
+)
+TRACER_SPANS_DROPPED = TracerMetric(
+    "otel_llm.tracer.spans.dropped", "{span}", "Spans a traced process's exporter failed to send"
+)
+TRACER_EVENTS_DROPPED = TracerMetric(
+    "otel_llm.tracer.events.dropped",
+    "{event}",
+    "Hook events dropped because the recorder between span-building rounds was full",
+)
+TRACER_REQUESTS_UNSAMPLED = TracerMetric(
+    "otel_llm.tracer.requests.unsampled",
+    "{request}",
+    "Requests a traced process finished but its sampler did not keep",
+)
+TRACER_REQUESTS = TracerMetric(
+    "otel_llm.tracer.requests", "{request}", "Finished requests a traced process's pipeline saw"
+)
+TRACER_STEPS = TracerMetric("otel_llm.tracer.steps", "{step}", "Engine steps a traced process's pipeline saw")
+TRACER_METRICS = (
+    TRACER_CPU_TIME,
+    TRACER_SPANS_EXPORTED,
+    TRACER_SPANS_DROPPED,
+    TRACER_EVENTS_DROPPED,
+    TRACER_REQUESTS_UNSAMPLED,
+    TRACER_REQUESTS,
+    TRACER_STEPS,
+)
+#: what every tracer metric's name begins with (the collector keeps no other)
+TRACER_PREFIX = "otel_llm.tracer."

@@ -21,10 +21,12 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceResponse,
 )
 
+from otel_llm import semconv as sc
+
 from .decode import DecodeError, PayloadTooLarge, gunzip
 
-PREFIX = "otel_llm.tracer."
-_NAME = re.compile(r"otel_llm\.tracer\.[a-z0-9_.]{1,100}")
+PREFIX = sc.TRACER_PREFIX
+_NAME = re.compile(re.escape(PREFIX) + r"[a-z0-9_.]{1,100}")
 LABELS = ("service", "instance", "pipeline")
 
 
@@ -107,16 +109,8 @@ class TracerCosts:
             return {name: (self.units.get(name, ""), dict(s)) for name, s in self.values.items()}
 
 
-DESCRIPTIONS = {
-    "otel_llm.tracer.cpu_time": "CPU seconds a traced process spent building and exporting its spans (its span "
-    "thread; the hooks on the engine's threads are not in it)",
-    "otel_llm.tracer.spans.exported": "Spans a traced process handed to its exporter",
-    "otel_llm.tracer.spans.dropped": "Spans a traced process's exporter failed to send",
-    "otel_llm.tracer.events.dropped": "Hook events dropped because the recorder between span-building rounds was full",
-    "otel_llm.tracer.requests.unsampled": "Requests a traced process finished but its sampler did not keep",
-    "otel_llm.tracer.requests": "Finished requests a traced process's pipeline saw",
-    "otel_llm.tracer.steps": "Engine steps a traced process's pipeline saw",
-}
+#: each declared tracer metric's help (otel_llm.semconv.TRACER_METRICS)
+DESCRIPTIONS = {m.name: m.help for m in sc.TRACER_METRICS}
 
 
 def families(costs: TracerCosts) -> list:

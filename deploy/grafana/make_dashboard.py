@@ -17,6 +17,7 @@ from collector.health import exposed_name
 from collector.pipeline.metrics_registry import FAMILIES
 from collector.pipeline.stalls import STALL_CLASSES
 from collector.pipeline.ttft_parts import PARTS
+from otel_llm import semconv as sc
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "dashboards", "otel-llm.json")
@@ -29,6 +30,11 @@ N = {f.attr: family_name(f.name, f.unit, f.buckets is not None) for f in FAMILIE
 
 _panels: list[dict] = []
 _y = 0
+
+
+def _tracer(m: sc.TracerMetric) -> str:
+    """A tracer metric's name on the collector's /metrics (a counter: ``_total``)."""
+    return family_name(m.name, m.unit, False)
 
 
 def _quantiles(metric: str) -> list[tuple[str, str]]:
@@ -179,23 +185,23 @@ def build() -> dict:
         "Tracing's own cost: CPU by process",
         [
             (
-                f"sum by (service, instance, pipeline) (rate(otel_llm_tracer_cpu_time_total[{R}]))",
+                f"sum by (service, instance, pipeline) (rate({_tracer(sc.TRACER_CPU_TIME)}[{R}]))",
                 "{{service}} {{instance}} {{pipeline}}",
             )
         ],
         "percentunit",
         description="the share of one core each traced process spends building and exporting its spans "
-        "(otel_llm.tracer.cpu_time, sent by the process beside its spans; the hooks on the engine's threads "
+        f"({sc.TRACER_CPU_TIME.name}, sent by the process beside its spans; the hooks on the engine's threads "
         "are not in it)",
     )
     panel(
         "Tracing's own cost: spans exported, dropped, unsampled",
         [
-            (f"sum by (service) (rate(otel_llm_tracer_spans_exported_total[{R}]))", "{{service}} exported"),
-            (f"sum by (service) (rate(otel_llm_tracer_spans_dropped_total[{R}]))", "{{service}} dropped"),
-            (f"sum by (service) (rate(otel_llm_tracer_events_dropped_total[{R}]))", "{{service}} hook events dropped"),
+            (f"sum by (service) (rate({_tracer(sc.TRACER_SPANS_EXPORTED)}[{R}]))", "{{service}} exported"),
+            (f"sum by (service) (rate({_tracer(sc.TRACER_SPANS_DROPPED)}[{R}]))", "{{service}} dropped"),
+            (f"sum by (service) (rate({_tracer(sc.TRACER_EVENTS_DROPPED)}[{R}]))", "{{service}} hook events dropped"),
             (
-                f"sum by (service) (rate(otel_llm_tracer_requests_unsampled_total[{R}]))",
+                f"sum by (service) (rate({_tracer(sc.TRACER_REQUESTS_UNSAMPLED)}[{R}]))",
                 "{{service}} requests not sampled",
             ),
         ],

@@ -7,13 +7,9 @@ or ``OTEL_EXPORTER_OTLP_ENDPOINT``; the protocol of ``OTEL_EXPORTER_OTLP_PROTOCO
 counters, read from the pipelines' own counters when the SDK collects, one series per pipeline
 (``otel_llm.pipeline``: its engine and boundary):
 
-* ``otel_llm.tracer.cpu_time`` (s): CPU time of span building and export: the pipeline's thread,
-  and its span process (:mod:`engine_hooks.span_process.parent`) where it has one;
-* ``otel_llm.tracer.spans.exported`` and ``.spans.dropped`` ({span});
-* ``otel_llm.tracer.events.dropped`` ({event}): hook events lost to a full recorder;
-* ``otel_llm.tracer.requests.unsampled`` ({request}): finished requests the sampler did not keep;
-* ``otel_llm.tracer.requests`` ({request}) and ``otel_llm.tracer.steps`` ({step}): what it saw, so the
-  CPU per request and per step can be read off.
+each of ``otel_llm.semconv.TRACER_METRICS`` (``otel_llm.tracer.*``: CPU time of span building
+and export, spans exported and dropped, hook events dropped, requests not sampled, requests and
+steps seen, so the CPU per request and per step can be read off).
 
 Nothing is sent when traces are not (``OTEL_TRACES_EXPORTER=none``, or spans to
 ``OTEL_LLM_TRACES_FILE``), nor when no OTLP endpoint is configured (the SDK's default
@@ -30,30 +26,22 @@ import threading
 import time
 
 from otel_llm import environment
+from otel_llm import semconv as sc
 
 log = logging.getLogger("engine_hooks")
 
 _provider = None
 _lock = threading.Lock()
 
+#: each tracer metric (otel_llm.semconv.TRACER_METRICS) and how it is read off a pipeline's counters
 METRICS = (
-    (
-        "otel_llm.tracer.cpu_time",
-        "s",
-        "CPU time of span building and export (the pipeline's thread and its span process)",
-        lambda c: (c.cpu_ns + c.span_process_cpu_ns) / 1e9,
-    ),
-    ("otel_llm.tracer.spans.exported", "{span}", "Spans handed to the exporter", lambda c: c.spans_exported),
-    ("otel_llm.tracer.spans.dropped", "{span}", "Spans the exporter failed to send", lambda c: c.spans_dropped),
-    ("otel_llm.tracer.events.dropped", "{event}", "Hook events lost to a full recorder", lambda c: c.events_dropped),
-    (
-        "otel_llm.tracer.requests.unsampled",
-        "{request}",
-        "Finished requests the sampler did not keep",
-        lambda c: c.requests_unsampled,
-    ),
-    ("otel_llm.tracer.requests", "{request}", "Finished requests the pipeline saw", lambda c: c.requests_traced),
-    ("otel_llm.tracer.steps", "{step}", "Engine steps the pipeline saw", lambda c: c.steps_traced),
+    (sc.TRACER_CPU_TIME, lambda c: (c.cpu_ns + c.span_process_cpu_ns) / 1e9),
+    (sc.TRACER_SPANS_EXPORTED, lambda c: c.spans_exported),
+    (sc.TRACER_SPANS_DROPPED, lambda c: c.spans_dropped),
+    (sc.TRACER_EVENTS_DROPPED, lambda c: c.events_dropped),
+    (sc.TRACER_REQUESTS_UNSAMPLED, lambda c: c.requests_unsampled),
+    (sc.TRACER_REQUESTS, lambda c: c.requests_traced),
+    (sc.TRACER_STEPS, lambda c: c.steps_traced),
 )
 
 
@@ -117,8 +105,8 @@ def start(pipelines, resource) -> object | None:
 
                 return observe
 
-            for name, unit, desc, read in METRICS:
-                meter.create_observable_counter(name, callbacks=[callback(read)], unit=unit, description=desc)
+            for m, read in METRICS:
+                meter.create_observable_counter(m.name, callbacks=[callback(read)], unit=m.unit, description=m.help)
         except Exception as exc:  # tracing goes on without its cost metrics
             log.warning("engine_hooks: the tracer's own metrics are off (%s: %s)", type(exc).__name__, exc)
             return None

@@ -126,3 +126,20 @@ def test_no_sender_can_break_the_exposition(make_collector, tmp_path):
     path.write_text(text)
     check = subprocess.run(["promtool", "check", "metrics"], stdin=path.open(), capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr  # lint-clean too: every family has HELP
+
+
+def test_the_tracers_own_metrics_are_declared_once_and_read_from_there():
+    """otel_llm.semconv.TRACER_METRICS is what a traced process sends (each read off its pipeline's
+    counters), what the collector describes on /metrics, and what the docs name: a metric added on
+    one side only fails here."""
+    from pathlib import Path
+
+    from collector.receivers import tracer_cost
+    from engine_hooks.spans import self_metrics
+    from otel_llm import semconv as sc
+
+    assert [m for m, _ in self_metrics.METRICS] == list(sc.TRACER_METRICS)
+    assert set(tracer_cost.DESCRIPTIONS) == {m.name for m in sc.TRACER_METRICS}
+    assert all(m.name.startswith(tracer_cost.PREFIX) and tracer_cost._NAME.fullmatch(m.name) for m in sc.TRACER_METRICS)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    assert [m.name for m in sc.TRACER_METRICS if m.name.removeprefix("otel_llm.tracer") not in doc] == []
