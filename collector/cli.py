@@ -14,6 +14,7 @@ import time
 from otel_llm import environment
 from otel_llm.cli_options import add_selection_options, number, percentile_list, selection_of
 from otel_llm.metrics.percentiles import METHODS
+from otel_llm.semconv import Boundary
 
 from .config import AssemblyConfig, CollectorConfig, options_of, parse_slos
 
@@ -215,16 +216,16 @@ def register_compare(sub) -> None:
 
 def _why_unpaired(records) -> str:
     """The likely cause, in words, of records none of which pair (for compare's refusal)."""
-    by = {b: sum(1 for r in records if r.boundary == b) for b in ("client", "server", "engine")}
+    by = {b: sum(1 for r in records if r.boundary == b) for b in Boundary.ALL}
     counts = ", ".join(f"{n} {b}" for b, n in by.items())
     if not records:
         return "the store holds no records (is the collector the endpoint the client and the engine export to?)"
-    if by["client"] and not by["engine"]:
+    if by[Boundary.CLIENT] and not by[Boundary.ENGINE]:
         return (
             f"records: {counts}. The engine sent nothing: start it with OTEL_LLM_ENABLE=1 (vLLM's plugin) or "
             "instrument() it, and point OTEL_EXPORTER_OTLP_ENDPOINT at this collector"
         )
-    if by["engine"] and not by["client"]:
+    if by[Boundary.ENGINE] and not by[Boundary.CLIENT]:
         return (
             f"records: {counts}. No client spans: run otel-llm bench or an instrumented client with "
             "OTEL_EXPORTER_OTLP_ENDPOINT at this collector, or give a load tool's results (--client-results)"

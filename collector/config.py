@@ -16,9 +16,48 @@ from typing import Any
 from otel_llm.metrics.fluidity import FluidityTarget
 from otel_llm.metrics.slo import SLO
 
-from .exporters.trace_policy import TracePolicy
-
 OFF = ("", "off", "none", "0")
+
+#: the rules of --forward-traces-policy
+RULES = ("error", "slo", "stall", "ratio", "all")
+
+
+@dataclass(frozen=True)
+class TracePolicy:
+    error: bool = False
+    slo: bool = False
+    stall: bool = False
+    ratio: float = 0.0
+    all: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> TracePolicy:
+        """``error,slo,stall,ratio=0.05`` (any subset; ``all`` alone)."""
+        kw: dict = {}
+        for part in filter(None, (p.strip().lower() for p in text.split(","))):
+            name, sep, value = part.partition("=")
+            if name not in RULES or (name == "ratio") != bool(sep):
+                raise ValueError(f"bad rule {part!r}: expected error, slo, stall, ratio=F or all")
+            if name == "ratio":
+                try:
+                    kw["ratio"] = float(value)
+                except ValueError:
+                    raise ValueError(f"ratio={value!r} is not a number") from None
+                if not 0 <= kw["ratio"] <= 1:
+                    raise ValueError("ratio=F needs 0 <= F <= 1")
+            else:
+                kw[name] = True
+        if not kw:
+            raise ValueError("an empty policy: give error, slo, stall, ratio=F or all")
+        return cls(**kw)
+
+    def by_ratio(self, trace_id: bytes) -> bool:
+        """The deterministic share: the trace id's low 64 bits below ratio x 2^64."""
+        return int.from_bytes(trace_id[-8:], "big") < round(self.ratio * 2**64)
+
+    def describe(self) -> str:
+        rules = [r for r in ("error", "slo", "stall", "all") if getattr(self, r)]
+        return ",".join(rules + ([f"ratio={self.ratio:g}"] if self.ratio else []))
 
 
 def host_port(addr: str) -> tuple[str, int]:

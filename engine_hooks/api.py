@@ -62,6 +62,8 @@ from typing import Any
 
 from otel_llm import environment
 from otel_llm.clock import monotonic_ns
+from otel_llm.environment import Detail
+from otel_llm.semconv import RequestStatus
 
 from .hot_path import hook_events as events
 from .hot_path.batch_scan import _hotpath, accelerated
@@ -139,7 +141,7 @@ class EngineHooks:
         use, as the pipeline is."""
         timer = self.__dict__.get("_timer_in_use", _UNSET)
         if timer is _UNSET:
-            on = self.gpu_timer is not None and self.pipeline.detail == "steps"
+            on = self.gpu_timer is not None and self.pipeline.detail == Detail.STEPS
             timer = self._timer_in_use = self.gpu_timer if on else None
         return timer
 
@@ -305,7 +307,7 @@ class EngineHooks:
         def deco(fn):
             def failed(exc, a, k):
                 arrived(None, a, k)
-                self._finish_failed(fields(None, *a, **k)[0], "rejected", exc)
+                self._finish_failed(fields(None, *a, **k)[0], RequestStatus.REJECTED, exc)
 
             if accelerated() and _plain(fn):  # _wrap's, with arrived() in it, in C: once a request
                 on_error = self._on_method_error(failed)
@@ -432,7 +434,7 @@ class EngineHooks:
                 kv, tokens = pre if pre is not None else (None, None)
                 self._rec(events.preempted(monotonic_ns(), request_id(res, *a, **k), mode_fn(res, *a, **k), kv, tokens))
 
-            failed = lambda exc, a, k: self._finish_failed(request_id(None, *a, **k), "error", exc)
+            failed = lambda exc, a, k: self._finish_failed(request_id(None, *a, **k), RequestStatus.ERROR, exc)
             return self._wrap(fn, after, state, failed=failed)
 
         return deco
@@ -447,7 +449,7 @@ class EngineHooks:
                 self._rec(build(t, rid, n))
 
         def failed(exc, a, k):
-            self._finish_failed([rid for rid, _ in outputs(None, *a, **k) or ()], "error", exc)
+            self._finish_failed([rid for rid, _ in outputs(None, *a, **k) or ()], RequestStatus.ERROR, exc)
 
         def deco(fn):
             nothing = lambda res, a, k, pre: None
@@ -471,7 +473,9 @@ class EngineHooks:
         token-out times stand in."""
         return self._tokens(events.generated, outputs)
 
-    def finish(self, request_id: Extractor, status: str | Extractor = "ok", reason: Extractor | None = None):
+    def finish(
+        self, request_id: Extractor, status: str | Extractor = RequestStatus.OK, reason: Extractor | None = None
+    ):
         """A request finished (``status``: ok, error, cancelled or rejected). ``request_id`` may
         return one id or an iterable of ids."""
         status_fn = status if callable(status) else _const(status)
@@ -485,7 +489,7 @@ class EngineHooks:
                 for rid in [ids] if isinstance(ids, str) else (ids or ()):
                     self._rec(events.finish(t, rid, st, rs))
 
-            failed = lambda exc, a, k: self._finish_failed(request_id(None, *a, **k), "error", exc)
+            failed = lambda exc, a, k: self._finish_failed(request_id(None, *a, **k), RequestStatus.ERROR, exc)
             return self._wrap(fn, after, failed=failed)
 
         return deco

@@ -34,6 +34,7 @@ from otel_llm.otlp.export import (
     takes_int_arrays,
 )
 from otel_llm.otlp.tracing import make_resource
+from otel_llm.semconv import Boundary
 
 from .hot_path.recorder import Recorder
 from .span_process.export_queue import ExportQueue
@@ -68,7 +69,7 @@ class TracingPipeline:
         service_name: str = "llm-engine",
         engine: str | None = None,
         model: str | None = None,
-        boundary: str = "engine",
+        boundary: str = Boundary.ENGINE,
         interval_s: float | None = None,
         capacity: int | None = None,
         max_in_flight: int = 100_000,

@@ -26,6 +26,7 @@ from .cli_options import (
 )
 from .metrics.timeline import BOUNDARIES
 from .metrics.timeline_file import TimelineFormatError, read_timelines
+from .semconv import Boundary
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -84,7 +85,7 @@ def _register_analyze(sub) -> None:
     p.add_argument(
         "--boundary",
         choices=BOUNDARIES,
-        default="client",
+        default=Boundary.CLIENT,
         help="with --store or --traces: which boundary's records to analyse (default: client)",
     )
     add_analysis_options(p)

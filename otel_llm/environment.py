@@ -68,17 +68,28 @@ ABORT_GRACE = "OTEL_LLM_ABORT_GRACE"
 #: phases (default: plus front end, queue, prefill, decode, preemption, stream), steps (plus one
 #: llm.engine.step span per engine iteration: batch size, tokens, KV usage)
 DETAIL = "OTEL_LLM_DETAIL"
+
+
+class Detail:
+    """The values of ``OTEL_LLM_DETAIL``: how much an engine traces, least first (plain ``str``
+    constants, as ``otel_llm.semconv.Boundary``)."""
+
+    REQUEST = "request"  # the llm.request span alone, its token-event arrays included
+    PHASES = "phases"  # plus the phase spans: the TTFT's parts (the default)
+    STEPS = "steps"  # plus one llm.engine.step per engine iteration
+
+
 #: each OTEL_LLM_DETAIL level, least first: what an engine sends at it and what it leaves out (the
 #: server's start-up log and the report say it)
 DETAIL_SENDS = {
-    "request": "llm.request spans with their token events (TTFT, ITL, TPOT, E2E); no phase spans (the TTFT's "
+    Detail.REQUEST: "llm.request spans with their token events (TTFT, ITL, TPOT, E2E); no phase spans (the TTFT's "
     "parts: queue, prefill, decode, preemption, stream) and no engine-step spans",
-    "phases": "request and phase spans (queue, prefill, decode, preemption, stream: the TTFT's parts); no "
+    Detail.PHASES: "request and phase spans (queue, prefill, decode, preemption, stream: the TTFT's parts); no "
     "engine-step spans (OTEL_LLM_DETAIL=steps adds one per engine iteration)",
-    "steps": "request, phase and engine-step spans (one llm.engine.step per engine iteration: batch, tokens, KV)",
+    Detail.STEPS: "request, phase and engine-step spans (one llm.engine.step per engine iteration: batch, tokens, KV)",
 }
 DETAIL_LEVELS = tuple(DETAIL_SENDS)
-DEFAULT_DETAIL = "phases"  # what the tracing budget is counted at (docs/architecture.md, "The hot path")
+DEFAULT_DETAIL = Detail.PHASES  # what the tracing budget is counted at (docs/architecture.md, "The hot path")
 PURE_PYTHON = "OTEL_LLM_PURE_PYTHON"  # no C accelerator: the collector parses with protobuf, the hooks scan in Python
 COLLECTOR_PREFIX = "OTEL_LLM_COLLECTOR_"  # + an `otel-llm collector` option, e.g. _STORE, _MAX_TRACES
 OPENAI_API_KEY = "OPENAI_API_KEY"  # bench's --api-key default

@@ -4,6 +4,29 @@ engine internals under ``llm.``. Add keys freely; change none of these silently.
 
 from dataclasses import dataclass
 
+
+class Boundary:
+    """The values of ``llm.boundary``: where a request's times were taken (docs/metrics/spec.md).
+    Plain ``str`` constants, not enum members: what goes into spans, the store and JSON is the
+    string itself, compared at no cost on the hot path."""
+
+    CLIENT = "client"  # the caller: send to the stream's close
+    SERVER = "server"  # the HTTP server span: the request read to the last byte written
+    ENGINE = "engine"  # the engine's front end: arrival to finish
+    ALL = (CLIENT, SERVER, ENGINE)
+
+
+class RequestStatus:
+    """The values of ``llm.request.status`` (docs/metrics/spec.md), in the order
+    ``otel_llm.metrics.timeline`` codes them; plain ``str`` constants, as :class:`Boundary`."""
+
+    OK = "ok"
+    ERROR = "error"
+    CANCELLED = "cancelled"  # the caller went away, or the engine aborted it
+    REJECTED = "rejected"  # never admitted (HTTP 4xx/429, a full queue)
+    ALL = (OK, ERROR, CANCELLED, REJECTED)
+
+
 # span names
 SPAN_CLIENT_REQUEST = "llm.client.request"
 SPAN_REQUEST = "llm.request"
@@ -78,7 +101,7 @@ SERVER_SPAN_NAMES = (
 )  # one per otel-llm bench run, carrying its conditions
 
 # attributes
-BOUNDARY = "llm.boundary"  # "client" | "engine"
+BOUNDARY = "llm.boundary"  # a Boundary value
 REQUEST_ID = "llm.request.id"
 TOKEN_EVENT_OFFSETS = "llm.token_event.offsets_ns"  # int[]: ns after the span start
 TOKEN_EVENT_TOKENS = "llm.token_event.tokens"  # int[]: tokens in each event
@@ -99,7 +122,7 @@ REQUEST_STREAM = "gen_ai.request.stream"  # bool on llm.client.request: the call
 #: call to its first token, the client's TTFT as the GenAI conventions name it
 RESPONSE_TIME_TO_FIRST_CHUNK = "gen_ai.response.time_to_first_chunk"
 ERROR_TYPE = "error.type"
-STATUS = "llm.request.status"  # ok | error | cancelled | rejected
+STATUS = "llm.request.status"  # a RequestStatus value
 PREEMPTIONS = "llm.request.preemptions"
 PREEMPTION_MODE = "llm.preemption.mode"  # recompute | swap
 #: on llm.preemption: the tokens whose KV the request held when preempted (prompt + generated but the
@@ -150,7 +173,6 @@ BENCH_PREFIX = "llm.bench."
 BENCH_WARMUP = "llm.bench.warmup"  # on llm.client.request: a warm-up request, excluded from results
 BENCH_RUN_ID = "llm.bench.run_id"  # resource and span attribute: which bench run a request belongs to
 
-# The values of llm.request.status are otel_llm.metrics.timeline.STATUSES: ok | error | cancelled | rejected.
 
 #: Every GenAI semantic-convention name otel-llm emits on its spans, checked against the conventions
 #: (tests/unit/test_genai_names.py): each must be a current name, none one the conventions replaced.

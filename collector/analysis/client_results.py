@@ -44,6 +44,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from otel_llm.metrics.request_math import request_metrics
+from otel_llm.semconv import Boundary, RequestStatus
 
 from ..pipeline.derive import PAIR_PARTS, pair_parts
 from ..pipeline.records import NO_NS, RecordBatch, RequestRecord, timeline_batch
@@ -245,7 +246,7 @@ def join_client(results: ToolResults, batch: RecordBatch, prefix: str | None = N
     tool request whose engine record is found (by the response id the tool saved, else by
     ``<prefix><index>`` sent), paired with it; the store's own client records are left out.
     Returns (records, how they were joined, tool requests not found)."""
-    engines = [r for r in batch.records() if r.boundary == "engine"]
+    engines = [r for r in batch.records() if r.boundary == Boundary.ENGINE]
     by_sent: dict[str, RequestRecord] = {}
     for e in engines:
         by_sent.setdefault(_sent_id(e.request_id), e)
@@ -267,10 +268,10 @@ def join_client(results: ToolResults, batch: RecordBatch, prefix: str | None = N
     peers = {e.request_id: c.request_id for c, (_, e, _) in zip(clients, matched)}
     rest = [
         replace(r, paired=True, peer_request_id=peers[r.request_id])
-        if r.boundary == "engine" and r.request_id in peers
+        if r.boundary == Boundary.ENGINE and r.request_id in peers
         else r
         for r in batch.records()
-        if r.boundary != "client"
+        if r.boundary != Boundary.CLIENT
     ]
     return RecordBatch.from_records(clients + rest), how, n - len(matched)
 
@@ -296,7 +297,7 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift
     event_start = np.array(starts, np.int64)
     offsets = np.concatenate(offs) if offs else np.zeros(0, np.int64)
     tokens = np.concatenate(toks) if toks else np.zeros(0, np.int64)
-    status = ["error" if t.error or t.ttft_s is None else "ok" for t, _, _ in matched]
+    status = [RequestStatus.ERROR if t.error or t.ttft_s is None else RequestStatus.OK for t, _, _ in matched]
     ids = [i for _, _, i in matched]
     inputs = np.array([e.input_tokens if e.input_tokens is not None else -1 for _, e, _ in matched], np.int64)
     rm = request_metrics(timeline_batch(ids, submit, end, status, event_start, offsets, tokens, inputs))
@@ -327,7 +328,7 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift
             replace(
                 e,
                 **fields,
-                boundary="client",
+                boundary=Boundary.CLIENT,
                 request_id=ids[j],
                 status=status[j],
                 submit_ns=int(submit[j]),

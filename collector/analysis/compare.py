@@ -30,6 +30,7 @@ import numpy as np
 
 from otel_llm.metrics.request_math import itl_samples
 from otel_llm.metrics.summary import Distribution
+from otel_llm.semconv import Boundary, RequestStatus
 
 from ..pipeline.invariants import tally
 from ..pipeline.records import RecordBatch, RequestRecord
@@ -80,7 +81,7 @@ def pairs_from_records(
         by_trace.setdefault(r.trace_id, {}).setdefault(r.boundary, []).append(r)
     pairs, alone = [], []
     for t in by_trace.values():
-        cl, en = t.get("client", []), t.get("engine", [])
+        cl, en = t.get(Boundary.CLIENT, []), t.get(Boundary.ENGINE, [])
         used = set()
         for c in cl:
             if c.peer_request_id is not None:  # the pair derivation made (stores since peer_request_id)
@@ -123,7 +124,9 @@ def pair_bounds(c: RequestRecord, e: RequestRecord) -> tuple[int, int]:
     """One pair's bounds on theta, integer ns: (low, high)."""
     hi = e.submit_ns - c.submit_ns
     lo = -(2**62)
-    if c.status == "ok" and e.status == "ok":  # a client that gave up early: the engine rightly outlives it
+    if (
+        c.status == RequestStatus.OK and e.status == RequestStatus.OK
+    ):  # a client that gave up early: the engine rightly outlives it
         lo = e.end_ns - c.end_ns
     ce, ee = _abs_events(c), _abs_events(e)
     n = min(len(ce), len(ee))
@@ -407,7 +410,7 @@ class ComparisonSummary:
 def ttft_share(rows: Sequence[RequestComparison]) -> dict[str, float | None] | None:
     """Each TTFT part's share of the summed client TTFT over the ok rows whose parts are all known
     (None: no such row); ``front_end`` None where no row knows it (the queue holds it, it is not 0)."""
-    known = [r for r in rows if r.status == "ok" and r.parts_sum_minus_ttft is not None and r.client_ttft]
+    known = [r for r in rows if r.status == RequestStatus.OK and r.parts_sum_minus_ttft is not None and r.client_ttft]
     if not known:
         return None
     tot = sum(r.client_ttft for r in known)
@@ -428,12 +431,12 @@ def summarize_comparison(
         return Distribution.of(population, arr, ps, method)
 
     rows = cmp.rows
-    ok = [r for r in rows if r.status == "ok"]
+    ok = [r for r in rows if r.status == RequestStatus.OK]
     present = set().union(*(r.parts for r in rows)) if rows else set()
     keys = [k for k in PER_REQUEST if k in ("client_ttft", "engine_ttft") or k in present]
     d = {key: dist(f"per-request {key} of paired ok requests", [getattr(r, key) for r in ok]) for key in keys}
-    is_ok = [r.status == "ok" for r in rows]
-    for side, samples in (("client", cmp.client_itl), ("engine", cmp.engine_itl)):
+    is_ok = [r.status == RequestStatus.OK for r in rows]
+    for side, samples in ((Boundary.CLIENT, cmp.client_itl), (Boundary.ENGINE, cmp.engine_itl)):
         pooled = np.concatenate([x for x, keep in zip(samples, is_ok) if keep] or [np.zeros(0)])
         d[f"{side}_itl"] = Distribution.of(f"pooled {side} ITL of paired ok requests", pooled, ps, method)
     d["client_itl_max"] = dist("per-request max client ITL", [r.client_itl_max for r in ok])

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from otel_llm.semconv import Boundary
+
 from ..pipeline.records import RecordBatch
 from ..pipeline.steps import StepBatch
 from .compare import compare
@@ -125,7 +127,7 @@ def trace_events(batch: RecordBatch, steps: StepBatch | None) -> dict:
     records = batch.records()
     if not records:
         raise ValueError("no records to export")
-    client = [r for r in records if r.boundary == "client"]
+    client = [r for r in records if r.boundary == Boundary.CLIENT]
     origin = min(r.submit_ns for r in (client or records))
     cmp = compare(records, None)
     theta_ns = round(cmp.offset.theta * 1e9)

@@ -17,6 +17,7 @@ from otel_llm.metrics.percentiles import percentiles
 from otel_llm.metrics.slo import SLO
 from otel_llm.metrics.summary import Summary, summarize
 from otel_llm.metrics.timeline import BOUNDARIES
+from otel_llm.semconv import Boundary, RequestStatus
 
 from ..pipeline.records import RecordBatch, RequestRecord
 from ..pipeline.stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S
@@ -59,14 +60,14 @@ def request_units(records: list[RequestRecord], cmp: Comparison) -> list[Unit]:
     """One unit per request: its client and engine records as ``compare`` paired them (or alone),
     with the server boundary's record of the same trace and request beside its engine's, never a
     request of its own."""
-    servers = {(r.trace_id, r.request_id): r for r in records if r.boundary == "server"}
+    servers = {(r.trace_id, r.request_id): r for r in records if r.boundary == Boundary.SERVER}
     take = lambda e: servers.pop((e.trace_id, e.request_id), None) if e is not None else None
     paired = {id(c) for c, _ in cmp.pairs} | {id(e) for _, e in cmp.pairs}
     units = [(c, e, take(e)) for c, e in cmp.pairs]
     for r in records:
-        if id(r) in paired or r.boundary == "server":
+        if id(r) in paired or r.boundary == Boundary.SERVER:
             continue
-        units.append((r, None, None) if r.boundary == "client" else (None, r, take(r)))
+        units.append((r, None, None) if r.boundary == Boundary.CLIENT else (None, r, take(r)))
     return units + [(None, None, s) for s in servers.values()]
 
 
@@ -230,7 +231,7 @@ def step_series(steps: StepBatch, origin: int, theta_ns: int, limit: int = 20_00
 def decomposition(cmp: Comparison, slowest: int, ps=("50", "90", "99")) -> list[tuple[str, dict[str, float]]]:
     """The client TTFT in its parts: for the request at each percentile of the client TTFT
     (nearest rank), then for the ``slowest`` requests. Only requests whose parts are all known."""
-    rows = [r for r in cmp.rows if r.status == "ok" and r.parts_sum_minus_ttft is not None]
+    rows = [r for r in cmp.rows if r.status == RequestStatus.OK and r.parts_sum_minus_ttft is not None]
     if not rows:
         return []
     rows.sort(key=lambda r: r.client_ttft)
@@ -248,14 +249,14 @@ def decomposition(cmp: Comparison, slowest: int, ps=("50", "90", "99")) -> list[
 def sweep_points(batch: RecordBatch, steps: StepBatch | None, slo: SLO | None) -> list[SweepPoint]:
     """One point per run id (nothing for fewer than two runs), in order of arrival rate: the
     profile of :func:`collector.analysis.run_profile.profile_run`, as ``otel-llm bench --sweep`` records it."""
-    client = batch.at_boundary("client")
+    client = batch.at_boundary(Boundary.CLIENT)
     runs = sorted({r for r in client.run_id if r})
     if len(runs) < 2:
         return []
     out = []
     for run in runs:
         prof = profile_run(batch, steps, run, slo, ps=("50", "99"))
-        c = prof["boundaries"].get("client")
+        c = prof["boundaries"].get(Boundary.CLIENT)
         if c is None:
             continue
         sub = np.sort(client.submit_ns[[r == run for r in client.run_id]])
@@ -300,7 +301,7 @@ def build_report(
     records = batch.records()
     if not records:
         raise ValueError("no records to report on")
-    client = [r for r in records if r.boundary == "client"]
+    client = [r for r in records if r.boundary == Boundary.CLIENT]
     origin = min(r.submit_ns for r in (client or records))
     cmp = compare(records, None, stall_threshold, steps, stall_factor)
     theta_ns = round(cmp.offset.theta * 1e9)
@@ -313,14 +314,14 @@ def build_report(
     units = request_units(records, cmp)
     c_itl = [x for x in cmp.client_itl if len(x)]
     e_itl = [x for x in cmp.engine_itl if len(x)]
-    engine_alone = [r for r in records if r.boundary == "engine" and id(r) not in paired_ids]
+    engine_alone = [r for r in records if r.boundary == Boundary.ENGINE and id(r) not in paired_ids]
     if not cmp.pairs:  # no pairs: each boundary's own ITL
         from .compare import _itl_by_request
 
         c_itl = [x for x in _itl_by_request(client) if len(x)]
         e_itl = [x for x in _itl_by_request(engine_alone) if len(x)]
     itl = {}
-    for side, xs in (("client", c_itl), ("engine", e_itl)):
+    for side, xs in ((Boundary.CLIENT, c_itl), (Boundary.ENGINE, e_itl)):
         if xs:
             itl[side] = _cdf(np.concatenate(xs))
     over = {}

@@ -18,6 +18,7 @@ from otel_llm.metrics.selection import Selection
 from otel_llm.metrics.slo import SLO
 from otel_llm.metrics.summary import summarize
 from otel_llm.metrics.timeline import BOUNDARIES
+from otel_llm.semconv import Boundary, RequestStatus
 
 from ..pipeline.records import RecordBatch
 from ..pipeline.stalls import ALL_CLASSES
@@ -29,7 +30,9 @@ def decomposition(batch: RecordBatch, steps: StepBatch | None) -> dict | None:
     """The mean client TTFT of the run's paired ok requests whose parts are all known, and each
     part's mean (seconds; the means add up to the mean TTFT) and share of it. None without pairs."""
     cmp = compare(batch.records(), None, steps=steps)
-    known = [r for r in cmp.rows if r.status == "ok" and r.parts_sum_minus_ttft is not None and r.client_ttft]
+    known = [
+        r for r in cmp.rows if r.status == RequestStatus.OK and r.parts_sum_minus_ttft is not None and r.client_ttft
+    ]
     if not known:
         return None
     share = summarize_comparison(cmp).ttft_share or {}
@@ -100,7 +103,7 @@ def profile_run(
             tb = part.timelines(epoch_ns=0)
             out["boundaries"][b] = summarize(tb, slo=slo, ps=ps, fluidity=fluidity).to_json()
     out["decomposition"] = decomposition(run, steps) if len(run) else None
-    out["engine"] = engine_state(run.at_boundary("engine"), steps)
+    out["engine"] = engine_state(run.at_boundary(Boundary.ENGINE), steps)
     return out
 
 

@@ -29,51 +29,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from otel_llm.otlp.otlp_encode import export_request_bytes, length_delimited
+from otel_llm.semconv import RequestStatus
+
+from ..config import TracePolicy
 
 log = logging.getLogger("collector")
 
 #: what one held span costs beyond its serialized bytes (the tuple, the bytes object's header)
 _PART_OVERHEAD = 120
-
-RULES = ("error", "slo", "stall", "ratio", "all")
-
-
-@dataclass(frozen=True)
-class TracePolicy:
-    error: bool = False
-    slo: bool = False
-    stall: bool = False
-    ratio: float = 0.0
-    all: bool = False
-
-    @classmethod
-    def parse(cls, text: str) -> TracePolicy:
-        """``error,slo,stall,ratio=0.05`` (any subset; ``all`` alone)."""
-        kw: dict = {}
-        for part in filter(None, (p.strip().lower() for p in text.split(","))):
-            name, sep, value = part.partition("=")
-            if name not in RULES or (name == "ratio") != bool(sep):
-                raise ValueError(f"bad rule {part!r}: expected error, slo, stall, ratio=F or all")
-            if name == "ratio":
-                try:
-                    kw["ratio"] = float(value)
-                except ValueError:
-                    raise ValueError(f"ratio={value!r} is not a number") from None
-                if not 0 <= kw["ratio"] <= 1:
-                    raise ValueError("ratio=F needs 0 <= F <= 1")
-            else:
-                kw[name] = True
-        if not kw:
-            raise ValueError("an empty policy: give error, slo, stall, ratio=F or all")
-        return cls(**kw)
-
-    def by_ratio(self, trace_id: bytes) -> bool:
-        """The deterministic share: the trace id's low 64 bits below ratio x 2^64."""
-        return int.from_bytes(trace_id[-8:], "big") < round(self.ratio * 2**64)
-
-    def describe(self) -> str:
-        rules = [r for r in ("error", "slo", "stall", "all") if getattr(self, r)]
-        return ",".join(rules + ([f"ratio={self.ratio:g}"] if self.ratio else []))
 
 
 @dataclass
@@ -248,11 +211,11 @@ def decide(batch, rm, slos: dict, stalled: set[str], policy: TracePolicy) -> dic
     keep = np.zeros(len(batch), bool)
     status = np.array(batch.status)
     if policy.error:
-        keep |= status != "ok"
+        keep |= status != RequestStatus.OK
     if policy.slo and slos:
         for slo in slos.values():
             for ok in bound_checks(rm, slo).values():
-                keep |= (status == "ok") & ~ok
+                keep |= (status == RequestStatus.OK) & ~ok
     out: dict[bytes, bool] = {}
     for tid, k in zip(batch.trace_id, keep.tolist()):
         b = bytes.fromhex(tid)

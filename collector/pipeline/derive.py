@@ -39,6 +39,7 @@ import numpy as np
 
 from otel_llm.metrics.request_math import RequestMetrics, request_metrics
 from otel_llm.metrics.timeline import STATUS_CODE, clean_events
+from otel_llm.semconv import RequestStatus
 
 from . import foreign_spans, invariants
 from . import walked_span as sp
@@ -475,7 +476,7 @@ def _model(m, service) -> str:
 def _status(s, code: int) -> str:
     if s in _STATUS_OK:
         return s
-    return "error" if s or code == 2 else "ok"
+    return RequestStatus.ERROR if s or code == 2 else RequestStatus.OK
 
 
 #: The client TTFT's parts a (client, engine) pair gives beyond the engine's own phases.
@@ -685,7 +686,7 @@ def _unread_and_paired(rq: Requests, metrics: RequestMetrics, status: list[str])
     if rq.pairs:
         ci, ei = np.array(rq.pairs, np.int64).T
         paired[ci] = paired[ei] = True
-        gone = np.fromiter((status[c] == "cancelled" for c in ci.tolist()), bool, len(ci))
+        gone = np.fromiter((status[c] == RequestStatus.CANCELLED for c in ci.tolist()), bool, len(ci))
         lost = np.maximum(metrics.output_tokens[ei] - metrics.output_tokens[ci], 0)
         unread[ci[gone]] = unread[ei[gone]] = lost[gone]
     return unread, paired

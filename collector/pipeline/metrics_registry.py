@@ -25,6 +25,7 @@ from otel_llm.metrics.fluidity import FluidityTarget, miss_rates
 from otel_llm.metrics.request_math import RequestMetrics
 from otel_llm.metrics.slo import SLO
 from otel_llm.metrics.summary import bound_checks, weighted_sum
+from otel_llm.semconv import Boundary, RequestStatus
 
 from .invariants import tally
 from .records import RecordBatch
@@ -358,7 +359,7 @@ class MetricsRegistry:
             else:
                 g.append(i)
         status = np.array(batch.status)
-        ok = status == "ok"
+        ok = status == RequestStatus.OK
         wt = batch.sample_weight if (batch.sample_weight != 1.0).any() else None  # None: integer counts
         total = lambda values, idx: weighted_sum(values, wt, idx)  # each request counts for its weight
         one = np.ones(len(batch), np.int64)
@@ -388,11 +389,11 @@ class MetricsRegistry:
                     mask[sel] = True
                     itl = rm.itl[mask[rm.itl_request]]
                 self.itl.observe(labels, itl)
-                if labels[0] == "client":
+                if labels[0] == Boundary.CLIENT:
                     self.client_ttfc.observe(labels, rm.ttft[sel])
                     self.client_tpoc.observe(labels, itl)
                     self.client_duration.observe(labels, rm.e2e[sel])
-                if labels[0] == "engine":
+                if labels[0] == Boundary.ENGINE:
                     self.front_end.observe(labels, batch.front_end[sel])
                     self.queue.observe(labels, batch.queue[sel])
                     self.prefill.observe(labels, batch.prefill[sel])
@@ -433,8 +434,8 @@ class MetricsRegistry:
         groups: dict[str, list[int]] = {}
         for i, m in enumerate(models):
             groups.setdefault(m, []).append(i)
-        sel_of = {("client", m): np.asarray(ix) for m, ix in groups.items()}
-        labels = [("client", m) for m in models]
+        sel_of = {(Boundary.CLIENT, m): np.asarray(ix) for m, ix in groups.items()}
+        labels = [(Boundary.CLIENT, m) for m in models]
         # each request's parts at the finest level known: the merged ones only where the server's are not
         cols = {part: np.asarray(getattr(c, part), dtype=float) for part in TTFT_PARTS}
         show = shown(cols)

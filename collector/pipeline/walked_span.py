@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from otel_llm import semconv as sc
+from otel_llm.semconv import Boundary
 
 # span codes
 CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP, FRONTEND, SERVER = range(10)
@@ -63,7 +64,7 @@ def code_of(name: str) -> int | None:
 
 
 NAMES = {v: k for k, v in reversed(CODES.items())}
-BOUNDARY_OF = {CLIENT: "client", ENGINE: "engine", SERVER: "server"}
+BOUNDARY_OF = {CLIENT: Boundary.CLIENT, ENGINE: Boundary.ENGINE, SERVER: Boundary.SERVER}
 
 QUEUE_INCOMPLETE = sc.QUEUE_INCOMPLETE
 

@@ -8,6 +8,8 @@ them to the exporter in batches: on the pipeline's thread, or in the span proces
 
 from __future__ import annotations
 
+from otel_llm.environment import Detail
+
 from .span_factory import SpanFactory
 
 
@@ -27,9 +29,9 @@ class SpanBuilder:
         spans = []
         for r in finished:
             spans.extend(f.request_spans(r))
-        if f.detail == "steps":
+        if f.detail == Detail.STEPS:
             spans.extend(f.step_spans(steps))
-        if f.detail != "request":
+        if f.detail != Detail.REQUEST:
             spans.extend(f.preemption_spans(preemptions))
         for h in http:
             span = f.http_span(h, wall_ns)

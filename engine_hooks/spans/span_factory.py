@@ -24,7 +24,9 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.trace.status import Status, StatusCode
 
 from otel_llm import semconv as sc
+from otel_llm.environment import Detail
 from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut, sampling_probability, shortcut_decision
+from otel_llm.semconv import Boundary, RequestStatus
 
 from .tracker import FinishedRequest, PreemptionRecord, StepRecord
 
@@ -66,10 +68,10 @@ class SpanFactory:
     def __init__(
         self,
         resource: Resource,
-        boundary: str = "engine",
+        boundary: str = Boundary.ENGINE,
         engine: str | None = None,
         model: str | None = None,
-        detail: str = "phases",
+        detail: str = Detail.PHASES,
         sampler=None,
         int_arrays: bool = False,
     ):
@@ -137,7 +139,7 @@ class SpanFactory:
         root = self._ctx(trace_id)
         attrs, status = self._request_attributes(r, p)
         out = [self._span(sc.SPAN_REQUEST, root, parent, r.start_ns, r.end_ns, attrs, SpanKind.SERVER, status)]
-        if self.detail != "request":
+        if self.detail != Detail.REQUEST:
             self._phase_spans(r, trace_id, root, out)
         return out
 
@@ -180,9 +182,9 @@ class SpanFactory:
             attrs[sc.SAMPLING_PROBABILITY] = p
         if r.attrs:
             attrs.update(r.attrs)
-        if r.status == "ok":
+        if r.status == RequestStatus.OK:
             return attrs, None
-        failed = r.status in ("error", "rejected") and r.finish_reason
+        failed = r.status in (RequestStatus.ERROR, RequestStatus.REJECTED) and r.finish_reason
         attrs[sc.ERROR_TYPE] = r.finish_reason if failed else r.status
         return attrs, Status(StatusCode.ERROR, r.status)
 
@@ -255,7 +257,7 @@ class SpanFactory:
             self.unsampled += 1
             return None
         attrs = {
-            sc.BOUNDARY: "server",
+            sc.BOUNDARY: Boundary.SERVER,
             sc.HTTP_METHOD: h.method,
             sc.URL_PATH: h.path,
             # offsets on one clock: the record's monotonic times less its start

@@ -30,6 +30,7 @@ from operator import call
 import numpy as np
 
 from otel_llm.clock import WallAnchor
+from otel_llm.semconv import RequestStatus
 
 from ..hot_path.hook_events import EVENTS
 
@@ -249,11 +250,11 @@ class RequestTracker:
         if len(self.live) >= self.max_in_flight:
             old = self._end_live(next(iter(self.live)))
             self.evicted += 1
-            self._close(old, wall_ns, "cancelled", "evicted", incomplete=True)
+            self._close(old, wall_ns, RequestStatus.CANCELLED, "evicted", incomplete=True)
         start = start_ns if start_ns is not None else wall_ns
         st = self.live[rid] = _Live(
             FinishedRequest(
-                rid, start, start, "ok", trace_headers=trace_headers, input_tokens=input_tokens, attrs=attrs
+                rid, start, start, RequestStatus.OK, trace_headers=trace_headers, input_tokens=input_tokens, attrs=attrs
             )
         )
         self._appenders[rid] = st.packed.append
@@ -547,7 +548,7 @@ class RequestTracker:
         rec.incomplete = incomplete
         if st.open_preemption is not None:
             self._end_preemption(st, rec.end_ns)
-        if status == "cancelled" and not incomplete and self.abort_grace_ns > 0:
+        if status == RequestStatus.CANCELLED and not incomplete and self.abort_grace_ns > 0:
             rec.tokens_after_abort = 0  # held: what the engine still makes for it is counted
             if len(self._aborted) >= self.max_in_flight:  # bounded: the oldest goes now
                 oldest = next(iter(self._aborted))
@@ -559,7 +560,7 @@ class RequestTracker:
     def close_all(self, wall_ns: int) -> None:
         """Shutdown: every request still in flight ends now, marked incomplete and cancelled."""
         for rid in list(self.live):
-            self._close(self._end_live(rid), wall_ns, "cancelled", "shutdown", incomplete=True)
+            self._close(self._end_live(rid), wall_ns, RequestStatus.CANCELLED, "shutdown", incomplete=True)
         self.release_aborted()
 
     # -- steps --------------------------------------------------------------------------------------

@@ -33,6 +33,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from otel_llm.semconv import RequestStatus
+
 from ..api import EngineHooks, hooked, mark_hooked
 from ..hot_path.gpu_timer import CudaEventTimer
 from ..spans.tracker import RequestTracker
@@ -150,17 +152,21 @@ def instrument_batch_processor(bp: Any, hooks: EngineHooks) -> bool:
         if not loop.offloading:
             loop.running.discard(request_id)
             full = state is not None and state.max_new_tokens is not None
-            finished(request_id, "ok", "length" if full and state.generated_len() >= state.max_new_tokens else "stop")
+            finished(
+                request_id,
+                RequestStatus.OK,
+                "length" if full and state.generated_len() >= state.max_new_tokens else "stop",
+            )
         return out
 
     sch.finish_request = mark_hooked(finish_request)
     sch.clear_cancelled_requests = hooks.finish(
-        request_id=lambda res, *a, **k: [s.request_id for s in res or ()], status="cancelled"
+        request_id=lambda res, *a, **k: [s.request_id for s in res or ()], status=RequestStatus.CANCELLED
     )(sch.clear_cancelled_requests)
     handle_error = bp._handle_request_error
 
     def handle_request_error(error, state, *a, **k):
-        finished(state.request_id, "error", type(error).__name__)
+        finished(state.request_id, RequestStatus.ERROR, type(error).__name__)
         loop.running.discard(state.request_id)
         return handle_error(error, state, *a, **k)
 
@@ -197,9 +203,9 @@ def instrument_manager(manager: Any, hooks: EngineHooks | None = None) -> Any:
         input_tokens=lambda res, rid, n: n,
         trace_headers=lambda res, rid, n: _traceparent(),
     )(lambda rid, n: None)
-    refused = hooks.finish(request_id=lambda res, rid: rid, status="rejected", reason=lambda res, rid: "dropped")(
-        lambda rid: None
-    )
+    refused = hooks.finish(
+        request_id=lambda res, rid: rid, status=RequestStatus.REJECTED, reason=lambda res, rid: "dropped"
+    )(lambda rid: None)
     add = manager.add_request
 
     def add_request(input_ids, request_id=None, *a, **k):
@@ -220,7 +226,7 @@ def instrument_manager(manager: Any, hooks: EngineHooks | None = None) -> Any:
         try:
             out = add(input_ids, request_id, *a, **k)
         except BaseException as exc:
-            hooks._finish_failed(request_id, "rejected", exc)
+            hooks._finish_failed(request_id, RequestStatus.REJECTED, exc)
             raise
         if out is None:  # not accepting requests (stopping): dropped with a warning
             refused(request_id)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 
 from otel_llm import environment
+from otel_llm.environment import Detail
 
 from ..api import EngineHooks, hooked, mark_hooked
 from ..hot_path.gpu_timer import CudaEventTimer
@@ -89,12 +90,12 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
     hooks = hooks or EngineHooks(
         engine="vllm",
         service_name="vllm",
-        gpu_timer=CudaEventTimer.if_available() if detail == "steps" else None,
+        gpu_timer=CudaEventTimer.if_available() if detail == Detail.STEPS else None,
         detail=detail,
     )
     if environment.env_bool(environment.STATS_FOR_TRACING):
         events_only_stats(scheduler_cls)
-    if detail == "steps":
+    if detail == Detail.STEPS:
         scheduler_cls.schedule = hooks.schedule(key=lambda res, *a, **k: id(res))(scheduler_cls.schedule)
         scheduler_cls.update_from_output = hooks.step(
             key=lambda res, self, so, *a, **k: id(so),
@@ -117,7 +118,7 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
 
     scheduler_cls.shutdown = mark_hooked(shutdown_and_flush)
     # the moment it preempts: what it had, before freeing it (an llm.engine.preemption span)
-    if detail != "request" and hasattr(scheduler_cls, "_preempt_request"):
+    if detail != Detail.REQUEST and hasattr(scheduler_cls, "_preempt_request"):
         scheduler_cls._preempt_request = hooks.preempt(
             request_id=lambda res, self, request, *a, **k: request.request_id,
             mode="recompute",  # vLLM v1 preempts by recomputation only

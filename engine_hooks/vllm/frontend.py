@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from otel_llm import semconv as sc
+from otel_llm.semconv import RequestStatus
 
 from ..api import EngineHooks, hooked, mark_hooked, plain_payload
 from ..hot_path.batch_scan import BatchScanner
@@ -35,7 +36,13 @@ incoming_trace_headers: contextvars.ContextVar[Mapping[str, str] | None] = conte
     "otel_llm_incoming_trace_headers", default=None
 )
 
-_STATUS = {0: "ok", 1: "ok", 2: "cancelled", 3: "error", 4: "ok"}  # FinishReason -> status
+_STATUS = {
+    0: RequestStatus.OK,
+    1: RequestStatus.OK,
+    2: RequestStatus.CANCELLED,
+    3: RequestStatus.ERROR,
+    4: RequestStatus.OK,
+}  # FinishReason -> status
 _REASON = {0: "stop", 1: "length", 2: "abort", 3: "error", 4: "repetition"}
 _QUEUED, _SCHEDULED, _PREEMPTED = 1, 2, 3  # EngineCoreEventType
 #: the engine core's account of a prompt (its PrefillStats, in plain_outputs' order)
@@ -118,7 +125,7 @@ def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple) -> Non
     tracker.emitted(ids, counts, gen_ns, out_ns)
     for rid, _, _, fr in rare or ():
         if fr is not None:
-            tracker.finish(rid, out_ns, _STATUS.get(fr, "error"), _REASON.get(fr, str(fr)))
+            tracker.finish(rid, out_ns, _STATUS.get(fr, RequestStatus.ERROR), _REASON.get(fr, str(fr)))
 
 
 def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) -> bool:
@@ -166,7 +173,7 @@ def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) 
     op.process_outputs = hooks.raw(payload=step_payload, expander=expand_outputs)(cls.process_outputs).__get__(op)
     op.abort_requests = hooks.finish(
         request_id=lambda res, *a, **k: res or (),
-        status="cancelled",
+        status=RequestStatus.CANCELLED,
         reason=lambda *a, **k: "abort",
     )(cls.abort_requests).__get__(op)
     return True

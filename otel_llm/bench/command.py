@@ -23,6 +23,7 @@ from ..client.traced import ClientResult, TracedClient
 from ..metrics.timeline import TimelineBatch
 from ..metrics.timeline_file import timeline_to_json
 from ..otlp.tracing import make_provider
+from ..semconv import RequestStatus
 from . import replay
 from .bench_sweep import Sweeper, points_size, print_results, run_capacity, run_sweep
 from .capacity import CapacitySearch, Sweep
@@ -311,7 +312,7 @@ def print_summary(args: argparse.Namespace, sent: list[Sent], cond: dict) -> Non
         sys.stdout.write(format_conditions(cond) + "\n" + analysis_text(batch, args))
         if args.output:
             print(f"timelines written to {args.output}")
-    errors = [s.result for s in sent if s.result.error and s.result.status == "error"]
+    errors = [s.result for s in sent if s.result.error and s.result.status == RequestStatus.ERROR]
     if errors:
         hint = failure_hint(args.base_url, errors[0])
         print(f"otel-llm bench: {len(errors)} requests failed; first: {errors[0].error}{hint}", file=sys.stderr)
@@ -426,7 +427,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print_summary(args, ms, cond)
     if run.interrupted:
         return 130
-    if not any(s.result.status == "ok" for s in ms):
+    if not any(s.result.status == RequestStatus.OK for s in ms):
         counts = ", ".join(f"{v} {k}" for k, v in cond["statuses"].items() if v)
         print(f"otel-llm bench: no request succeeded ({counts})", file=sys.stderr)
         return 1

@@ -25,6 +25,7 @@ import numpy as np
 from .. import semconv as sc
 from ..client.traced import ClientResult, TracedClient
 from ..metrics.timeline import STATUSES
+from ..semconv import RequestStatus
 from .replay import Replay
 
 # -- what the run asks for ----------------------------------------------------------------------
@@ -236,15 +237,15 @@ class LoadRunner:
         self._fail_fast(res)
         if progress and not warmup:
             progress.done += 1
-            progress.failed += res.status != "ok"
+            progress.failed += res.status != RequestStatus.OK
             progress.update()
 
     def _fail_fast(self, res: ClientResult) -> None:
         """Stop the run when its first :data:`FAIL_FAST` requests (warm-ups included) all failed and
         none succeeded: a wrong URL, model or key would otherwise fail every request of the run."""
-        if self._failed_from_start < 0 or res.status in ("rejected", "cancelled"):
+        if self._failed_from_start < 0 or res.status in (RequestStatus.REJECTED, RequestStatus.CANCELLED):
             return
-        if res.status == "ok":
+        if res.status == RequestStatus.OK:
             self._failed_from_start = -1  # one succeeded: the server works, failures are its answer
             return
         if self.run.first_failure is None:

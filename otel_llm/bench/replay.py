@@ -30,6 +30,7 @@ import numpy as np
 from ..metrics.selection import Selection
 from ..metrics.timeline import TimelineBatch
 from ..metrics.timeline_file import read_timelines
+from ..semconv import Boundary
 
 FORMATS = ("auto", "store", "traces", "timelines", "mooncake")
 MOONCAKE_BLOCK = 512
@@ -181,9 +182,9 @@ def load(
         if source_loader is None:
             raise ValueError(f"reading a {fmt} needs the collector package")
         sel = Selection(runs=(run,) if run else ())
-        batch = source_loader(fmt)(path, "client", sel)
+        batch = source_loader(fmt)(path, Boundary.CLIENT, sel)
         if not len(batch):
-            batch = source_loader(fmt)(path, "engine", sel)
+            batch = source_loader(fmt)(path, Boundary.ENGINE, sel)
             note = "no client records: replaying the engine's (arrival at the engine)"
         items = from_timelines(batch)
     else:

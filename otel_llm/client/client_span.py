@@ -16,6 +16,7 @@ from .. import environment
 from .. import semconv as sc
 from ..metrics.timeline import Timeline
 from ..otlp.sdk_internals import tracer_probability
+from ..semconv import RequestStatus
 
 PROPAGATOR = TraceContextTextMapPropagator()
 REJECTED_HTTP = (429, 503)
@@ -225,7 +226,7 @@ def finish_span(
             a[sc.PROMPT_TEXT] = json.dumps(body.get("prompt") or body.get("messages"))
             a[sc.COMPLETION_TEXT] = "".join(choice.text_parts)
         s.set_attributes(a)
-        if res.status != "ok":
+        if res.status != RequestStatus.OK:
             s.set_attribute(
                 sc.ERROR_TYPE, res.status if res.http_status is None or res.http_status < 400 else str(res.http_status)
             )

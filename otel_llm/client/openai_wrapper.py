@@ -30,6 +30,7 @@ from opentelemetry import trace as trace_api
 
 from .. import semconv as sc
 from ..clock import WallAnchor
+from ..semconv import Boundary, RequestStatus
 from .client_span import (
     PROPAGATOR,
     REJECTED_HTTP,
@@ -43,7 +44,7 @@ from .client_span import (
 
 _INSTRUMENTED = "_otel_llm_instrumented"
 _WHY = {
-    "cancelled": "the stream was closed before its end",
+    RequestStatus.CANCELLED: "the stream was closed before its end",
     "dropped": "the stream was dropped unread",
     "unparsed": "the response was dropped unparsed",
 }
@@ -96,7 +97,7 @@ class _Call:
             tracer,
             submit,
             {
-                sc.BOUNDARY: "client",
+                sc.BOUNDARY: Boundary.CLIENT,
                 sc.OPERATION_NAME: op,
                 sc.STREAMING: self.streaming,
                 sc.REQUEST_STREAM: self.streaming,
@@ -115,7 +116,7 @@ class _Call:
             self.hide_usage = not so.get("include_usage")
             so["include_usage"] = True
             kwargs["stream_options"] = so
-        self.res = ClientResult(request_id="", status="ok", submit_ns=submit, end_ns=submit)
+        self.res = ClientResult(request_id="", status=RequestStatus.OK, submit_ns=submit, end_ns=submit)
         self.rec = StreamRecorder()
         self.done = False
 
@@ -135,11 +136,11 @@ class _Call:
 
     def fail(self, exc: BaseException) -> None:
         if isinstance(exc, asyncio.CancelledError):  # the caller gave up (wait_for, task.cancel())
-            self.end("cancelled")
+            self.end(RequestStatus.CANCELLED)
             return
         code = getattr(exc, "status_code", None)
         self.res.http_status = code
-        self.res.status = "rejected" if code in REJECTED_HTTP else "error"
+        self.res.status = RequestStatus.REJECTED if code in REJECTED_HTTP else RequestStatus.ERROR
         self.res.error = f"{type(exc).__name__}: {exc}"[:500]
         self.end()
 
@@ -148,7 +149,7 @@ class _Call:
             return
         self.done = True
         _SENDING.pop(self.traceparent, None)
-        if status is not None and self.res.status == "ok":
+        if status is not None and self.res.status == RequestStatus.OK:
             self.res.status = status
             self.res.error = _WHY.get(why or status)
         finish_span(self.span, self.res, self.rec, self.kwargs, self.now(), self.capture, self.sibling)
@@ -160,7 +161,7 @@ def _sync_chunks(orig, call: _Call):
             if call.chunk(chunk):
                 yield chunk
     except GeneratorExit:  # closed or abandoned before its end
-        call.end("cancelled")
+        call.end(RequestStatus.CANCELLED)
         orig.close()  # the SDK's own generator closes the HTTP response
         raise
     except BaseException as exc:
@@ -175,7 +176,7 @@ async def _async_chunks(orig, call: _Call):
             if call.chunk(chunk):
                 yield chunk
     except (GeneratorExit, asyncio.CancelledError):
-        call.end("cancelled")
+        call.end(RequestStatus.CANCELLED)
         await orig.aclose()
         raise
     except BaseException as exc:
@@ -230,12 +231,14 @@ def _trace_result(obj, call: _Call):
         if not getattr(type(obj), _INSTRUMENTED, False):
             obj._iterator = (_async_chunks if is_async else _sync_chunks)(obj._iterator, call)
             obj.__class__ = _traced_class(type(obj), is_async)
-            weakref.finalize(obj, call.end, "cancelled", "dropped")  # never read: ends when it goes
+            weakref.finalize(obj, call.end, RequestStatus.CANCELLED, "dropped")  # never read: ends when it goes
         return obj
     parse = getattr(obj, "parse", None)
     if parse is not None and hasattr(obj, "http_response"):  # with_raw_response / with_streaming_response
         _trace_parse(obj, parse, call)
-        weakref.finalize(obj, call.end, "cancelled", "unparsed")  # never parsed: ends when the response goes
+        weakref.finalize(
+            obj, call.end, RequestStatus.CANCELLED, "unparsed"
+        )  # never parsed: ends when the response goes
         return obj
     call.response(obj)
     return obj

@@ -28,6 +28,7 @@ from opentelemetry import trace as trace_api
 
 from .. import semconv as sc
 from ..clock import WallAnchor
+from ..semconv import Boundary, RequestStatus
 from .client_span import (
     PROPAGATOR,
     REJECTED_HTTP,
@@ -148,7 +149,7 @@ class TracedClient:
             self._tracer,
             submit,
             {
-                sc.BOUNDARY: "client",
+                sc.BOUNDARY: Boundary.CLIENT,
                 sc.OPERATION_NAME: "text_completion" if path == "/completions" else "chat",
                 sc.REQUEST_STREAM: True,
                 **({sc.REQUEST_MODEL: body["model"]} if body.get("model") else {}),
@@ -162,7 +163,7 @@ class TracedClient:
         rec = StreamRecorder()
         res = ClientResult(
             request_id=request_id or "",
-            status="ok",
+            status=RequestStatus.OK,
             submit_ns=submit,
             end_ns=submit,
             input_tokens=input_tokens,
@@ -176,7 +177,7 @@ class TracedClient:
                 res.http_status = resp.status_code
                 if resp.status_code >= 400:
                     detail = (await resp.aread())[:500].decode(errors="replace")
-                    res.status = "rejected" if resp.status_code in REJECTED_HTTP else "error"
+                    res.status = RequestStatus.REJECTED if resp.status_code in REJECTED_HTTP else RequestStatus.ERROR
                     res.error = f"HTTP {resp.status_code}: {detail}"
                 else:
                     async for line in resp.aiter_lines():
@@ -191,17 +192,17 @@ class TracedClient:
                         except json.JSONDecodeError:
                             continue
                         if obj.get("error"):
-                            res.status, res.error = "error", str(obj["error"])[:500]
+                            res.status, res.error = RequestStatus.ERROR, str(obj["error"])[:500]
                             continue
                         rec.chunk(obj, t)
         except asyncio.CancelledError:
-            res.status, res.error = "cancelled", "cancelled by the caller"
+            res.status, res.error = RequestStatus.CANCELLED, "cancelled by the caller"
             self._close(span, res, rec, body, sibling)
             if on_cancel is not None:
                 on_cancel(res)
             raise
         except Exception as exc:
-            res.status, res.error = "error", f"{type(exc).__name__}: {exc}"
+            res.status, res.error = RequestStatus.ERROR, f"{type(exc).__name__}: {exc}"
         self._close(span, res, rec, body, sibling)
         return res
 

@@ -12,12 +12,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..semconv import Boundary, RequestStatus
+
 #: The statuses of docs/metrics/spec.md, in code order (``TimelineBatch.status`` holds the index).
-STATUSES: tuple[str, ...] = ("ok", "error", "cancelled", "rejected")
+STATUSES: tuple[str, ...] = RequestStatus.ALL
 STATUS_CODE: dict[str, int] = {name: i for i, name in enumerate(STATUSES)}
 OK, ERROR, CANCELLED, REJECTED = range(4)
 
-BOUNDARIES: tuple[str, ...] = ("client", "server", "engine")
+BOUNDARIES: tuple[str, ...] = Boundary.ALL
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,7 @@ class Timeline:
     id: str
     submit: float
     end: float
-    status: str = "ok"
+    status: str = RequestStatus.OK
     events: tuple[tuple[float, int], ...] = ()
     input_tokens: int | None = None
     attributes: dict = field(default_factory=dict, compare=False)
