@@ -172,15 +172,27 @@ class RequestStore:
         # run without the GIL, per chunk), not one step per row
         params = list(chain.from_iterable(zip(*cols.values(), offs, toks)))
         n_rows, width, chunk = len(batch), _WIDTH, self._chunk
+
+        def insert(db):
+            full = n_rows - n_rows % chunk
+            for a in range(0, full, chunk):
+                db.execute(self._insert_chunk, params[a * width : (a + chunk) * width])
+            if full < n_rows:
+                db.execute(self._insert_rows(n_rows - full), params[full * width :])
+
+        n = self._transaction(insert)
+        self.stored += n
+        self.duplicates += n_rows - n
+        return n
+
+    def _transaction(self, write) -> int:
+        """``write(db)`` in one transaction, under the store's lock: the rows it changed (an
+        ignored duplicate changes none); rolled back, and its error raised, where it fails."""
         with self._lock:
             before = self._db.total_changes
             self._db.execute("BEGIN")
             try:
-                full = n_rows - n_rows % chunk
-                for a in range(0, full, chunk):
-                    self._db.execute(self._insert_chunk, params[a * width : (a + chunk) * width])
-                if full < n_rows:
-                    self._db.execute(self._insert_rows(n_rows - full), params[full * width :])
+                write(self._db)
                 self._db.execute("COMMIT")
             except BaseException:
                 try:  # SQLite may have rolled back already (a full disk): keep the first error
@@ -188,26 +200,11 @@ class RequestStore:
                 except sqlite3.Error:
                     pass
                 raise
-            n = self._db.total_changes - before
-        self.stored += n
-        self.duplicates += n_rows - n
-        return n
+            return self._db.total_changes - before
 
     def _add_steps(self, steps: StepBatch) -> int:
         q = f"INSERT OR IGNORE INTO steps ({', '.join(STEP_COLUMNS)}) VALUES ({', '.join('?' * len(STEP_COLUMNS))})"
-        with self._lock:
-            before = self._db.total_changes
-            self._db.execute("BEGIN")
-            try:
-                self._db.executemany(q, steps.rows())
-                self._db.execute("COMMIT")
-            except BaseException:
-                try:
-                    self._db.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-                raise
-            n = self._db.total_changes - before
+        n = self._transaction(lambda db: db.executemany(q, steps.rows()))
         self.steps_stored += n
         return n
 
