@@ -76,12 +76,20 @@ lint: venv
 # account, installs, the fuzz run, the report in a browser on virtual time), run on
 # two workers (pytest-xdist); the slow ones that measure time on real engines and servers, and the
 # instruction count of a whole vLLM engine (its front end polls, more so beside another worker), one
-# at a time. Both sets run whatever the first gives; either failing fails the target.
+# at a time; then the quick tests again with the C accelerators off (test-pure). Every set runs
+# whatever the others give; any failing fails the target.
 test: venv loadgen prometheus clang chromium valgrind lint
 	@status=0; \
 	$(PY) -m pytest -m 'not slow or parallel_safe' -n 2 --dist worksteal -v --durations=15 || status=$$?; \
 	$(PY) -m pytest -m 'slow and not parallel_safe' -v --durations=25 || status=$$?; \
+	$(MAKE) --no-print-directory test-pure || status=$$?; \
 	exit $$status
+
+# The quick tests with every C accelerator off (OTEL_LLM_PURE_PYTHON=1, otel_llm/accelerator.py):
+# the Python twins that an install without a C compiler runs, tested as a whole (the tests of the
+# C itself skip)
+test-pure: venv
+	OTEL_LLM_PURE_PYTHON=1 $(PY) -m pytest -m 'not slow' -n 2 --dist worksteal -q
 
 test-quick: venv lint
 	$(PY) -m pytest -m 'not slow' -n 2 --dist worksteal
