@@ -69,8 +69,13 @@ def attach(engine: Any) -> bool:
     op = getattr(engine, "output_processor", None)
     if op is None:
         raise TypeError(f"{type(engine).__name__} has no output_processor: not a vLLM v1 engine")
-    done = instrument_output_processor(op, frontend_hooks(), _model_name(engine))
+    hooks = frontend_hooks()
+    done = instrument_output_processor(op, hooks, _model_name(engine))
     capture_trace_headers(engine)
+    # the pipeline, and its span process, start with the engine, not with its first request: a
+    # span process takes a second or more to import, and the first request's spans came that much
+    # after its client's (a client exporting every 100 ms had its first request released unpaired)
+    hooks.pipeline.start()
     if done and not getattr(engine, "log_stats", True):
         _warn_once(
             "log_stats",

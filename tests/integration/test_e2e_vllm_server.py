@@ -7,6 +7,7 @@ import time
 
 import pytest
 from conftest import run_cli, start_vllm_server
+from support.hung_endpoint import span_processes
 
 from collector.pipeline.assembly import AssemblyConfig
 from engine_hooks.tiny_model import stop_cpu_server
@@ -24,6 +25,12 @@ def test_bench_against_traced_vllm_server(make_collector, tiny_model, tmp_path):
     }
     server, base_url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp})
     try:
+        # the front end's span process started with the engine, before any request: the first
+        # request's spans are not a span process's start-up late (its client exports every 100 ms)
+        t0 = time.monotonic()
+        while not span_processes(server.pid) and time.monotonic() - t0 < 10:
+            time.sleep(0.1)
+        assert span_processes(server.pid), "no span process before the first request"
         common = [
             "--base-url",
             base_url,
