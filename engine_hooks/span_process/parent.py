@@ -3,7 +3,8 @@
 The engine's process keeps what must see the engine: the hooks and the recorder they write to.
 Everything after (the tracker that turns events into requests, building the OpenTelemetry spans,
 encoding and sending them) runs in a child process, the span process: ``python -c ...
---otel-llm-span-process``, started by the pipeline on its first delivery. This is the pipeline's
+--otel-llm-span-process``, started as the pipeline's thread starts (vLLM's front end: as the
+engine is hooked), so that the first request's spans do not wait for it to import. This is the pipeline's
 default for the exporter the environment configures (``OTEL_LLM_SPAN_PROCESS=0``: all of it on
 the pipeline's thread instead); it takes over 90% of what tracing costs off the engine's process.
 
@@ -62,6 +63,7 @@ from collections.abc import Callable
 from otel_llm import environment
 
 from ..hot_path.hook_events import RAW, STEP, STEP_GPU, plain_raw
+from ..spans.tracker import expand, expansion_failed
 
 log = logging.getLogger("engine_hooks")
 
@@ -137,14 +139,11 @@ class CallRecorder:
                 to_plain = self._to_plain[expander] = _sendable_to_plain(expander)
             if to_plain is not None:  # plain data: the span process runs the expander
                 items.append(plain_raw(mono, expander, to_plain(payload)))
-            else:  # run here, on this stand-in (given its plain payload if it has a to_plain)
-                own = getattr(expander, "to_plain", None)
-                expander(self, mono, payload if own is None else own(payload))
-        except Exception as exc:  # one engine object its expander could not read: the rest go on
-            self.failed_expansions += 1
-            if self.failed_expansions == 1:
-                why = f"{type(exc).__name__}: {exc}"
-                log.warning("engine_hooks: unpacking an engine's event failed (%s); the others go on", why)
+                return
+        except Exception as exc:  # one engine object its to_plain could not read: the rest go on
+            expansion_failed(self, exc)
+            return
+        expand(self, mono, expander, payload, True)  # here, on this stand-in
 
     def take_http(self) -> list:
         h, self.http_done = self.http_done, []

@@ -667,23 +667,10 @@ class RequestTracker:
         )
 
     def _on_raw(self, mono, expander, payload) -> None:
-        self._expand(mono, expander, payload, True)
+        expand(self, mono, expander, payload, True)
 
     def _on_plain_raw(self, mono, expander, payload) -> None:
-        self._expand(mono, expander, payload, False)
-
-    def _expand(self, mono: int, expander: Callable, payload, raw: bool) -> None:
-        """One RAW or PLAIN_RAW event's expander on this tracker; one that fails costs its own
-        event only (counted in ``failed_expansions``, said once)."""
-        try:
-            if raw and (to_plain := getattr(expander, "to_plain", None)) is not None:
-                payload = to_plain(payload)
-            expander(self, mono, payload)
-        except Exception as exc:  # one engine object its expander could not read: the rest go on
-            self.failed_expansions += 1
-            if self.failed_expansions == 1:
-                why = f"{type(exc).__name__}: {exc}"
-                log.warning("engine_hooks: unpacking an engine's event failed (%s); the others go on", why)
+        expand(self, mono, expander, payload, False)
 
     def take_preemptions(self) -> list[PreemptionRecord]:
         p, self.preemptions = self.preemptions, []
@@ -705,3 +692,24 @@ def _merged(times, tokens, more_times: np.ndarray, more_tokens: np.ndarray) -> t
     n = np.concatenate([np.asarray(tokens, dtype=np.int64), more_tokens])
     order = np.argsort(t, kind="stable")
     return t[order], n[order]
+
+
+def expand(target, mono: int, expander: Callable, payload, raw: bool) -> None:
+    """One RAW (``raw``: its payload made plain first, where the expander has a ``to_plain``) or
+    PLAIN_RAW event's ``expander`` run on ``target``: a tracker, or the span process's stand-in
+    for one in the engine's process (:class:`engine_hooks.span_process.parent.CallRecorder`).
+    One that fails costs its own event only (:func:`expansion_failed`)."""
+    try:
+        if raw and (to_plain := getattr(expander, "to_plain", None)) is not None:
+            payload = to_plain(payload)
+        expander(target, mono, payload)
+    except Exception as exc:  # one engine object its expander could not read: the rest go on
+        expansion_failed(target, exc)
+
+
+def expansion_failed(target, exc: Exception) -> None:
+    """An expander (or its ``to_plain``) raised: counted in ``target.failed_expansions``, said once."""
+    target.failed_expansions += 1
+    if target.failed_expansions == 1:
+        why = f"{type(exc).__name__}: {exc}"
+        log.warning("engine_hooks: unpacking an engine's event failed (%s); the others go on", why)
