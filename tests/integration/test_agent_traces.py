@@ -167,7 +167,8 @@ def test_ten_calls_under_one_span_are_ten_requests_at_each_boundary(make_collect
     for trace_id, app_id, genai in ((ours_trace, ours_app, False), (theirs_trace, theirs_app, True)):
         got = by_trace(recs, trace_id)
         assert {b: len(v) for b, v in got.items()} == {"client": CALLS, "server": CALLS, "engine": CALLS}, trace_id
-        assert all(r.paired for r in got["client"] + got["engine"])
+        unpaired = [(r.boundary, r.request_id, r.submit_ns) for r in got["client"] + got["engine"] if not r.paired]
+        assert unpaired == [], (trace_id, unpaired)  # which one says whether a race or a lost span
         assert len({r.request_id for r in got["client"]}) == CALLS
         assert {r.peer_request_id for r in got["client"]} == {r.request_id for r in got["engine"]}
         assert {r.caller_span_id for r in got["client"] + got["server"] + got["engine"]} == {app_id}
