@@ -366,11 +366,16 @@ class EngineHooks:
         key: Extractor | None = None,
         tokens: Extractor | None = None,
         waiting: Extractor | None = None,
+        speculation: Extractor | None = None,
     ):
         """Ends the iteration begun by the matching :meth:`schedule` call and records an
         ``llm.engine.step`` span (GPU time too, when a GPU timer is set). ``tokens`` may replace
         ``prefill_tokens`` and ``decode_tokens`` when one pass gives both: it returns the pair.
-        ``waiting`` returns (requests left waiting, why) after the step, why a short word or None."""
+        ``waiting`` returns (requests left waiting, why) after the step, why a short word or None.
+        ``speculation`` returns (draft tokens the step verified, of them accepted), or None for a
+        step that verified none; it is read *before* the method runs, with ``result=None`` (an
+        engine may cut a stopped request's sampled tokens in place). A verify step's tokens (the
+        request's last token and its drafts) are decode tokens."""
 
         def deco(fn):
             zero = _const(0)
@@ -383,9 +388,12 @@ class EngineHooks:
                 start = self._iter_start.pop(key(None, *a, **k) if key else None, None)
                 if start is not None and start[1] is not None:
                     timer.stop(start[1])  # recorded when the step's output is back
-                return start
+                if speculation is None:
+                    return start
+                return start, self._guard(speculation, None, *a, **k)
 
-            def after(res, a, k, start):
+            def after(res, a, k, pre):
+                start, spec = (pre, None) if speculation is None else (pre or (None, None))
                 t1 = monotonic_ns()
                 t0, handle = start if start is not None else (t1, None)
                 idx = self._step_index
@@ -403,6 +411,7 @@ class EngineHooks:
                         kv_usage=kv_usage(res, *a, **k) if kv_usage else None,
                         gpu_handle=None if handle is None else (timer, handle),  # read back by its own timer
                         waiting=waiting(res, *a, **k) if waiting else None,
+                        speculation=spec,
                     )
                 )
 
@@ -494,16 +503,21 @@ class EngineHooks:
 
         return deco
 
-    def raw(self, payload: Extractor, expander: Callable):
+    def raw(self, payload: Extractor, expander: Callable, before: Extractor | None = None):
         """Keep a reference to ``payload(result, *args, **kwargs)`` and call
         ``expander(tracker, mono_ns, payload)`` later, on the span-building thread: O(1) on the
         engine's thread for whatever the payload holds. An expander marked with
-        :func:`plain_payload` gets the payload made plain, and runs in the span process."""
+        :func:`plain_payload` gets the payload made plain, and runs in the span process.
+        ``before``: read with ``result=None`` before the method runs (what the method changes in
+        place); the payload is then ``(before's value, payload's value)``."""
 
         def deco(fn):
-            def after(res, a, k, _):
-                self._rec(events.raw(monotonic_ns(), expander, payload(res, *a, **k)))
+            def after(res, a, k, pre):
+                value = payload(res, *a, **k)
+                self._rec(events.raw(monotonic_ns(), expander, value if before is None else (pre, value)))
 
+            if before is not None:
+                return self._wrap(fn, after, lambda a, k: before(None, *a, **k))
             if not _plain(fn):
                 return self._wrap(fn, after)
             hook_failed = self._hook_failed

@@ -229,13 +229,14 @@ class TracingPipeline:
         self.tracker.release_aborted(None if everything else self.anchor.wall_ns(monotonic_ns()))
         finished, steps = self.tracker.take()
         preemptions = self.tracker.take_preemptions()
+        speculations = self.tracker.speculation.take()
         http = self.tracker.take_http()
         c = self.counters
         c.requests_traced += len(finished)
         c.steps_traced += len(steps)
         c.requests_evicted = self.tracker.evicted
         c.events_dropped = self.recorder.dropped + self._lost_to_span_process
-        n = self.builder.build(finished, steps, preemptions, http, self.anchor.wall_ns)
+        n = self.builder.build(finished, steps, preemptions, http, self.anchor.wall_ns, speculations)
         c.requests_unsampled = self.factory.unsampled
         if self.exporter is not None:
             c.spans_exported = self.exporter.exported

@@ -41,6 +41,9 @@ SPAN_STEPS = "llm.engine.steps"  # parent of a run of step spans (one trace per 
 # a preemption as an engine saw it where its request is not traced (vLLM's engine core): a span of
 # its own at the moment, named by llm.request.internal_id (the front end's llm.preemption is its twin)
 SPAN_ENGINE_PREEMPTION = "llm.engine.preemption"
+#: one request's speculative decoding, from an engine process that does not trace its requests
+#: (vLLM's engine core), named by llm.request.internal_id (engine_hooks/spans/speculation.py)
+SPAN_ENGINE_SPECULATION = "llm.engine.speculation"
 
 SPAN_BENCH_RUN = "llm.bench.run"
 
@@ -154,6 +157,24 @@ STEP_GPU_TIME_NS = "llm.step.gpu_time_ns"  # CUDA only
 STEP_WAITING = "llm.step.waiting"  # requests left waiting for a place in the batch after the step
 #: why they waited, where the engine says (vLLM: max_num_seqs, token_budget, deferred, kv_cache, other)
 STEP_WAIT_REASON = "llm.step.wait_reason"
+#: speculative decoding (absent without it): the draft tokens the step verified (proposed, less
+#: any a grammar invalidated), and how many of them the target model accepted; vLLM counts the
+#: same in ``vllm:spec_decode_num_draft_tokens`` / ``vllm:spec_decode_num_accepted_tokens``
+STEP_DRAFT_TOKENS = "llm.step.draft_tokens"
+STEP_ACCEPTED_TOKENS = "llm.step.accepted_tokens"
+#: on llm.engine.speculation: how the engine drafts (vLLM's speculative_config method: ngram,
+#: draft_model, eagle, mtp, ...) and k, the most drafts a step proposes
+SPECULATION_METHOD = "llm.speculation.method"
+SPECULATION_K = "llm.speculation.num_speculative_tokens"
+SPECULATION_DRAFT_TOKENS = "llm.speculation.draft_tokens"  # the request's drafts verified, in all
+SPECULATION_ACCEPTED_TOKENS = "llm.speculation.accepted_tokens"  # of them, accepted
+SPECULATION_VERIFY_STEPS = "llm.speculation.verify_steps"  # its steps that verified drafts
+#: int[], one entry per step that gave the request tokens (its token events, in order): the
+#: tokens, the drafts verified (-1: none that step) and of them those accepted
+SPECULATION_EVENT_TOKENS = "llm.speculation.event_tokens"
+SPECULATION_EVENT_DRAFTS = "llm.speculation.event_draft_tokens"
+SPECULATION_EVENT_ACCEPTED = "llm.speculation.event_accepted_tokens"
+SPECULATION_INCOMPLETE = "llm.speculation.incomplete"  # still in flight at shutdown, or evicted
 
 REQUEST_CHOICE = "llm.request.choice"  # a request with n > 1 choices: one span per choice, this its index
 STREAMING = "llm.request.streaming"  # on llm.client.request: the call streamed (no token events otherwise)

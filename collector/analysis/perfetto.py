@@ -102,6 +102,9 @@ def _step_events(steps: StepBatch, origin: int, theta_ns: int) -> list[dict]:
         }
         if np.isfinite(kv[i]):
             args["kv_usage"] = float(kv[i])
+        if steps.draft_tokens[i] >= 0:  # speculative decoding: the drafts it verified, those accepted
+            args["draft_tokens"] = int(steps.draft_tokens[i])
+            args["accepted_tokens"] = int(steps.accepted_tokens[i])
         ts = _us(float(start[i]))
         ev.append(
             {

@@ -28,12 +28,26 @@ STEP_COLUMN_DECL: tuple[Column, ...] = (
     Column("step_index", INT, "", "the engine's iteration number", unknown=-1),
     Column("batch_size", INT, "", "requests in the step", unknown=-1),
     Column("prefill_tokens", INT, "tokens", "prompt tokens computed in the step", unknown=-1),
-    Column("decode_tokens", INT, "tokens", "tokens generated in the step", unknown=-1),
+    Column(
+        "decode_tokens",
+        INT,
+        "tokens",
+        "tokens of the requests decoding in the step (speculative decoding: each one's last token and its drafts)",
+        unknown=-1,
+    ),
     Column("preempted", INT, "", "requests preempted in the step", unknown=-1),
     Column("kv_usage", FRACTION, "", "the KV cache's used fraction, 0..1"),
     Column("gpu_time_ns", INT, "ns", "CUDA-event time of the step (unknown: not measured)", unknown=-1),
     Column("waiting", INT, "", "requests left waiting after the step", unknown=-1),
     Column("wait_reason", TEXT, "", "why they waited, as the engine says (None: not said, or none waiting)"),
+    Column(
+        "draft_tokens",
+        INT,
+        "tokens",
+        "speculative decoding: draft tokens the step verified (unknown: no speculation, or not said)",
+        unknown=-1,
+    ),
+    Column("accepted_tokens", INT, "tokens", "of the step's draft tokens, those accepted", unknown=-1),
 )
 STEP_COLUMNS = [c.name for c in STEP_COLUMN_DECL]
 _REQUIRED = ("trace_id", "span_id", "start_ns", "end_ns")  # every step has them
@@ -108,6 +122,8 @@ class _StepMethods:
             gpu_time_ns=np.array(num(sp.STEP_GPU_TIME_NS), np.int64),
             waiting=np.array(num(sp.STEP_WAITING), np.int64),
             wait_reason=[v[:64] if type(v) is str else None for v in (s[sp.STEP_WAIT_REASON] for s in spans)],
+            draft_tokens=np.array(num(sp.STEP_DRAFT_TOKENS), np.int64),
+            accepted_tokens=np.array(num(sp.STEP_ACCEPTED_TOKENS), np.int64),
         )
 
     @classmethod

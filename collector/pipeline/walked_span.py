@@ -114,6 +114,8 @@ _ATTRIBUTES = (
     ("operation", sc.OPERATION_NAME),
     ("time_to_first_chunk", sc.RESPONSE_TIME_TO_FIRST_CHUNK),
     ("response_id", sc.RESPONSE_ID),
+    ("draft_tokens", sc.STEP_DRAFT_TOKENS),
+    ("accepted_tokens", sc.STEP_ACCEPTED_TOKENS),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -162,6 +164,8 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     OPERATION,
     TIME_TO_FIRST_CHUNK,
     RESPONSE_ID,
+    STEP_DRAFT_TOKENS,
+    STEP_ACCEPTED_TOKENS,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

@@ -88,10 +88,12 @@ EVENTS: tuple[HookEvent, ...] = (
             "kv_usage",
             "gpu_handle",
             "waiting",
+            "speculation",
         ),
         "one engine iteration; ``gpu_handle`` its GPU timer's handle (or, read back, its GPU ns, -1 "
-        "for none), ``waiting`` (requests left waiting, why) or None",
-        defaults=(None, None, None),
+        "for none), ``waiting`` (requests left waiting, why) or None, ``speculation`` (draft tokens "
+        "verified, of them accepted) or None (no speculative decoding)",
+        defaults=(None, None, None, None),
     ),
     HookEvent(
         RAW,

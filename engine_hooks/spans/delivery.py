@@ -1,8 +1,8 @@
 """The pipeline's last stage: records -> spans -> exporter.
 
 :class:`SpanBuilder` builds the spans of one round's records (finished requests, engine steps,
-preemptions of requests traced elsewhere, HTTP requests) with the :class:`SpanFactory` and hands
-them to the exporter in batches: on the pipeline's thread, or in the span process
+preemptions and speculative decoding of requests traced elsewhere, HTTP requests) with the
+:class:`SpanFactory` and hands them to the exporter in batches: on the pipeline's thread, or in the span process
 (:mod:`engine_hooks.span_process.parent`), whose pipeline is fed the engine process's events.
 """
 
@@ -22,9 +22,10 @@ class SpanBuilder:
         self.exporter = exporter  # a SafeSpanExporter, or None (export off)
         self.batch_size = batch_size
 
-    def build(self, finished, steps, preemptions, http, wall_ns) -> int:
+    def build(self, finished, steps, preemptions, http, wall_ns, speculations=()) -> int:
         """Build and export; returns the number of spans handed to the exporter. ``wall_ns`` turns
-        the HTTP records' monotonic times into wall-clock ns."""
+        the HTTP records' monotonic times into wall-clock ns; ``speculations``: the speculative
+        decoding of requests traced elsewhere (:class:`~engine_hooks.spans.speculation.SpeculationRecord`)."""
         f = self.factory
         spans = []
         for r in finished:
@@ -33,6 +34,7 @@ class SpanBuilder:
             spans.extend(f.step_spans(steps))
         if f.detail != Detail.REQUEST:
             spans.extend(f.preemption_spans(preemptions))
+            spans.extend(f.speculation_spans(speculations))
         for h in http:
             span = f.http_span(h, wall_ns)
             if span is not None:

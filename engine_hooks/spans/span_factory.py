@@ -289,6 +289,34 @@ class SpanFactory:
             out.append(self._span(sc.SPAN_ENGINE_PREEMPTION, ctx, None, p.time_ns, p.time_ns, a))
         return out
 
+    def speculation_spans(self, records) -> list[ReadableSpan]:
+        """One ``llm.engine.speculation`` span (a trace of its own, over the request's steps) per
+        :class:`~engine_hooks.spans.speculation.SpeculationRecord` of a request traced in another
+        process; its event arrays line up with that request's token events."""
+        out = []
+        for r in records:
+            a = {
+                sc.BOUNDARY: self.boundary,
+                sc.REQUEST_INTERNAL_ID: r.request_id,
+                sc.SPECULATION_DRAFT_TOKENS: r.draft_tokens,
+                sc.SPECULATION_ACCEPTED_TOKENS: r.accepted_tokens,
+                sc.SPECULATION_VERIFY_STEPS: r.verify_steps,
+                sc.SPECULATION_EVENT_TOKENS: self._array(np.asarray(r.tokens, dtype=np.int64)),
+                sc.SPECULATION_EVENT_DRAFTS: self._array(np.asarray(r.drafts, dtype=np.int64)),
+                sc.SPECULATION_EVENT_ACCEPTED: self._array(np.asarray(r.accepted, dtype=np.int64)),
+            }
+            if self.engine:
+                a[sc.ENGINE_NAME] = self.engine
+            if r.method:
+                a[sc.SPECULATION_METHOD] = str(r.method)
+            if r.num_speculative_tokens is not None:
+                a[sc.SPECULATION_K] = int(r.num_speculative_tokens)
+            if r.incomplete:
+                a[sc.SPECULATION_INCOMPLETE] = True
+            ctx = self._ctx(self._ids.generate_trace_id())
+            out.append(self._span(sc.SPAN_ENGINE_SPECULATION, ctx, None, r.start_ns, r.end_ns, a))
+        return out
+
     def step_spans(self, steps: list[StepRecord]) -> list[ReadableSpan]:
         if not steps:
             return []
@@ -324,5 +352,8 @@ class SpanFactory:
                 a[sc.STEP_WAITING] = int(s.waiting)
                 if s.wait_reason:
                     a[sc.STEP_WAIT_REASON] = str(s.wait_reason)
+            if s.draft_tokens is not None:
+                a[sc.STEP_DRAFT_TOKENS] = int(s.draft_tokens)
+                a[sc.STEP_ACCEPTED_TOKENS] = int(s.accepted_tokens)
             out.append(self._span(sc.SPAN_STEP, self._ctx(trace_id), root, s.start_ns, s.end_ns, a))
         return out

@@ -33,6 +33,7 @@ from otel_llm.clock import WallAnchor
 from otel_llm.semconv import RequestStatus
 
 from ..hot_path.hook_events import EVENTS
+from .speculation import SpeculationBook
 
 log = logging.getLogger("engine_hooks")
 
@@ -105,6 +106,8 @@ class StepRecord:
     gpu_time_ns: int | None = None
     waiting: int | None = None  # requests left waiting after the step
     wait_reason: str | None = None  # why, as the engine says
+    draft_tokens: int | None = None  # speculative decoding: draft tokens verified (None: none)
+    accepted_tokens: int | None = None  # of them, accepted
 
 
 @dataclass(slots=True)
@@ -215,6 +218,7 @@ class RequestTracker:
         self.finished: list[FinishedRequest] = []
         self.steps: list[StepRecord] = []
         self.preemptions: list[PreemptionRecord] = []  # of requests not traced here (bounded)
+        self.speculation = SpeculationBook(max_in_flight)  # speculative decoding, request by request
         self.pending_gpu: list[tuple[StepRecord, object]] = []
         self.evicted = 0
         self.unknown_events = 0
@@ -562,6 +566,7 @@ class RequestTracker:
         for rid in list(self.live):
             self._close(self._end_live(rid), wall_ns, RequestStatus.CANCELLED, "shutdown", incomplete=True)
         self.release_aborted()
+        self.speculation.close_all()
 
     # -- steps --------------------------------------------------------------------------------------
     def step(
@@ -576,10 +581,13 @@ class RequestTracker:
         kv_usage: float | None,
         gpu_handle: object | None,
         waiting: tuple | None = None,
+        speculation: tuple | None = None,
     ) -> None:
         rec = StepRecord(start_ns, end_ns, index, batch, prefill, decode, preempted, kv_usage)
         if waiting is not None:
             rec.waiting, rec.wait_reason = waiting
+        if speculation is not None:
+            rec.draft_tokens, rec.accepted_tokens = speculation
         if type(gpu_handle) is int:  # read back already (the engine's process, for a span process): ns, or -1
             rec.gpu_time_ns = gpu_handle if gpu_handle >= 0 else None
             self.steps.append(rec)
@@ -651,6 +659,7 @@ class RequestTracker:
         kv_usage=None,
         gpu_handle=None,
         waiting=None,
+        speculation=None,
     ) -> None:
         wall = self.anchor.wall_ns
         self.step(
@@ -664,6 +673,7 @@ class RequestTracker:
             kv_usage,
             gpu_handle,
             waiting,
+            speculation,
         )
 
     def _on_raw(self, mono, expander, payload) -> None:

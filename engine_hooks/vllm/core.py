@@ -5,10 +5,13 @@ Hooks the ``Scheduler`` class with the generic :class:`~engine_hooks.api.EngineH
 ``schedule`` starts an iteration, ``update_from_output`` ends it (iterations are matched by
 their ``SchedulerOutput``, so overlapping iterations under async scheduling pair up correctly).
 Per step, on the engine's thread: two clock reads, a handful of attribute reads and one
-``list.count`` over the batch's scheduled-token counts (C). Prefill tokens are the scheduled
-tokens of requests that were given more than one token this step; decode tokens count the
-requests given exactly one (a one-token prefill chunk counts as decode). After the step: how many
-requests are left waiting and why (``_waiting``: the scheduler's own limits). Each preemption
+``list.count`` over the batch's scheduled-token counts (C). Decode tokens are those of the
+requests given exactly one token this step (a one-token prefill chunk counts as decode) and of
+those given drafts to verify (speculative decoding); prefill tokens are the rest. A step that
+verified drafts also says how many, and how many were accepted
+(:func:`~engine_hooks.vllm.spec_decode.step_speculation`); from ``phases`` on, a scheduler that
+decodes speculatively accounts for each request's drafts (:mod:`engine_hooks.vllm.spec_decode`).
+After the step: how many requests are left waiting and why (``_waiting``: the scheduler's own limits). Each preemption
 (``_preempt_request``, before it frees the request's blocks): the KV cache's usage and the
 request's computed tokens, as an ``llm.engine.preemption`` span (its request is traced in the
 front end, whose ``llm.preemption`` span is the same preemption, by ``llm.request.internal_id``).
@@ -31,13 +34,20 @@ from otel_llm.environment import Detail
 
 from ..api import EngineHooks, hooked, mark_hooked
 from ..hot_path.gpu_timer import CudaEventTimer
+from .spec_decode import instrument_speculation, step_speculation
 
 log = logging.getLogger("engine_hooks")
 
 
 def _tokens(res, self, so, *a, **k) -> tuple[int, int]:
-    """(prefill, decode) tokens of the step: requests given exactly one token are decoding."""
+    """(prefill, decode) tokens of the step, from what the scheduler scheduled: a request given
+    exactly one token is decoding, and so is one given drafts to verify (speculative decoding:
+    its last token and its drafts, ``1 + k`` tokens, whatever the step then emits); the rest is
+    prefill. In C builtins: no Python frame per request."""
     decode = list(so.num_scheduled_tokens.values()).count(1)
+    spec = so.scheduled_spec_decode_tokens
+    if spec:  # a request with drafts is never one given a single token
+        decode += len(spec) + sum(map(len, spec.values()))
     return so.total_num_scheduled_tokens - decode, decode
 
 
@@ -104,8 +114,11 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
             preempted=lambda res, self, so, *a, **k: len(getattr(so, "preempted_req_ids", None) or ()),
             kv_usage=_kv_usage,
             waiting=_waiting,
+            speculation=step_speculation,
         )(scheduler_cls.update_from_output)
 
+    if detail != Detail.REQUEST:
+        instrument_speculation(scheduler_cls, hooks)
     shutdown = scheduler_cls.shutdown
 
     def shutdown_and_flush(self, *a, **k):

@@ -179,6 +179,9 @@ def test_detail_levels(tmp_path, tiny_model, detail):
         return
     assert all(names[p] == 24 for p in phases), names
     steps = [s for s in spans if s.name == sc.SPAN_STEP]
+    # no speculative decoding: its scheduler is not wrapped for it, and no step says anything of drafts
+    assert sc.SPAN_ENGINE_SPECULATION not in names
+    assert not any(sc.STEP_DRAFT_TOKENS in s.attributes for s in steps)
     # steps: the engine core's spans arrived from the child process, all of them: every token
     # generated is in a step (24 prompts prefilled, then decode steps of one token each)
     assert sum(s.attributes[sc.STEP_DECODE_TOKENS] for s in steps) == 24 * 31

@@ -71,6 +71,44 @@ def scenario_class(model: str, kv_mib: float, n: int, max_tokens: int, stats: bo
     }
 
 
+#: n-gram speculation (prompt lookup), as docs/engines-here verified on the CPU
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+
+
+def scenario_speculative(model: str, method: str) -> dict:
+    """Speculative decoding (``ngram``, or ``draft`` with the tiny model as its own draft): vLLM's
+    own per-request account (``detailed``: every verify step's drafted and accepted tokens) and
+    its run counters are the truth. Prompts that repeat a short phrase give n-gram matches."""
+    from vllm import LLM, SamplingParams
+
+    import engine_hooks
+
+    draft = {"method": "draft_model", "model": model, "num_speculative_tokens": 3}
+    config = dict(NGRAM) if method == "ngram" else draft
+    llm = engine_hooks.instrument(LLM)(
+        model=model,
+        kv_cache_memory_bytes=64 * MiB,
+        disable_log_stats=False,
+        speculative_config=config,
+        per_request_spec_decode_metrics="detailed",
+        **ENGINE_ARGS,
+    )
+    texts = [" ".join(["w3 w5 w7 w9"] * 10), " ".join(["w2 w4"] * 20), *prompts(4)]
+    outs = llm.generate(texts, SamplingParams(max_tokens=48, ignore_eos=True, temperature=0), use_tqdm=False)
+    counters = {
+        m.name: m.value
+        for m in llm.get_metrics()
+        if m.name.startswith("vllm:spec_decode_num_") and hasattr(m, "value")  # per-position: Vectors
+    }
+    truth = truth_of(outs)
+    for t, o in zip(truth, outs):
+        m = o.outputs[0].spec_decode_metrics
+        t["drafted"], t["accepted"] = list(m.per_step_drafted), list(m.per_step_accepted)
+        t["prompt_tokens"] = len(o.prompt_token_ids)
+        t["cached_tokens"] = o.num_cached_tokens or 0
+    return {"requests": truth, "counters": counters}
+
+
 def scenario_prefix(model: str) -> dict:
     """The same 300-token prompt three times, one after another, then with a new one beside it:
     the later ones are served from the prefix cache (whole 128-token blocks, the CPU backend's);
@@ -229,6 +267,8 @@ def main() -> None:
         result = scenario_instance(model)
     elif scenario == "clock-step":
         result = scenario_clock_step(model)
+    elif scenario in ("spec-ngram", "spec-draft"):
+        result = scenario_speculative(model, scenario.removeprefix("spec-"))
     elif scenario == "own-tracing":
         result = scenario_own_tracing(model)
     elif scenario == "async-abort":

@@ -96,11 +96,13 @@ def test_the_steps_table_batch_and_parquet_come_from_one_declaration(tmp_path):
     given = StepBatch(trace_id=["a" * 32] * 2, span_id=["1" * 16, "2" * 16], start_ns=ns, end_ns=ns + 5)
     assert given.service == [None, None] and given.batch_size.tolist() == [-1, -1]
     assert np.isnan(given.kv_usage).all() and given.wait_reason == [None, None]
-    full = StepBatch.from_rows([(*given.rows()[0][:5], 7, 4, 0, 4, 0, 0.5, 1200, 3, "kv_cache"), given.rows()[1]])
+    full = StepBatch.from_rows(
+        [(*given.rows()[0][:5], 7, 4, 0, 4, 0, 0.5, 1200, 3, "kv_cache", 12, 5), given.rows()[1]]
+    )
     store.add(full)
     back = store.steps()
     assert back.rows() == full.rows()
-    assert back.rows()[1][5:] == (None,) * 9  # every unknown as NULL, whatever its kind
+    assert back.rows()[1][5:] == (None,) * 11  # every unknown as NULL, whatever its kind
     t = steps_table(back)
     assert t.column_names == STEP_COLUMNS and t.schema.field("kv_usage").type == pa.float64()
     assert {f.name: f.metadata[b"doc"].decode() for f in t.schema} == {c.name: c.doc for c in STEP_COLUMN_DECL}

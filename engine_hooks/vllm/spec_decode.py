@@ -1,0 +1,135 @@
+"""vLLM's speculative decoding, in its engine core: what each step verified.
+
+Two accounts, both as vLLM's scheduler counts drafts and acceptances for its own statistics
+(``update_from_output``: over the requests with drafts that sampled anything, the drafts
+scheduled less those a grammar invalidated, and the tokens sampled beyond the one each request
+gets anyway):
+
+* :func:`step_speculation`: a step's totals, on its ``llm.engine.step`` span (``steps`` detail),
+  on the engine's thread in C builtins (no Python frame per request);
+* :func:`instrument_speculation`: each request's, step by step, from ``phases`` on, for a
+  scheduler built with a ``speculative_config`` only (one without it is not touched). The engine's
+  thread keeps references to the step's objects (:meth:`EngineHooks.raw`); they are read off it
+  (:func:`plain_speculation`) and booked in the span process
+  (:class:`~engine_hooks.spans.speculation.SpeculationBook`), which sends each request's account
+  as an ``llm.engine.speculation`` span when it finishes or is aborted.
+"""
+
+from __future__ import annotations
+
+from itertools import compress
+
+from ..api import EngineHooks, hooked, mark_hooked, plain_payload
+from ..spans.tracker import RequestTracker
+
+
+def step_speculation(res, self, so, mro, *a, **k) -> tuple[int, int] | None:
+    """(draft tokens verified, of them accepted) in the step, None where it verified none; read
+    before the step's update (``res`` None), which cuts a stopped request's sampled tokens. A
+    request missing from the model's output (aborted while the step ran) is skipped, in a Python
+    pass, as vLLM skips it."""
+    spec = so.scheduled_spec_decode_tokens
+    if not spec:
+        return None
+    index, sampled = mro.req_id_to_index, mro.sampled_token_ids
+    try:
+        lengths = list(map(len, map(sampled.__getitem__, map(index.__getitem__, spec))))
+        drafts = list(map(len, spec.values()))
+        ids = spec
+    except (KeyError, IndexError, TypeError):
+        ids = [r for r in spec if r in index and index[r] < len(sampled)]
+        lengths = [len(sampled[index[r]]) for r in ids]
+        drafts = [len(spec[r]) for r in ids]
+    drafted = sum(compress(drafts, lengths))
+    invalid = so.num_invalid_spec_tokens
+    if invalid:
+        drafted -= sum(invalid.get(r, 0) for r, n in zip(ids, lengths) if n)
+    got = len(lengths) - lengths.count(0)
+    return drafted, max(sum(lengths) - getattr(self, "num_sampled_tokens_per_step", 1) * got, 0)
+
+
+def _sampled(res, so, mro, *a, **k) -> list[int] | None:
+    """Before the step's update, on the engine's thread: how many tokens each request sampled
+    (vLLM cuts a stopped request's list in place; its accepted drafts count what it sampled), in
+    C builtins; None for a step without drafts."""
+    return list(map(len, mro.sampled_token_ids)) if so.scheduled_spec_decode_tokens else None
+
+
+def _payload(res, self, so, mro, *a, **k) -> tuple:
+    """After it, on the engine's thread: references only."""
+    config = self.vllm_config.speculative_config
+    return (
+        res,
+        so.scheduled_spec_decode_tokens,
+        so.num_invalid_spec_tokens,
+        mro.req_id_to_index,
+        getattr(self, "num_sampled_tokens_per_step", 1),
+        getattr(config, "method", None),
+        getattr(self, "num_spec_tokens", None),
+    )
+
+
+def plain_speculation(payload: tuple) -> tuple:
+    """A step's payload (what :func:`_sampled` read before it, what :func:`_payload` kept after)
+    as plain data (in the engine core's process): ``(entries, method, k)``,
+    an entry ``(request id, tokens it was given, drafts verified or -1, accepted, finished)`` for
+    every output that gave its request tokens (the front end's token events, one for one)."""
+    sampled, (outputs, spec, invalid, index, per_step, method, k) = payload
+    entries = []
+    for batch in outputs.values():
+        for o in batch.outputs:
+            n = len(o.new_token_ids)
+            if not n:
+                continue
+            rid = o.request_id
+            drafts = spec.get(rid)
+            if drafts:
+                i = index.get(rid)
+                got = sampled[i] if sampled is not None and i is not None and i < len(sampled) else 0
+                d = len(drafts) - (invalid.get(rid, 0) if invalid else 0)
+                entries.append((rid, n, d, max(got - per_step, 0), o.finish_reason is not None))
+            else:
+                entries.append((rid, n, -1, 0, o.finish_reason is not None))
+    return entries, method, k
+
+
+@plain_payload(plain_speculation)
+def expand_speculation(tracker: RequestTracker, mono_ns: int, payload: tuple) -> None:
+    """Book one step's entries (in the span process)."""
+    entries, method, k = payload
+    tracker.speculation.steps(tracker.anchor.wall_ns(mono_ns), entries, method, k)
+
+
+def _aborted_ids(res, *a, **k) -> tuple[list[str], None]:
+    return [r.request_id for r in res or ()], None
+
+
+def _as_it_is(payload: tuple) -> tuple:
+    return payload
+
+
+@plain_payload(_as_it_is)  # plain already; declared so that it runs in the span process, with the book
+def expand_aborted(tracker: RequestTracker, mono_ns: int, payload: tuple) -> None:
+    """Requests the scheduler was told to finish (aborts): their accounts leave as they are."""
+    tracker.speculation.ended(payload[0])
+
+
+def instrument_speculation(scheduler_cls, hooks: EngineHooks) -> bool:
+    """Have each scheduler built with a ``speculative_config`` book its requests' drafts: its
+    ``update_from_output`` and ``finish_requests`` are wrapped on the instance, when it is built.
+    Returns False when already done."""
+    init = scheduler_cls.__init__
+    if hooked(init):
+        return False
+
+    def init_and_hook(self, *a, **k):
+        init(self, *a, **k)
+        if getattr(getattr(self, "vllm_config", None), "speculative_config", None) is None:
+            return
+        update = hooks.raw(lambda res, so, mro, *a, **k: _payload(res, self, so, mro), expand_speculation, _sampled)
+        self.update_from_output = update(self.update_from_output)
+        self.finish_requests = hooks.raw(_aborted_ids, expand_aborted)(self.finish_requests)
+
+    init_and_hook.__wrapped__ = init
+    scheduler_cls.__init__ = mark_hooked(init_and_hook)
+    return True

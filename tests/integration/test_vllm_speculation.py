@@ -1,0 +1,82 @@
+"""Speculative decoding in a real vLLM (the CPU build): every verify step is a decode step, and
+the step spans' draft and accepted tokens are vLLM's own counts.
+
+vLLM's truth: ``per_request_spec_decode_metrics="detailed"`` (each request's verify steps, drafted
+and accepted) and its run counters ``vllm:spec_decode_num_draft_tokens`` and
+``..._accepted_tokens``. The scenario runs in its own process (tests/support/vllm_scenarios.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_vllm_scenario
+
+from collector.analysis.offline import read_trace_file as derive_trace_file
+from otel_llm import semconv as sc
+
+pytestmark = [pytest.mark.slow, pytest.mark.parallel_safe]
+
+
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_step_spans_count_verify_steps_as_decode_with_vllms_draft_counts(tmp_path, tiny_model, method):
+    truth, spans = run_vllm_scenario(tmp_path, f"spec-{method}", tiny_model, env={"OTEL_LLM_DETAIL": "steps"})
+    reqs = truth["requests"]
+    counters = truth["counters"]
+    drafted = sum(sum(r["drafted"]) for r in reqs)
+    accepted = sum(sum(r["accepted"]) for r in reqs)
+    # vLLM's per-request account and its counters agree, and speculation happened
+    assert drafted == counters["vllm:spec_decode_num_draft_tokens"] > 0
+    assert accepted == counters["vllm:spec_decode_num_accepted_tokens"] > 0
+    if method == "draft":  # the model as its own draft: every draft accepted
+        assert accepted == drafted
+    else:  # n-gram on a random model: some accepted, not all
+        assert 0 < accepted < drafted
+
+    steps = [s for s in spans if s.name == sc.SPAN_STEP]
+    verify = [s for s in steps if sc.STEP_DRAFT_TOKENS in s.attributes]
+    # the step spans' totals are vLLM's counters, exactly
+    assert sum(s.attributes[sc.STEP_DRAFT_TOKENS] for s in verify) == drafted
+    assert sum(s.attributes[sc.STEP_ACCEPTED_TOKENS] for s in verify) == accepted
+    # a step without drafts says nothing of speculation (not a zero)
+    assert all(sc.STEP_ACCEPTED_TOKENS not in s.attributes for s in steps if s not in verify)
+    assert max(len(r["drafted"]) for r in reqs) <= len(verify)
+    # the collector keeps them in its steps table, unknown (-1) where a step verified none
+    records, table = derive_trace_file(str(tmp_path / f"spec-{method}.jsonl"))
+    assert len(records) == len(reqs) and len(table) == len(steps)
+    said = table.draft_tokens >= 0
+    assert int(table.draft_tokens[said].sum()) == drafted and int(table.accepted_tokens[said].sum()) == accepted
+    assert (table.accepted_tokens[~said] == -1).all()
+
+    roots = {s.attributes[sc.REQUEST_ID]: s for s in spans if s.name == sc.SPAN_REQUEST}
+    assert set(roots) == {r["id"] for r in reqs}
+    events = {rid: root.attributes[sc.TOKEN_EVENT_TOKENS] for rid, root in roots.items()}
+    for r in reqs:  # every token the caller got, in events of 1 to 1 + k tokens
+        assert sum(events[r["id"]]) == r["tokens"] == 48
+        assert max(events[r["id"]]) <= 4
+    # every verify step is a decode step: decode tokens are each decode step's one token plus the
+    # drafts it verified (a request's events after its first are its decode steps), and prefill
+    # tokens are the prompts' tokens computed, nothing more
+    assert sum(s.attributes[sc.STEP_DECODE_TOKENS] for s in steps) == sum(len(e) - 1 for e in events.values()) + drafted
+    prefill = sum(s.attributes[sc.STEP_PREFILL_TOKENS] for s in steps)
+    assert prefill == sum(r["prompt_tokens"] - r["cached_tokens"] for r in reqs)
+
+    # each request's account (llm.engine.speculation, named by its internal id): its verify steps
+    # are vLLM's own per-request arrays, exactly, and its entries line up with the request's token
+    # events one for one
+    accounts = {s.attributes[sc.REQUEST_INTERNAL_ID]: s for s in spans if s.name == sc.SPAN_ENGINE_SPECULATION}
+    internal = {rid: root.attributes[sc.REQUEST_INTERNAL_ID] for rid, root in roots.items()}
+    assert set(accounts) == set(internal.values())
+    for r in reqs:
+        a = accounts[internal[r["id"]]].attributes
+        drafts = list(a[sc.SPECULATION_EVENT_DRAFTS])
+        verify = [i for i, d in enumerate(drafts) if d >= 0]
+        assert [drafts[i] for i in verify] == r["drafted"]
+        assert [a[sc.SPECULATION_EVENT_ACCEPTED][i] for i in verify] == r["accepted"]
+        assert list(a[sc.SPECULATION_EVENT_TOKENS]) == list(events[r["id"]])
+        assert drafts[0] == -1  # the first token comes from the prefill: nothing verified
+        assert a[sc.SPECULATION_DRAFT_TOKENS] == sum(r["drafted"]) and a[sc.SPECULATION_VERIFY_STEPS] == len(verify)
+        assert a[sc.SPECULATION_ACCEPTED_TOKENS] == sum(r["accepted"])
+        assert a[sc.SPECULATION_METHOD] == ("ngram" if method == "ngram" else "draft_model")
+        assert a[sc.SPECULATION_K] == 3 and sc.SPECULATION_INCOMPLETE not in a
+        # a verify step gives its request the accepted drafts and one token more (a stop may cut it)
+        assert all(a[sc.SPECULATION_EVENT_TOKENS][i] <= a[sc.SPECULATION_EVENT_ACCEPTED][i] + 1 for i in verify)
