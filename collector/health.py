@@ -52,6 +52,11 @@ COUNTS: tuple[Series, ...] = (
     Series("engine_steps_dropped", "engine step records dropped (over the steps' bound)"),
     Series("token_events_rejected", "token events dropped as invalid (outside their span, a count out of range)"),
     Series("metrics_records_folded", "records counted under the model label _other (past --max-models)"),
+    # speculative decoding accounts (collector.pipeline.speculation)
+    Series("speculation_accounts_received", "engines' speculative-decoding accounts received (llm.engine.speculation)"),
+    Series("speculation_accounts_joined", "accounts joined to their engine records"),
+    Series("speculation_accounts_evicted", "accounts dropped unjoined to stay within --max-traces"),
+    Series("speculation_accounts_malformed", "accounts left out: no internal id, or arrays that do not line up"),
     # store (--store)
     Series("store_records", "records written to the store"),
     Series("store_engine_steps", "engine steps written to the store"),
@@ -78,6 +83,7 @@ COUNTS: tuple[Series, ...] = (
 LEVELS: tuple[Series, ...] = (
     Series("assembly_traces_in_flight", "traces being assembled now", True),
     Series("assembly_traces_limit", "--max-traces", True),
+    Series("speculation_accounts_waiting", "accounts waiting for their records (at most --max-traces)", True),
     Series("derivation_backlog_traces", "released traces waiting for derivation", True),
     Series("derivation_backlog_limit", "--max-backlog", True),
     Series("inflight_bytes", "bytes of export requests held in memory now", True),

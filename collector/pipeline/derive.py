@@ -41,7 +41,7 @@ from otel_llm.metrics.request_math import RequestMetrics, request_metrics
 from otel_llm.metrics.timeline import STATUS_CODE, clean_events
 from otel_llm.semconv import RequestStatus
 
-from . import foreign_spans, invariants
+from . import foreign_spans, invariants, speculation
 from . import walked_span as sp
 from .adopted_spans import Adopted
 from .assembly import ReleasedTrace
@@ -780,6 +780,10 @@ def record_batch(
         sample_weight=sample_weights(fields, rq.pairs, rq.server_of),
         paired=paired,
         peer_request_id=peer,
+        internal_id=[
+            v if type(v) is str and v and c == sp.ENGINE else None for v, c in zip(fields[sp.INTERNAL_ID], rq.code)
+        ],
+        **speculation.unknown(n),  # filled where the engine's account joins (speculation.SpeculationIndex)
     )
     if rq.pairs:
         batch.pairs = tuple(np.array(rq.pairs, np.int64).T)

@@ -59,6 +59,7 @@ ITL_BUCKETS = (
     10.0,
 )
 FLUIDITY_BUCKETS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.99, 1.0)
+ACCEPTANCE_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
 @dataclass
@@ -121,6 +122,8 @@ class Counter:
 BM = ("boundary", "model")
 #: The model label of the records past the registry's limit of distinct models.
 OTHER_MODEL = "_other"
+#: Distinct speculative-decoding methods labelled (ngram, draft_model, eagle, eagle3, mtp, medusa, suffix, ...)
+MAX_SPEC_METHODS = 16
 #: Longest model label kept (a longer name is cut, so one request cannot make a scrape huge).
 MAX_LABEL_CHARS = 128
 
@@ -277,6 +280,30 @@ FAMILIES: tuple[Family, ...] = (
         f"Seconds of those largest gaps, by cause ({', '.join(STALL_CLASSES)})",
         labels=("cause",),
     ),
+    # speculative decoding: engine records joined with their engine's account
+    # (collector/pipeline/speculation.py, docs/metrics/speculative.md); every status
+    Family(
+        "spec_draft_tokens",
+        "llm.spec_decode.draft_tokens",
+        "{token}",
+        "Speculative decoding: draft tokens the engine verified, by method (vLLM: vllm:spec_decode_num_draft_tokens)",
+        labels=("method",),
+    ),
+    Family(
+        "spec_accepted_tokens",
+        "llm.spec_decode.accepted_tokens",
+        "{token}",
+        "Speculative decoding: of those draft tokens, the accepted, by method",
+        labels=("method",),
+    ),
+    Family(
+        "spec_acceptance",
+        "llm.spec_decode.acceptance_rate",
+        "1",
+        "Speculative decoding: each request's accepted / draft tokens, requests with drafts, by method",
+        ACCEPTANCE_BUCKETS,
+        labels=("method",),
+    ),
     Family(
         "fluidity_index",
         "llm.fluidity.index",
@@ -319,6 +346,7 @@ class MetricsRegistry:
         self.max_models = max_models
         self._models: set[str] = set()
         self.records_folded = 0
+        self._spec_methods: set[str] = set()
         self.start_time_ns = time.time_ns()
         self._lock = threading.Lock()
         for f in FAMILIES:
@@ -400,6 +428,7 @@ class MetricsRegistry:
                     self.preemptions.add(labels, total(batch.preemptions, idx))
                     self.unread.add_from_zero(labels, total(np.maximum(batch.tokens_unread, 0), idx))
                     self.after_abort.add_from_zero(labels, total(np.maximum(batch.tokens_after_abort, 0), idx))
+                    self._record_speculation(labels, batch, idx, total)
                 if index is not None:
                     x = index[sel]
                     x = x[np.isfinite(x)]
@@ -415,6 +444,24 @@ class MetricsRegistry:
                     # a series per SLO and group from the first request on
                     self.good.add_from_zero(labels + (name,), total(one, idx[good]))
             self._record_pairs(batch, ok)
+
+    def _record_speculation(self, labels: tuple, batch: RecordBatch, idx: np.ndarray, total) -> None:
+        """The drafts and acceptances of the engine records ``idx`` that carry their account."""
+        said = idx[batch.draft_tokens[idx] >= 0]
+        if not len(said):
+            return
+        seen = self._spec_methods  # a bounded label: past MAX_SPEC_METHODS, a new method folds into _other
+        methods = []
+        for i in said.tolist():
+            m = batch.spec_method[i] or "unknown"
+            if m not in seen and len(seen) < MAX_SPEC_METHODS:
+                seen.add(m)
+            methods.append(m if m in seen else OTHER_MODEL)
+        for m in sorted(set(methods)):
+            sel = said[[x == m for x in methods]]
+            self.spec_draft_tokens.add_from_zero(labels + (m,), total(batch.draft_tokens, sel))
+            self.spec_accepted_tokens.add_from_zero(labels + (m,), total(batch.accepted_tokens, sel))
+            self.spec_acceptance.observe(labels + (m,), batch.acceptance_rate[sel])
 
     def _record_pairs(self, batch: RecordBatch, ok: np.ndarray) -> None:
         """The client TTFT parts and the stalls of the requests paired in this batch (both of a

@@ -54,6 +54,7 @@ SECONDS = Kind(np.float64, "REAL", math.nan)  # a duration (SQLite stores NaN as
 FRACTION = Kind(np.float64, "REAL", math.nan)  # a share, 0..1 (unknown: NaN, NULL in SQLite)
 FLAG = Kind(np.bool_, "INTEGER", None)
 WEIGHT = Kind(np.float64, "REAL", None)  # a multiplier, always known: 1 unless something says otherwise
+RATIO = Kind(np.float64, "REAL", math.nan)  # a quotient of two counts (unknown: NaN, NULL in SQLite)
 
 
 @dataclass(frozen=True)
@@ -176,6 +177,20 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column("paired", FLAG, "", "the trace held this request at both boundaries"),
     Column("peer_request_id", TEXT, "", "the request id of the paired record at the other boundary"),
+    Column("internal_id", TEXT, "", "an engine record: the engine's own request id (llm.request.internal_id)"),
+    # speculative decoding, an engine record joined with its engine's account (llm.engine.speculation;
+    # collector/pipeline/speculation.py); unknown without speculation or without the account
+    Column("spec_method", TEXT, "", "how the engine drafted (vLLM: ngram, draft_model, eagle, ...)"),
+    Column("draft_tokens", INT, "tokens", "draft tokens the engine verified for the request", unknown=-1),
+    Column("accepted_tokens", INT, "tokens", "of them, accepted", unknown=-1),
+    Column("verify_steps", INT, "", "the request's steps that verified drafts", unknown=-1),
+    Column("acceptance_rate", FRACTION, "", "accepted / draft tokens (unknown where none were drafted)"),
+    Column(
+        "mean_acceptance_length",
+        RATIO,
+        "tokens",
+        "tokens per verify step: 1 + accepted / verify steps (vLLM's mean acceptance length)",
+    ),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 EVENT_FIELDS = ("event_offsets_ns", "event_tokens")

@@ -10,7 +10,6 @@ timeline. Times are Unix ns on the engine's clock; ``service`` says which engine
 from __future__ import annotations
 
 from dataclasses import field, fields, make_dataclass
-from operator import itemgetter
 
 import numpy as np
 
@@ -156,7 +155,4 @@ StepBatch.__doc__ = _StepMethods.__doc__
 
 def split_steps(spans: list[tuple]) -> tuple[list[tuple], list[tuple]]:
     """Walked spans -> (those for trace assembly, the engine's step spans)."""
-    code, step = sp.CODE, sp.STEP
-    if step not in map(itemgetter(code), spans):  # iterated in C: most requests hold no step
-        return spans, []
-    return [s for s in spans if s[code] != step], [s for s in spans if s[code] == step]
+    return sp.split_code(spans, sp.STEP)

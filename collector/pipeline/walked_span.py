@@ -14,6 +14,7 @@ Unix ns; ``code`` says which span it is; token-event arrays are bytes of native 
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ CLIENT, ENGINE, QUEUE, PREFILL, DECODE, PREEMPTION, STREAM, STEP, FRONTEND, SERV
 SG_TOKENIZE, SG_DISPATCH, SG_REQUEST_PROCESS, SG_PREFILL_WAITING, SG_PREFILL_FORWARD = range(10, 15)
 SG_CHUNKED_PREFILL, SG_DECODE_LOOP = range(15, 17)
 GENAI_CLIENT = 17  # a GenAI client instrumentation's span (collector/pipeline/genai_client_spans.py)
+SPECULATION = 18  # an engine's account of one request's speculative decoding (collector/pipeline/speculation.py)
 CODES = {
     sc.SPAN_CLIENT_REQUEST: CLIENT,
     sc.SPAN_REQUEST: ENGINE,
@@ -36,6 +38,7 @@ CODES = {
     sc.SPAN_PREEMPTION: PREEMPTION,
     sc.SPAN_STREAM: STREAM,
     sc.SPAN_STEP: STEP,
+    sc.SPAN_ENGINE_SPECULATION: SPECULATION,
     sc.SPAN_FRONTEND: FRONTEND,
     **dict.fromkeys(sc.SERVER_SPAN_NAMES, SERVER),  # the HTTP server span ("POST /v1/completions", ...)
     sc.VLLM_SPAN_REQUEST: ENGINE,  # vLLM's own request span: an engine request span (collector/pipeline/vllm_spans.py)
@@ -116,6 +119,13 @@ _ATTRIBUTES = (
     ("response_id", sc.RESPONSE_ID),
     ("draft_tokens", sc.STEP_DRAFT_TOKENS),
     ("accepted_tokens", sc.STEP_ACCEPTED_TOKENS),
+    ("internal_id", sc.REQUEST_INTERNAL_ID),
+    # llm.engine.speculation (collector/pipeline/speculation.py)
+    ("spec_method", sc.SPECULATION_METHOD),
+    ("spec_event_tokens", sc.SPECULATION_EVENT_TOKENS),
+    ("spec_event_drafts", sc.SPECULATION_EVENT_DRAFTS),
+    ("spec_event_accepted", sc.SPECULATION_EVENT_ACCEPTED),
+    ("spec_incomplete", sc.SPECULATION_INCOMPLETE),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -166,6 +176,12 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     RESPONSE_ID,
     STEP_DRAFT_TOKENS,
     STEP_ACCEPTED_TOKENS,
+    INTERNAL_ID,
+    SPEC_METHOD,
+    SPEC_EVENT_TOKENS,
+    SPEC_EVENT_DRAFTS,
+    SPEC_EVENT_ACCEPTED,
+    SPEC_INCOMPLETE,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 
@@ -210,3 +226,11 @@ def make_span(
             v = np.asarray(v, dtype=np.int64).tobytes()
         slots[names.index(k)] = v
     return (b(trace_id), b(span_id), b(parent), CODES[name], kind, start, end, status_code, service, *slots)
+
+
+def split_code(spans: list[tuple], code: int) -> tuple[list[tuple], list[tuple]]:
+    """Walked spans -> (those of other codes, those of ``code``): the spans that bypass trace
+    assembly (engine steps, speculation accounts) taken out of one export request."""
+    if code not in map(itemgetter(CODE), spans):  # iterated in C: most requests hold none
+        return spans, []
+    return [s for s in spans if s[CODE] != code], [s for s in spans if s[CODE] == code]

@@ -8,17 +8,21 @@ and accepted) and its run counters ``vllm:spec_decode_num_draft_tokens`` and
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from conftest import run_vllm_scenario
 
 from collector.analysis.offline import read_trace_file as derive_trace_file
+from collector.exporters.prometheus import render
 from otel_llm import semconv as sc
+from otel_llm.otlp.trace_file import read_trace_requests
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel_safe]
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
-def test_step_spans_count_verify_steps_as_decode_with_vllms_draft_counts(tmp_path, tiny_model, method):
+def test_step_spans_count_verify_steps_as_decode_with_vllms_draft_counts(tmp_path, tiny_model, method, make_collector):
     truth, spans = run_vllm_scenario(tmp_path, f"spec-{method}", tiny_model, env={"OTEL_LLM_DETAIL": "steps"})
     reqs = truth["requests"]
     counters = truth["counters"]
@@ -80,3 +84,38 @@ def test_step_spans_count_verify_steps_as_decode_with_vllms_draft_counts(tmp_pat
         assert a[sc.SPECULATION_K] == 3 and sc.SPECULATION_INCOMPLETE not in a
         # a verify step gives its request the accepted drafts and one token more (a stop may cut it)
         assert all(a[sc.SPECULATION_EVENT_TOKENS][i] <= a[sc.SPECULATION_EVENT_ACCEPTED][i] + 1 for i in verify)
+
+    # the collector joins each account to its engine record: offline from the traces file, and a
+    # collector fed the engine's own export requests, whose Prometheus counters are vLLM's
+    path = str(tmp_path / f"spec-{method}.jsonl")
+    check_records(derive_trace_file(path)[0], reqs)
+    c = make_collector()
+    for _, req in read_trace_requests(path):
+        c.accept(req.SerializeToString())
+    deadline = time.monotonic() + 20
+    while c.records_derived < len(reqs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    c.store_writer.drain()
+    check_records(c.store.batch(), reqs)
+    assert c.self_counters()["speculation_accounts_joined"] == len(reqs)
+    text = render(c.registry.snapshot())
+    label = f'method="{"ngram" if method == "ngram" else "draft_model"}"'
+    series = {
+        ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if label in ln and "_total" in ln
+    }
+    assert series["llm_spec_decode_draft_tokens_total"] == drafted
+    assert series["llm_spec_decode_accepted_tokens_total"] == accepted
+    assert 'llm_spec_decode_acceptance_rate_count{boundary="engine"' in text
+
+
+def check_records(batch, reqs) -> None:
+    """Each engine record carries its request's speculation, equal to vLLM's own account."""
+    engine = batch.at_boundary("engine")
+    rows = {rid: i for i, rid in enumerate(engine.request_id)}
+    assert set(rows) == {r["id"] for r in reqs}
+    for r in reqs:
+        i = rows[r["id"]]
+        d, a, v = sum(r["drafted"]), sum(r["accepted"]), len(r["drafted"])
+        assert (engine.draft_tokens[i], engine.accepted_tokens[i], engine.verify_steps[i]) == (d, a, v)
+        assert engine.acceptance_rate[i] == pytest.approx(a / d)
+        assert engine.mean_acceptance_length[i] == pytest.approx(1 + a / v)
