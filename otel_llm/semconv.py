@@ -175,6 +175,11 @@ SPECULATION_EVENT_TOKENS = "llm.speculation.event_tokens"
 SPECULATION_EVENT_DRAFTS = "llm.speculation.event_draft_tokens"
 SPECULATION_EVENT_ACCEPTED = "llm.speculation.event_accepted_tokens"
 SPECULATION_INCOMPLETE = "llm.speculation.incomplete"  # still in flight at shutdown, or evicted
+#: on llm.client.request: the engine's own per-request account as its response said it (vLLM's
+#: metrics.speculative_decoding with --per-request-spec-decode-metrics), the totals above and, at
+#: its detailed level, int[] over its verify steps only
+SPECULATION_STEP_DRAFTS = "llm.speculation.step_draft_tokens"
+SPECULATION_STEP_ACCEPTED = "llm.speculation.step_accepted_tokens"
 
 REQUEST_CHOICE = "llm.request.choice"  # a request with n > 1 choices: one span per choice, this its index
 STREAMING = "llm.request.streaming"  # on llm.client.request: the call streamed (no token events otherwise)

@@ -783,7 +783,9 @@ def record_batch(
         internal_id=[
             v if type(v) is str and v and c == sp.ENGINE else None for v, c in zip(fields[sp.INTERNAL_ID], rq.code)
         ],
-        **speculation.unknown(n),  # filled where the engine's account joins (speculation.SpeculationIndex)
+        # a client's from its server's response; an engine record's where its account joins
+        # (speculation.SpeculationIndex)
+        **speculation.own_columns(fields, n),
     )
     if rq.pairs:
         batch.pairs = tuple(np.array(rq.pairs, np.int64).T)

@@ -38,16 +38,30 @@ def acceptance(draft_tokens: np.ndarray, accepted: np.ndarray, verify_steps: np.
     return rate, length
 
 
-def unknown(n: int) -> dict[str, object]:
-    """The speculation columns (records.COLUMNS declares them) of ``n`` records, every one unknown."""
-    minus = lambda: np.full(n, -1, np.int64)
+def own_columns(fields: list, n: int) -> dict[str, object]:
+    """The speculation columns (records.COLUMNS declares them) of ``n`` records from their own
+    spans' fields: a client's copy of its server's account (``llm.speculation.*`` totals on
+    ``llm.client.request``: vLLM's response metrics), unknown elsewhere, and where any of the three
+    counts is missing or not a non-negative int. An engine record's come from the join."""
+    counts = (
+        [
+            np.fromiter((v if type(v) is int and 0 <= v < 2**62 else -1 for v in fields[i]), np.int64, n)
+            for i in (sp.SPEC_DRAFT_TOKENS, sp.SPEC_ACCEPTED_TOKENS, sp.SPEC_VERIFY_STEPS)
+        ]
+        if n
+        else [np.zeros(0, np.int64)] * 3
+    )
+    whole = (counts[0] >= 0) & (counts[1] >= 0) & (counts[2] >= 0)
+    for c in counts:
+        c[~whole] = -1
+    rate, length = acceptance(*counts)
     return {
         "spec_method": [None] * n,
-        "draft_tokens": minus(),
-        "accepted_tokens": minus(),
-        "verify_steps": minus(),
-        "acceptance_rate": np.full(n, np.nan),
-        "mean_acceptance_length": np.full(n, np.nan),
+        "draft_tokens": counts[0],
+        "accepted_tokens": counts[1],
+        "verify_steps": counts[2],
+        "acceptance_rate": rate,
+        "mean_acceptance_length": length,
     }
 
 

@@ -126,6 +126,10 @@ _ATTRIBUTES = (
     ("spec_event_drafts", sc.SPECULATION_EVENT_DRAFTS),
     ("spec_event_accepted", sc.SPECULATION_EVENT_ACCEPTED),
     ("spec_incomplete", sc.SPECULATION_INCOMPLETE),
+    # a client's copy of the engine's own account (vLLM's response metrics)
+    ("spec_draft_tokens", sc.SPECULATION_DRAFT_TOKENS),
+    ("spec_accepted_tokens", sc.SPECULATION_ACCEPTED_TOKENS),
+    ("spec_verify_steps", sc.SPECULATION_VERIFY_STEPS),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -182,6 +186,9 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     SPEC_EVENT_DRAFTS,
     SPEC_EVENT_ACCEPTED,
     SPEC_INCOMPLETE,
+    SPEC_DRAFT_TOKENS,
+    SPEC_ACCEPTED_TOKENS,
+    SPEC_VERIFY_STEPS,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

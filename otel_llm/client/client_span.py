@@ -84,9 +84,19 @@ class StreamRecorder:
         self.prev_completion: int | None = None
         self.final_usage: dict | None = None
         self.response_id: str | None = None
+        self.speculation: dict | None = None  # the server's own account (vLLM's metrics.speculative_decoding)
+
+    def metrics(self, obj: dict) -> None:
+        """The per-request metrics a server puts on its last chunk or its body (vLLM's ``metrics``
+        with ``--per-request-spec-decode-metrics``): its speculative-decoding account is kept."""
+        m = obj.get("metrics")
+        if type(m) is dict and type(m.get("speculative_decoding")) is dict:
+            self.speculation = m["speculative_decoding"]
 
     def chunk(self, obj: dict, t_ns: int) -> None:
         self.response_id = self.response_id or obj.get("id")
+        if "metrics" in obj:
+            self.metrics(obj)
         choices = obj.get("choices") or []
         usage = obj.get("usage")
         if usage and not choices:
@@ -131,6 +141,38 @@ class StreamRecorder:
     def input_tokens(self) -> int | None:
         inp = (self.final_usage or {}).get("prompt_tokens")
         return int(inp) if inp is not None else None
+
+
+#: span attribute <- the key of vLLM's per-request speculative-decoding account (all ints)
+_SPECULATION_KEYS = {
+    sc.SPECULATION_DRAFT_TOKENS: "num_draft_tokens",
+    sc.SPECULATION_ACCEPTED_TOKENS: "num_accepted_draft_tokens",
+    sc.SPECULATION_VERIFY_STEPS: "num_spec_steps",
+    sc.SPECULATION_K: "num_spec_tokens",
+}
+
+
+def speculation_attributes(account: dict | None) -> dict:
+    """A server's per-request speculative-decoding account (vLLM's ``metrics.speculative_decoding``)
+    as ``llm.client.request`` attributes: its counts, and its per-verify-step arrays where it sent
+    them; nothing where a count is missing or not a non-negative int (its rates are left out: they
+    follow from the counts, and vLLM says 0 where nothing was drafted)."""
+    if not account:
+        return {}
+    out = {k: v for k, key in _SPECULATION_KEYS.items() if type(v := account.get(key)) is int and v >= 0}
+    if not all(
+        k in out for k in (sc.SPECULATION_DRAFT_TOKENS, sc.SPECULATION_ACCEPTED_TOKENS, sc.SPECULATION_VERIFY_STEPS)
+    ):
+        return {}
+    drafted, accepted = account.get("per_step_drafted"), account.get("per_step_accepted")
+    if (
+        type(drafted) is list
+        and type(accepted) is list
+        and len(drafted) == len(accepted)
+        and all(type(x) is int and x >= 0 for x in drafted + accepted)
+    ):
+        out[sc.SPECULATION_STEP_DRAFTS], out[sc.SPECULATION_STEP_ACCEPTED] = drafted, accepted
+    return out
 
 
 def start_client_span(tracer, start_ns: int, attributes: dict):
@@ -218,6 +260,8 @@ def finish_span(
             a[sc.CLIENT_SEND_OFFSET] = res.sent_ns - res.submit_ns
         if rec.response_id:
             a[sc.RESPONSE_ID] = rec.response_id
+        if not several:  # the server's account of a request with one choice (vLLM: n = 1 only)
+            a.update(speculation_attributes(rec.speculation))
         if res.input_tokens is not None:
             a[sc.INPUT_TOKENS] = res.input_tokens
         if res.http_status is not None:

@@ -130,6 +130,7 @@ class _Call:
         """A whole (non-streamed) response: its usage and id, then the end."""
         d = _chunk_dict(obj) if obj is not None else {}
         self.rec.response_id = d.get("id")
+        self.rec.metrics(d)
         if d.get("usage"):
             self.rec.final_usage = d["usage"]
         self.end()

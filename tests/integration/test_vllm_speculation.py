@@ -8,13 +8,18 @@ and accepted) and its run counters ``vllm:spec_decode_num_draft_tokens`` and
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 
 import pytest
-from conftest import run_vllm_scenario
+from conftest import run_cli, run_vllm_scenario, start_vllm_server
+from support.vllm_scenarios import NGRAM
 
 from collector.analysis.offline import read_trace_file as derive_trace_file
 from collector.exporters.prometheus import render
+from collector.pipeline.assembly import AssemblyConfig
+from engine_hooks.tiny_model import stop_cpu_server
 from otel_llm import semconv as sc
 from otel_llm.otlp.trace_file import read_trace_requests
 
@@ -119,3 +124,51 @@ def check_records(batch, reqs) -> None:
         assert (engine.draft_tokens[i], engine.accepted_tokens[i], engine.verify_steps[i]) == (d, a, v)
         assert engine.acceptance_rate[i] == pytest.approx(a / d)
         assert engine.mean_acceptance_length[i] == pytest.approx(1 + a / v)
+
+
+def test_bench_against_a_speculative_vllm_server(make_collector, tiny_model):
+    """``otel-llm bench`` against vLLM's OpenAI server with n-gram speculation and its own
+    per-request account on (``--per-request-spec-decode-metrics detailed``): each request's client
+    record carries the account vLLM's response gave (zero code on the engine), its engine record
+    the hooks' own; they agree, request by request, and their sums are vLLM's counters."""
+    c = make_collector(assembly=AssemblyConfig(grace_s=0.5, timeout_s=30))
+    otlp = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+        "OTEL_LLM_SCHEDULE_DELAY": "100",
+    }
+    extra = ["--speculative-config", json.dumps(NGRAM), "--per-request-spec-decode-metrics", "detailed"]
+    server, base_url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp}, extra_args=extra)
+    try:
+        out = run_cli(
+            "bench",
+            *("--base-url", base_url, "--model", tiny_model, "--input-tokens", "32", "--output-tokens", "48"),
+            *("--concurrency", "4", "--num-requests", "12", "--seed", "3", "--format", "json"),
+            env={**otlp, "OTEL_TRACES_EXPORTER": "otlp"},
+        )
+        assert json.loads(out.stdout)["conditions"]["statuses"]["ok"] == 12
+        with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as resp:
+            exposition = resp.read().decode()
+    finally:
+        stop_cpu_server(server)
+    vllm_counts = {
+        name: sum(float(ln.rsplit(" ", 1)[1]) for ln in exposition.splitlines() if ln.startswith(name + "{"))
+        for name in ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
+    }
+    deadline = time.monotonic() + 30
+    while c.records_derived < 3 * 12 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    c.store_writer.drain()
+    batch = c.store.batch()
+    client, engine = batch.at_boundary("client"), batch.at_boundary("engine")
+    assert (len(client) == len(engine) == 12 and batch.pairs is not None) or client.paired.all()
+    by_id = {rid: i for i, rid in enumerate(engine.request_id)}
+    for i in range(len(client)):
+        e = by_id[client.peer_request_id[i]]
+        ours = (engine.draft_tokens[e], engine.accepted_tokens[e], engine.verify_steps[e])
+        theirs = (client.draft_tokens[i], client.accepted_tokens[i], client.verify_steps[i])
+        assert ours == theirs and theirs[0] >= 0, (client.request_id[i], ours, theirs)
+        assert engine.spec_method[e] == "ngram" and client.spec_method[i] is None  # the client is not told
+    assert int(engine.draft_tokens.sum()) == vllm_counts["vllm:spec_decode_num_draft_tokens_total"] > 0
+    assert int(engine.accepted_tokens.sum()) == vllm_counts["vllm:spec_decode_num_accepted_tokens_total"]

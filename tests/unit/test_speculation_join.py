@@ -108,3 +108,42 @@ def test_the_method_label_is_bounded():
     methods = {labels[2] for labels in reg.spec_draft_tokens.series}
     assert len(methods) == MAX_SPEC_METHODS + 1 and "_other" in methods
     assert sum(reg.spec_draft_tokens.series.values()) == 3 * (MAX_SPEC_METHODS + 4)
+
+
+def test_a_client_keeps_the_servers_own_account_and_nothing_malformed():
+    """vLLM's metrics.speculative_decoding on a stream's last chunk becomes the client span's
+    llm.speculation.* counts; a server's malformed account becomes nothing, not zeros."""
+    from otel_llm.client.client_span import StreamRecorder, speculation_attributes
+
+    good = {
+        "mean_acceptance_length": 2.0,
+        "draft_acceptance_rate": 0.5,
+        "acceptance_histogram": [1, 0, 1],
+        "num_spec_steps": 2,
+        "num_accepted_draft_tokens": 2,
+        "num_draft_tokens": 4,
+        "num_spec_tokens": 2,
+        "per_step_accepted": [0, 2],
+        "per_step_drafted": [2, 2],
+    }
+    rec = StreamRecorder()
+    rec.chunk({"id": "x", "choices": [{"index": 0, "text": "a"}], "usage": {"completion_tokens": 1}}, 1)
+    rec.chunk(
+        {"id": "x", "choices": [], "usage": {"completion_tokens": 4}, "metrics": {"speculative_decoding": good}}, 2
+    )
+    a = speculation_attributes(rec.speculation)
+    assert (a[sc.SPECULATION_DRAFT_TOKENS], a[sc.SPECULATION_ACCEPTED_TOKENS], a[sc.SPECULATION_VERIFY_STEPS]) == (
+        4,
+        2,
+        2,
+    )
+    assert a[sc.SPECULATION_STEP_DRAFTS] == [2, 2] and a[sc.SPECULATION_K] == 2
+    assert speculation_attributes(None) == {} and speculation_attributes({"num_draft_tokens": 4}) == {}
+    assert speculation_attributes({**good, "num_draft_tokens": "4"}) == {}
+    assert speculation_attributes({**good, "num_spec_steps": -1}) == {}
+    odd = speculation_attributes({**good, "per_step_drafted": [2]})  # arrays that do not line up: counts only
+    assert sc.SPECULATION_STEP_DRAFTS not in odd and odd[sc.SPECULATION_DRAFT_TOKENS] == 4
+    rec = StreamRecorder()
+    rec.chunk({"choices": [], "metrics": "junk"}, 1)
+    rec.chunk({"choices": [], "metrics": {"speculative_decoding": [1, 2]}}, 2)
+    assert rec.speculation is None
