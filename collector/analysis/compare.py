@@ -204,9 +204,38 @@ RequestComparison = make_dataclass(
         ("client_e2e", float | None),
         ("call", int),  # 1, 2, ...: the call's place among its trace's paired calls, by submit
         ("idle_before", float | None),  # s from the trace's previous call's end to this submit: not the model's
+        # speculative decoding (None: not known): the engine's account, else the client's copy of it
+        ("draft_tokens", int | None),
+        ("accepted_tokens", int | None),
+        ("acceptance_rate", float | None),
+        ("mean_acceptance_length", float | None),
     ],
     namespace={"parts": property(_parts_of), "__module__": __name__},
 )
+
+
+def _itl_per_token(records: Sequence[RequestRecord]) -> list[np.ndarray]:
+    """Each record's ITL per token in seconds: each gap between token events divided by the
+    tokens of the later event (several tokens per event: speculative decoding, or a stream that
+    merged outputs); none for a record whose events are summarised."""
+    out = []
+    for r in records:
+        offs = np.asarray(r.event_offsets_ns, np.int64)
+        toks = np.asarray(r.event_tokens, np.int64)
+        if r.events_summarised or len(offs) < 2:
+            out.append(np.zeros(0))
+            continue
+        order = np.argsort(offs, kind="stable")
+        offs, toks = offs[order], toks[order]
+        out.append(np.diff(offs) / np.maximum(toks[1:], 1) / 1e9)
+    return out
+
+
+def _speculation(c: RequestRecord, e: RequestRecord) -> dict:
+    """A pair's speculation: the engine record's account, else the client's copy of the server's."""
+    src = e if e.draft_tokens is not None else c  # a row view: None where unknown
+    keys = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_acceptance_length")
+    return {k: getattr(src, k) for k in keys}
 
 
 def _itl_by_request(records: Sequence[RequestRecord]) -> list[np.ndarray]:
@@ -233,6 +262,8 @@ class Comparison:
     alone: list[RequestRecord]
     client_itl: list[np.ndarray]
     engine_itl: list[np.ndarray]
+    client_itl_per_token: list[np.ndarray] = field(default_factory=list)  # seconds, each gap / its event's tokens
+    engine_itl_per_token: list[np.ndarray] = field(default_factory=list)
 
     def __iter__(self):  # rows, offset, pairs, alone = compare(...)
         return iter((self.rows, self.offset, self.pairs, self.alone))
@@ -302,10 +333,12 @@ def compare(
                 client_e2e=c.e2e,
                 call=1,
                 idle_before=None,
+                **_speculation(c, e),
             )
         )
     order_calls(rows)
-    return Comparison(rows, off, pairs, alone, c_itl, e_itl)
+    per_token = _itl_per_token([c for c, _ in pairs]), _itl_per_token([e for _, e in pairs])
+    return Comparison(rows, off, pairs, alone, c_itl, e_itl, *per_token)
 
 
 def order_calls(rows: Sequence[RequestComparison]) -> dict[str, list[RequestComparison]]:
@@ -439,6 +472,19 @@ def summarize_comparison(
     for side, samples in ((Boundary.CLIENT, cmp.client_itl), (Boundary.ENGINE, cmp.engine_itl)):
         pooled = np.concatenate([x for x, keep in zip(samples, is_ok) if keep] or [np.zeros(0)])
         d[f"{side}_itl"] = Distribution.of(f"pooled {side} ITL of paired ok requests", pooled, ps, method)
+    if any(r.draft_tokens is not None for r in rows):  # speculative decoding: events of several tokens
+        for side, samples in ((Boundary.CLIENT, cmp.client_itl_per_token), (Boundary.ENGINE, cmp.engine_itl_per_token)):
+            pooled = np.concatenate([x for x, keep in zip(samples, is_ok) if keep] or [np.zeros(0)])
+            d[f"{side}_itl_per_token"] = Distribution.of(
+                f"pooled {side} ITL per token (each gap / the tokens of its later event) of paired ok requests",
+                pooled,
+                ps,
+                method,
+            )
+        d["acceptance_rate"] = dist(
+            "per-request acceptance rate (accepted / draft tokens) of paired ok requests that drafted",
+            [r.acceptance_rate for r in ok],
+        )
     d["client_itl_max"] = dist("per-request max client ITL", [r.client_itl_max for r in ok])
     d["engine_itl_max"] = dist("per-request max engine ITL", [r.engine_itl_max for r in ok])
     known = [r for r in ok if r.parts_sum_minus_ttft is not None and r.client_ttft]

@@ -41,6 +41,8 @@ def format_comparison(
         "engine_ttft",
         "client_itl",
         "engine_itl",
+        "client_itl_per_token",
+        "engine_itl_per_token",
         "client_itl_max",
         "engine_itl_max",
     ):
@@ -49,6 +51,15 @@ def format_comparison(
         x = d[k]
         lines.append([k, str(x.n), _ms(x.mean), *(_ms(x.percentiles[p]) for p in keys), _ms(x.max)])
     out += grid(cols, lines, markdown)
+    if "acceptance_rate" in d:  # speculative decoding
+        x = d["acceptance_rate"]
+        rate = lambda v: "-" if v is None or v != v else f"{v:.3f}"
+        out += ["", h(f"Speculative decoding, per request ({summary.percentile_method})")]
+        out += grid(
+            ["", "n", "mean", *keys, "max"],
+            [["acceptance_rate", str(x.n), rate(x.mean), *(rate(x.percentiles[p]) for p in keys), rate(x.max)]],
+            markdown,
+        )
     if summary.ttft_share is not None:
         out.append(
             "share of client TTFT: "

@@ -172,3 +172,16 @@ def test_bench_against_a_speculative_vllm_server(make_collector, tiny_model):
         assert engine.spec_method[e] == "ngram" and client.spec_method[i] is None  # the client is not told
     assert int(engine.draft_tokens.sum()) == vllm_counts["vllm:spec_decode_num_draft_tokens_total"] > 0
     assert int(engine.accepted_tokens.sum()) == vllm_counts["vllm:spec_decode_num_accepted_tokens_total"]
+    # compare: each request's acceptance, and ITL per token event and per token side by side
+    c.store_writer.drain()
+    cmp = json.loads(run_cli("compare", "--store", c.config.store, "--format", "json").stdout)
+    rows = cmp["requests"]
+    assert len(rows) == 12 and all(r["draft_tokens"] is not None for r in rows)
+    rates = [r["accepted_tokens"] / r["draft_tokens"] for r in rows if r["draft_tokens"]]
+    d = cmp["summary"]["distributions"]
+    assert d["acceptance_rate"]["n"] == len(rates) and d["acceptance_rate"]["max"] == pytest.approx(max(rates))
+    # several tokens per event: a gap per token is shorter than the gap per event somewhere
+    assert d["client_itl_per_token"]["n"] == d["client_itl"]["n"]
+    assert d["client_itl_per_token"]["mean"] < d["client_itl"]["mean"]
+    text = run_cli("compare", "--store", c.config.store).stdout
+    assert "Speculative decoding, per request" in text and "client_itl_per_token" in text
