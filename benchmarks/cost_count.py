@@ -21,8 +21,9 @@ collections (an older one's fell in or out of a batch by timing).
 Processes: ``front end`` (this driver, vLLM's ``OutputProcessor``, our span thread), ``engine
 core`` (scheduler, our step hook), ``worker`` (the model). Prints, per variant, the instructions
 of each process per batch (median of the repeats, and the spread: (max - min) / median), then
-what each traced variant adds over plain: front end per request and per output token, engine
-core per step, and the share of plain's total.
+what each traced variant adds over plain (a speculative variant: over ``spec-plain``, the same
+engine decoding speculatively with n-gram drafts, untraced): front end per request and per output
+token, engine core per step, and the share of plain's total.
 
 Run: ``.venv/bin/python benchmarks/cost_count.py [--variants plain,phases] [--repeat 3]``; ``make
 cost`` runs every variant (``--variants all``). Two engines starting at once under
@@ -56,8 +57,12 @@ sys.path.insert(0, ROOT)
 
 from engine_hooks.tiny_model import stop_cpu_server  # noqa: E402  (stops a process group whole)
 
+#: n-gram speculative decoding (prompt lookup), for the speculative variants
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 #: variant -> how its engine is built (``traced``: None, ``ours`` or ``vllm``), its environment,
-#: and whether it exports over OTLP/gRPC to the run's sink (else ours write OTEL_LLM_TRACES_FILE)
+#: whether it exports over OTLP/gRPC to the run's sink (else ours write OTEL_LLM_TRACES_FILE),
+#: whether it decodes speculatively (``spec``), and the untraced variant it is measured against
+#: (``baseline``, default plain)
 VARIANTS: dict[str, dict] = {
     "plain": {"traced": None},
     "request": {"traced": "ours", "env": {"OTEL_LLM_DETAIL": "request"}},
@@ -65,6 +70,9 @@ VARIANTS: dict[str, dict] = {
     "steps": {"traced": "ours", "env": {"OTEL_LLM_DETAIL": "steps"}},
     "phases-otlp": {"traced": "ours", "env": {"OTEL_LLM_DETAIL": "phases"}, "otlp": True},
     "vllm-tracing": {"traced": "vllm", "otlp": True},
+    "spec-plain": {"traced": None, "spec": True},
+    "spec-phases": {"traced": "ours", "env": {"OTEL_LLM_DETAIL": "phases"}, "spec": True, "baseline": "spec-plain"},
+    "spec-steps": {"traced": "ours", "env": {"OTEL_LLM_DETAIL": "steps"}, "spec": True, "baseline": "spec-plain"},
 }
 DEFAULT_VARIANT = "phases"  # the default detail level, to the file exporter
 PROCESS_NAMES = ("front end", "engine core", "worker")  # the engine's own processes
@@ -96,6 +104,8 @@ def drive(args: argparse.Namespace) -> None:
         seed=0,
     )
     cls = LLM
+    if variant.get("spec"):
+        kwargs["speculative_config"] = dict(NGRAM)
     if variant["traced"] == "ours":
         from engine_hooks import instrument
 
@@ -446,6 +456,8 @@ def _measure_server(variant: str, args: argparse.Namespace, out_dir: str, env: d
     extra = ["--seed", "0"]
     if spec["traced"] == "vllm":
         extra += ["--otlp-traces-endpoint", otlp_endpoint]
+    if spec.get("spec"):
+        extra += ["--speculative-config", json.dumps(NGRAM)]
     cmd = [*_valgrind(out_dir), *cpu_server_command(args.model, port, 256 * 2**20, extra_args=extra)]
     t0 = time.monotonic()
     with open(os.path.join(out_dir, "engine.log"), "w") as log:
@@ -534,13 +546,16 @@ def table(results: dict[str, Counts], requests: int, tokens: int) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for name, c in results.items():
-        if name != "plain":
-            a = added(c, plain, requests, tokens)
+        base_name = VARIANTS.get(name, {}).get("baseline", "plain")
+        base = results.get(base_name)
+        if VARIANTS.get(name, {}).get("traced") is not None and base is not None:
+            a = added(c, base, requests, tokens)
             outside = c.median(SPAN_PROCESSES)
+            label = name if base_name == "plain" else f"{name} (over {base_name})"
             lines.append(
-                f"| {name} | {a.per_request / 1e3:,.1f} k | {a.per_token / 1e3:,.1f} k | {a.per_step / 1e3:,.1f} k | "
-                f"{a.worker / plain.median('worker'):+.2%} | {a.share:+.2%} | "
-                + (f"{outside / 1e6:,.1f} M ({outside / plain.median():.2%} of plain)" if outside else "none")
+                f"| {label} | {a.per_request / 1e3:,.1f} k | {a.per_token / 1e3:,.1f} k | {a.per_step / 1e3:,.1f} k | "
+                f"{a.worker / base.median('worker'):+.2%} | {a.share:+.2%} | "
+                + (f"{outside / 1e6:,.1f} M ({outside / base.median():.2%} of {base_name})" if outside else "none")
                 + " |"
             )
     return "\n".join(lines)

@@ -139,6 +139,7 @@ def test_bench_against_a_speculative_vllm_server(make_collector, tiny_model):
         "OTEL_LLM_SCHEDULE_DELAY": "100",
     }
     extra = ["--speculative-config", json.dumps(NGRAM), "--per-request-spec-decode-metrics", "detailed"]
+    extra += ["--override-generation-config", json.dumps({"temperature": 0})]  # greedy: drafts that hold
     server, base_url = start_vllm_server(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp}, extra_args=extra)
     try:
         out = run_cli(
