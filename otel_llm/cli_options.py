@@ -41,7 +41,16 @@ def missing_extra(exc: ModuleNotFoundError, command: str | None) -> str | None:
     extra = EXTRA_OF.get(top)
     if extra is None:
         return None
-    return f"otel-llm {command or ''}: needs {top}, which this install leaves out: pip install 'otel-llm[{extra}]'"
+    return f"otel-llm {command or ''}: needs {top}, which this install leaves out: {install_hint(extra)}"
+
+
+def install_hint(extra: str) -> str:
+    """The command that adds ``extra`` to this install: from the source tree it runs from (a clone,
+    installed with ``pip install -e``), else from the package index."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if os.path.isfile(os.path.join(root, "pyproject.toml")):
+        return f"pip install -e '{root}[{extra}]'"
+    return f"pip install 'otel-llm[{extra}]'"
 
 
 def check_output_path(path: str | None, flag: str = "-o") -> None:

@@ -299,7 +299,8 @@ class _BatchMethods:
         return {c.name: to_python(c, getattr(self, c.name), nan_as_none) for c in COLUMNS}
 
     def take(self, indices: Sequence[int] | np.ndarray) -> RecordBatch:
-        """The records at ``indices`` (in that order), as a new batch."""
+        """The records at ``indices`` (in that order), as a new batch, with the pairs of this batch
+        whose two records it holds (renumbered)."""
         idx = np.asarray(indices, np.int64)
         st = self.event_start
         counts = st[idx + 1] - st[idx]
@@ -311,9 +312,16 @@ class _BatchMethods:
         for c in COLUMNS:
             v = getattr(self, c.name)
             cols[c.name] = [v[i] for i in picked] if c.kind.dtype is None else v[idx]
-        return type(self)(
+        out = type(self)(
             **cols, event_start=start, event_offsets_ns=self.event_offsets_ns[ev], event_tokens=self.event_tokens[ev]
         )
+        if self.pairs is not None:
+            where = np.full(len(self), -1, np.int64)
+            where[idx] = np.arange(len(idx))
+            ci, ei = where[self.pairs[0]], where[self.pairs[1]]
+            both = (ci >= 0) & (ei >= 0)
+            out.pairs = (ci[both], ei[both])
+        return out
 
     def selected(self, sel: Selection | None) -> RecordBatch:
         """The records ``sel`` keeps (warm-ups left out unless it includes them)."""

@@ -73,7 +73,13 @@ class GrpcReceiver:
         cfg = self.settings
         # no BDP probing: a stream whose message is not read (no token yet) buffers at most the initial
         # 64 KiB window, not a window grown to megabytes
-        opts = [("grpc.max_receive_message_length", cfg.max_message_bytes), ("grpc.http2.bdp_probe", 0)]
+        # and no SO_REUSEPORT (gRPC's default): a second collector on a taken port is refused, as
+        # the HTTP and Prometheus ports are, not given half of the first one's connections
+        opts = [
+            ("grpc.max_receive_message_length", cfg.max_message_bytes),
+            ("grpc.http2.bdp_probe", 0),
+            ("grpc.so_reuseport", 0),
+        ]
         self.server = grpc.aio.server(options=opts, maximum_concurrent_rpcs=self.max_calls)
         traces = grpc.method_handlers_generic_handler(
             SERVICE, {"Export": grpc.stream_unary_rpc_method_handler(self._export)}

@@ -4,6 +4,7 @@ analyze / compare select by run, service, time and warm-up; windows read as time
 import json
 import time
 
+import numpy as np
 import pytest
 from conftest import run_cli
 from support.otlp_helpers import Req, emit, grpc_exporter, provider
@@ -94,3 +95,33 @@ def test_windows_relative_to_the_selection_and_as_times(store):
     table = run_cli("analyze", "--store", path, "--run", "B").stdout
     assert f"{w0[:10]}T" in table and "Z to " in table and "T = " in table  # ISO times, not Unix seconds
     assert "1796" not in table.split("== Window ==")[1].split("\n")[1]
+
+
+def test_a_warm_up_in_the_batch_costs_the_others_none_of_their_live_metrics():
+    """The live metrics leave warm-ups out without losing the pairs of the other requests derived
+    with them: the client TTFT parts and the stall verdicts count every paired request that
+    compare counts (a warm-up used to drop every pair of its batch)."""
+    from support.otlp_helpers import sample_request
+
+    from collector.pipeline import walked_span as sp
+    from collector.pipeline.assembly import ReleasedTrace
+    from collector.pipeline.derive import derive
+    from collector.pipeline.metrics_registry import MetricsRegistry
+    from collector.receivers.decode import walk_message
+
+    reqs = [_req("w0", "A", True), _req("w1", "A", True), *(_req(f"r{i}", "A") for i in range(5))]
+    spans = walk_message(sample_request(reqs)).spans
+    traces: dict[bytes, list] = {}
+    for s in spans:
+        traces.setdefault(s[sp.TRACE_ID], []).append(s)
+    batch, rm = derive([ReleasedTrace(t, ss, "grace") for t, ss in traces.items()])
+    assert batch.pairs is not None and len(batch.pairs[0]) == 7 and batch.warmup.sum() == 4
+    kept = batch.take(np.flatnonzero(~batch.warmup))
+    assert len(kept.pairs[0]) == 5  # renumbered: each pair's client and engine records, both kept
+    assert all(kept.request_id[c] == kept.peer_request_id[e] for c, e in zip(*kept.pairs))
+    reg = MetricsRegistry()
+    reg.record(batch, rm)
+    parts = [s.count for labels, s in reg.ttft_part.series.items() if labels[2] == "queue"]
+    assert parts == [5]
+    ok = reg.requests.series[("client", "tiny", "ok")]
+    assert ok == 5
