@@ -531,13 +531,14 @@ def table(results: dict[str, Counts], requests: int, tokens: int) -> str:
         cells = [f"{c.median(p) / 1e6:,.1f} M ±{c.spread(p):.2%}" for p in (*PROCESS_NAMES, None)]
         cells.append(f"{c.median(SPAN_PROCESSES) / 1e6:,.1f} M" if c.median(SPAN_PROCESSES) else "none")
         lines.append(f"| {name} | {statistics.median(c.steps):.0f} | {' | '.join(cells)} |")
-    plain = results.get("plain")
-    if plain is None or len(results) < 2:
+    bases = {VARIANTS.get(n, {}).get("baseline", "plain") for n in results if VARIANTS.get(n, {}).get("traced")}
+    bases &= set(results)
+    if not bases:
         return "\n".join(lines)
-    shares = ", ".join(f"{p} {plain.median(p) / plain.median():.1%}" for p in PROCESS_NAMES)
+    for b in sorted(bases):
+        shares = ", ".join(f"{p} {results[b].median(p) / results[b].median():.1%}" for p in PROCESS_NAMES)
+        lines += ["", f"{b}: {shares}"]
     lines += [
-        "",
-        f"plain: {shares}",
         "",
         "what tracing adds over plain (k = 1,000 instructions):",
         "",

@@ -17,9 +17,11 @@ gets anyway):
 
 from __future__ import annotations
 
-from itertools import compress
+import functools
+from itertools import compress, repeat
 
 from ..api import EngineHooks, hooked, mark_hooked, plain_payload
+from ..hot_path.batch_scan import BatchScanner
 from ..spans.tracker import RequestTracker
 
 
@@ -69,35 +71,66 @@ def _payload(res, self, so, mro, *a, **k) -> tuple:
     )
 
 
+@functools.cache
+def _output_scan() -> BatchScanner:
+    """The C pass over a step's ``EngineCoreOutput`` list (ids, token counts, the outputs that
+    finished): the front end's scan, with the finish reason its one rare field."""
+    from vllm.v1.engine import EngineCoreOutput
+
+    return BatchScanner(EngineCoreOutput, "request_id", "new_token_ids", ("finish_reason",))
+
+
 def plain_speculation(payload: tuple) -> tuple:
     """A step's payload (what :func:`_sampled` read before it, what :func:`_payload` kept after)
-    as plain data (in the engine core's process): ``(entries, method, k)``,
-    an entry ``(request id, tokens it was given, drafts verified or -1, accepted, finished)`` for
-    every output that gave its request tokens (the front end's token events, one for one)."""
+    as plain data, in the engine core's process and in C builtins (no Python frame per request:
+    a step's batch can be hundreds): per client's outputs, ``(request ids, token counts or None
+    for one each, drafts scheduled (0: none), tokens sampled or None, the ids that finished)``;
+    then the grammar-invalidated drafts, tokens sampled per step anyway, method and k. The span
+    process makes the entries (:func:`expand_speculation`)."""
     sampled, (outputs, spec, invalid, index, per_step, method, k) = payload
-    entries = []
+    columns = []
     for batch in outputs.values():
-        for o in batch.outputs:
-            n = len(o.new_token_ids)
+        outs = batch.outputs
+        if not outs:
+            continue
+        ids, counts, rare = _output_scan()(outs)
+        drafts = list(map(len, map(spec.get, ids, repeat(()))))
+        got = None
+        if sampled is not None:
+            try:
+                got = list(map(sampled.__getitem__, map(index.__getitem__, ids)))
+            except (KeyError, IndexError, TypeError):  # an output the model did not sample for
+                got = [sampled[index[r]] if r in index and index[r] < len(sampled) else 0 for r in ids]
+        finished = [o.request_id for o in rare if o.finish_reason is not None] if rare else []
+        columns.append((ids, counts, drafts, got, finished))
+    return columns, dict(invalid) if invalid else None, per_step, method, k
+
+
+def step_entries(columns: list, invalid: dict | None, per_step: int) -> list:
+    """The entries (:data:`~engine_hooks.spans.speculation.StepEntry`) of a step's plain columns:
+    one per output that gave its request tokens; drafts -1 where it had none to verify."""
+    entries = []
+    for ids, counts, drafts, got, finished in columns:
+        done = set(finished)
+        for i, rid in enumerate(ids):
+            n = counts[i] if counts is not None else 1
             if not n:
                 continue
-            rid = o.request_id
-            drafts = spec.get(rid)
-            if drafts:
-                i = index.get(rid)
-                got = sampled[i] if sampled is not None and i is not None and i < len(sampled) else 0
-                d = len(drafts) - (invalid.get(rid, 0) if invalid else 0)
-                entries.append((rid, n, d, max(got - per_step, 0), o.finish_reason is not None))
+            d = drafts[i]
+            if d:
+                d -= invalid.get(rid, 0) if invalid else 0
+                accepted = max((got[i] if got is not None else 0) - per_step, 0)
+                entries.append((rid, n, d, accepted, rid in done))
             else:
-                entries.append((rid, n, -1, 0, o.finish_reason is not None))
-    return entries, method, k
+                entries.append((rid, n, -1, 0, rid in done))
+    return entries
 
 
 @plain_payload(plain_speculation)
 def expand_speculation(tracker: RequestTracker, mono_ns: int, payload: tuple) -> None:
     """Book one step's entries (in the span process)."""
-    entries, method, k = payload
-    tracker.speculation.steps(tracker.anchor.wall_ns(mono_ns), entries, method, k)
+    columns, invalid, per_step, method, k = payload
+    tracker.speculation.steps(tracker.anchor.wall_ns(mono_ns), step_entries(columns, invalid, per_step), method, k)
 
 
 def _aborted_ids(res, *a, **k) -> tuple[list[str], None]:
