@@ -192,9 +192,9 @@ def vllm_server(tiny_model, tmp_path_factory):
     from conftest import start_vllm_server
 
     traces = str(tmp_path_factory.mktemp("vllm-openai") / "engine-traces.jsonl")
-    proc, base_url = start_vllm_server(
-        tiny_model, {"OTEL_LLM_ENABLE": "1", "OTEL_LLM_TRACES_FILE": traces, "OTEL_LLM_SCHEDULE_DELAY": "50"}
-    )
+    env = {"OTEL_LLM_ENABLE": "1", "OTEL_LLM_TRACES_FILE": traces, "OTEL_LLM_SCHEDULE_DELAY": "50"}
+    # vLLM's default log level, whatever this test process was given: the start-up line is INFO
+    proc, base_url = start_vllm_server(tiny_model, {**env, "VLLM_LOGGING_LEVEL": "INFO"})
     yield (
         base_url,
         traces,

@@ -14,7 +14,6 @@ import urllib.request
 
 import pytest
 from conftest import run_cli, run_vllm_scenario, start_vllm_server
-from support.vllm_scenarios import NGRAM
 
 from collector.analysis.offline import read_trace_file as derive_trace_file
 from collector.exporters.prometheus import render
@@ -24,6 +23,10 @@ from otel_llm import semconv as sc
 from otel_llm.otlp.trace_file import read_trace_requests
 
 pytestmark = [pytest.mark.slow, pytest.mark.parallel_safe]
+
+#: the scenarios' n-gram speculation (not imported from tests/support/vllm_scenarios.py: importing
+#: it sets VLLM_LOGGING_LEVEL for every server this test process starts after)
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft"])
