@@ -58,11 +58,12 @@ _PREFILL_ATTRS = (
 RARE_FIELDS = ("events", "prefill_stats", "finish_reason")
 
 
-def output_scanner():
-    """The engine-thread scan of a step's ``EngineCoreOutput`` list (:class:`BatchScanner`)."""
+def output_scanner(rare_fields: tuple[str, ...] = RARE_FIELDS) -> BatchScanner:
+    """The C scan of a step's ``EngineCoreOutput`` list (:class:`BatchScanner`): ids, token
+    counts, and the outputs with any of ``rare_fields`` set."""
     from vllm.v1.engine import EngineCoreOutput
 
-    return BatchScanner(EngineCoreOutput, "request_id", "new_token_ids", RARE_FIELDS)
+    return BatchScanner(EngineCoreOutput, "request_id", "new_token_ids", rare_fields)
 
 
 def plain_outputs(payload: tuple) -> tuple:

@@ -73,11 +73,10 @@ def _payload(res, self, so, mro, *a, **k) -> tuple:
 
 @functools.cache
 def _output_scan() -> BatchScanner:
-    """The C pass over a step's ``EngineCoreOutput`` list (ids, token counts, the outputs that
-    finished): the front end's scan, with the finish reason its one rare field."""
-    from vllm.v1.engine import EngineCoreOutput
+    """The front end's scan of a step's outputs, with the finish reason its one rare field."""
+    from .frontend import output_scanner
 
-    return BatchScanner(EngineCoreOutput, "request_id", "new_token_ids", ("finish_reason",))
+    return output_scanner(("finish_reason",))
 
 
 def plain_speculation(payload: tuple) -> tuple:
