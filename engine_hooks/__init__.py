@@ -4,10 +4,14 @@
   for transformers continuous batching.
 * :class:`EngineHooks`: the generic decorator API for any batching engine.
 * :class:`CudaEventTimer`: GPU time per step (``EngineHooks(gpu_timer=CudaEventTimer.if_available())``).
+* :func:`trace_proxy`: ``app = engine_hooks.trace_proxy(app)`` for a Python ASGI proxy or router in
+  front of the engines (a disaggregated deployment's P/D proxy): its server span, and its
+  ``traceparent`` on the calls it makes.
 * :func:`flush`: export everything recorded so far.
 """
 
 from .api import EngineHooks
+from .asgi import trace_proxy
 from .hot_path.gpu_timer import CudaEventTimer
 from .pipeline import TracingPipeline, default_pipeline, flush
 
@@ -30,4 +34,4 @@ def instrument(target):
     return _instrument(target)
 
 
-__all__ = ["CudaEventTimer", "EngineHooks", "TracingPipeline", "default_pipeline", "flush", "instrument"]
+__all__ = ["CudaEventTimer", "EngineHooks", "TracingPipeline", "default_pipeline", "flush", "instrument", "trace_proxy"]

@@ -29,6 +29,7 @@ instrumentation reads them; default ``/health``, ``/ping``, ``/metrics``, ``/ver
 from __future__ import annotations
 
 import binascii
+import contextvars
 import functools
 import os
 import re
@@ -233,13 +234,93 @@ def _expand(tracker, mono: int, rec: tuple) -> None:
     tracker.http_done.append(rec)  # engine_hooks.spans.tracker.HttpRecord's fields, made a record when built
 
 
-class TracingMiddleware:
-    """ASGI middleware (a class, as vLLM's ``--middleware`` and Starlette's ``add_middleware`` take)."""
+#: a proxy's (:func:`trace_proxy`): the traceparent of the HTTP request it is serving, which its
+#: outgoing calls carry (:func:`instrument_http_clients`)
+outgoing_traceparent: contextvars.ContextVar[bytes | None] = contextvars.ContextVar(
+    "otel_llm_outgoing_traceparent", default=None
+)
 
-    def __init__(self, app, recorder=None):
+
+def _add_traceparent(headers) -> None:
+    """Put the served request's traceparent into an outgoing call's headers (httpx's ``Headers``
+    or a dict), unless the caller set one itself."""
+    tp = outgoing_traceparent.get()
+    if tp is not None and "traceparent" not in headers:
+        headers["traceparent"] = tp.decode("ascii")
+
+
+def instrument_http_clients() -> list[str]:
+    """Make the HTTP clients a Python proxy calls its backends with (httpx, sync and async;
+    aiohttp) send the traceparent of the request the proxy is serving (:data:`outgoing_traceparent`),
+    so that each backend's server span is the child of the proxy's. Only within a request a
+    :func:`trace_proxy` middleware serves; a call that sets its own ``traceparent`` keeps it.
+    Idempotent; returns the clients hooked."""
+    done = []
+    try:
+        import httpx
+    except ImportError:
+        httpx = None
+    if httpx is not None:
+        for cls in (httpx.Client, httpx.AsyncClient):
+            send = cls.send
+            if not getattr(send, _PATCHED, False):
+
+                def make(send):
+                    @functools.wraps(send)
+                    def traced_send(self, request, *args, **kwargs):
+                        _add_traceparent(request.headers)
+                        return send(self, request, *args, **kwargs)  # the coroutine, for AsyncClient
+
+                    setattr(traced_send, _PATCHED, True)
+                    return traced_send
+
+                cls.send = make(send)
+            done.append(f"httpx.{cls.__name__}")
+    try:
+        import aiohttp
+    except ImportError:
+        return done
+    request = aiohttp.ClientSession._request
+    if not getattr(request, _PATCHED, False):
+
+        @functools.wraps(request)
+        def traced_request(self, method, url, *args, **kwargs):
+            if outgoing_traceparent.get() is not None:
+                headers = dict(kwargs.get("headers") or {})
+                _add_traceparent(headers)
+                kwargs["headers"] = headers
+            return request(self, method, url, *args, **kwargs)
+
+        setattr(traced_request, _PATCHED, True)
+        aiohttp.ClientSession._request = traced_request
+    done.append("aiohttp.ClientSession")
+    return done
+
+
+def trace_proxy(app, service_name: str = "llm-proxy"):
+    """Trace a Python ASGI proxy or router (FastAPI, Starlette, any ASGI app) with one call:
+    ``app = trace_proxy(app)``. Each HTTP request it serves gets its server span (as vLLM's API
+    server does, :class:`TracingMiddleware`), and the calls it makes to its backends with httpx or
+    aiohttp while serving it carry that span's ``traceparent`` (:func:`instrument_http_clients`):
+    a disaggregated request's prefill and decode legs land in the client's trace, under the
+    proxy's span. The spans go where the standard ``OTEL_*`` variables say, as the process's
+    ``service.name`` (``OTEL_SERVICE_NAME`` wins over ``service_name``)."""
+    instrument_http_clients()
+    return TracingMiddleware(app, forward=True, service_name=service_name)
+
+
+class TracingMiddleware:
+    """ASGI middleware (a class, as vLLM's ``--middleware`` and Starlette's ``add_middleware`` take).
+    ``forward``: the app is a proxy, whose outgoing calls carry this request's ``traceparent``
+    (:func:`trace_proxy`); ``service_name``: the process's, where no engine's pipeline records
+    the spans."""
+
+    def __init__(self, app, recorder=None, forward: bool = False, service_name: str | None = None):
 
         self.app = app
         self._recorder = recorder
+        self._forward = forward
+        self._service_name = service_name
         instrument_uvicorn()  # for the requests after this one (Starlette builds middleware on the first)
         self._excluded = environment.excluded_urls()  # health probes, metric scrapes: no span
         self._excluded_paths: dict[str, bool] = {}
@@ -274,7 +355,8 @@ class TracingMiddleware:
             else:
                 from .pipeline import default_pipeline
 
-                self._recorder = default_pipeline().recorder
+                named = {"service_name": self._service_name} if self._service_name else {}
+                self._recorder = default_pipeline(**named).recorder
         return self._recorder
 
     def _decide(self, parent, trace_id: bytes, scope) -> tuple[bool, float | None]:
@@ -339,10 +421,13 @@ class TracingMiddleware:
         transport = scope.get(TIMED_TRANSPORT) if self._timed_send is not None else None
         if transport is not None:
             transport.timer = timer  # this response's writes, timed as uvicorn writes them
+        forwarded = outgoing_traceparent.set(headers[-1][1]) if self._forward else None
         try:
             await self.app({**scope, "headers": headers, _SEEN: True}, receive, timer if transport is None else send)
         finally:
             end = monotonic_ns()
+            if forwarded is not None:
+                outgoing_traceparent.reset(forwarded)
             try:
                 if transport is not None and transport.timer is timer:
                     transport.timer = None

@@ -184,6 +184,17 @@ SPECULATION_STEP_ACCEPTED = "llm.speculation.step_accepted_tokens"
 REQUEST_CHOICE = "llm.request.choice"  # a request with n > 1 choices: one span per choice, this its index
 STREAMING = "llm.request.streaming"  # on llm.client.request: the call streamed (no token events otherwise)
 REQUEST_INTERNAL_ID = "llm.request.internal_id"  # the engine's own id, where it differs from llm.request.id
+#: disaggregated prefill/decode, on llm.request (absent on an engine that serves the whole request):
+#: this engine's leg (prefill: it computes the prompt and hands its KV cache on; decode: it takes the
+#: KV cache from a prefill engine and generates), the KV connector (vLLM's kv_connector: NixlConnector,
+#: ExampleConnector, ...), this engine's id and, where the request names it, its peer's request id and
+#: engine id (vLLM's kv_transfer_params remote_request_id / remote_engine_id): how the collector joins
+#: the two legs of one request, never by time
+PD_ROLE = "llm.pd.role"
+PD_CONNECTOR = "llm.pd.connector"
+PD_ENGINE_ID = "llm.pd.engine_id"
+PD_PEER_REQUEST_ID = "llm.pd.peer.request_id"
+PD_PEER_ENGINE_ID = "llm.pd.peer.engine_id"
 REQUEST_INCOMPLETE = "llm.request.incomplete"  # exported at shutdown before it finished
 QUEUE_INCOMPLETE = "llm.queue.incomplete"  # on llm.queue: the engine never saw the request scheduled
 STREAM_EVENTS = "llm.stream.events"  # on llm.stream: outputs handed to the transport

@@ -97,6 +97,8 @@ def _request_key(s: tuple, bit: int) -> bytes | None:
         return None
     c = s[sp.CHOICE]
     text = f"{bit}:{rid}#{c if type(c) is int else ''}"
+    if s[sp.PD_ROLE] == "prefill":  # a P/D proxy gives both legs the same id (vLLM's: X-Request-Id)
+        text = "P" + text
     return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest()
 
 
@@ -144,6 +146,7 @@ class _Entry:
     ready_at: float | None = None  # set when a request span arrives
     clients: int = 0  # client request spans
     callers: int = 0  # engine request spans with a caller (a parent) that may still send its span
+    prefill_legs: int = 0  # of them, P/D prefill legs: their decode leg answers for them (disagg.py)
     waiting: dict | None = None  # span id -> arrival of those engine spans (kept back at a timeout)
     late: bool = False  # opened by a boundary of a request released without it
     held: set | None = None  # engine span ids a timeout kept back once: the next releases them
@@ -249,7 +252,13 @@ def _released_keys(spans: list[tuple]) -> tuple[bytes, int]:
                 if by_id is None:
                     by_id = {x[sp.SPAN_ID]: x for x in spans}
                 above = by_id.get(parent)
-                if above is not None and above[sp.CODE] == sp.SERVER and above[sp.PARENT_ID]:
+                # (not a P/D prefill leg's: the proxy's span above it is above its decode leg too)
+                if (
+                    above is not None
+                    and above[sp.CODE] == sp.SERVER
+                    and above[sp.PARENT_ID]
+                    and s[sp.PD_ROLE] != "prefill"
+                ):
                     keys.append(_ABOVE_DONE + above[sp.PARENT_ID])
         rk = _request_key(s, bit)
         if rk is not None:
@@ -388,6 +397,12 @@ class TraceAssembler:
             e.clients += 1
         elif s[sp.PARENT_ID] and not late and not e.late:  # the caller's span may be on its way
             e.callers += 1
+            role = s[sp.PD_ROLE]
+            if role == "prefill":  # a P/D request's first leg: its decode leg, and the caller, follow
+                e.prefill_legs += 1
+            elif role == "decode" and e.prefill_legs:  # one caller for both legs
+                e.prefill_legs -= 1
+                e.callers -= 1
             if e.waiting is None:
                 e.waiting = {}
             e.waiting[s[sp.SPAN_ID]] = now

@@ -8,6 +8,8 @@ Named stages, each a function of what the one before it made (:func:`derive` joi
    :mod:`~collector.pipeline.foreign_spans`), one record each, in span order;
 2. **phases** (:func:`engine_phases`): each engine record's front end, queue, prefill, decode and
    preemptions from its child spans (integer ns), and its own generation times;
+2b. **legs** (:func:`join_legs`): a disaggregated request's prefill leg joined to its decode leg
+   (:mod:`~collector.pipeline.disagg`), and taken out of the records: one request, one record;
 3. **server** (:func:`server_spans`): the HTTP server span between a client and an engine span
    (``engine_hooks.asgi``): when it read the request and every body chunk it wrote;
 4. **pair** (:func:`pair_records`): which client record and which engine record are one request;
@@ -41,10 +43,11 @@ from otel_llm.metrics.request_math import RequestMetrics, request_metrics
 from otel_llm.metrics.timeline import STATUS_CODE, clean_events
 from otel_llm.semconv import RequestStatus
 
-from . import foreign_spans, invariants, speculation
+from . import disagg, foreign_spans, invariants, speculation
 from . import walked_span as sp
 from .adopted_spans import Adopted
 from .assembly import ReleasedTrace
+from .disagg import PrefillLegs
 from .records import NO_NS, RecordBatch, timeline_batch
 from .stalls import stall_layers
 from .ttft_parts import OUTER
@@ -184,6 +187,17 @@ class RequestSpans:
         span has that id in the same trace, else -1."""
         return _owners(self.by_span_id, ids, trace, self.trace, self.by_trace_span)
 
+    def take(self, keep: np.ndarray) -> RequestSpans:
+        """The same batch with only the records where ``keep`` (every span stays: a record taken
+        out owns its phases no longer)."""
+        recs = [r for r, k in zip(self.recs, keep.tolist()) if k]
+        trace = self.trace[keep]
+        key, per_trace = _span_index(recs, trace)
+        return RequestSpans(
+            recs, self.code[keep], trace, self.summarised[keep], self.spans, self.span_code, self.span_trace,
+            key, per_trace, self.foreign,
+        )  # fmt: skip
+
 
 def group(traces: list[ReleasedTrace]) -> RequestSpans:
     """The request spans of ``traces``: Python touches each span once, to read its code."""
@@ -194,22 +208,26 @@ def group(traces: list[ReleasedTrace]) -> RequestSpans:
     at = np.flatnonzero(adopted.codes <= sp.ENGINE)
     recs = [adopted.flat[i] for i in at.tolist()]
     rec_tix = adopted.tix[at]
-    sids = list(map(_SID, recs))
-    key = dict(zip(sids, range(len(recs))))
-    # a span id used twice (across traces, or within one): a key per trace too
-    per_trace = {(t, s): r for r, (t, s) in enumerate(zip(rec_tix.tolist(), sids))} if len(key) < len(recs) else {}
     return RequestSpans(
-        recs=recs,
-        code=adopted.codes[at],
-        trace=rec_tix,
-        summarised=adopted.summarised[at],
-        spans=adopted.flat,
-        span_code=adopted.codes,
-        span_trace=adopted.tix,
-        by_span_id=key,
-        by_trace_span=per_trace,
+        recs,
+        adopted.codes[at],
+        rec_tix,
+        adopted.summarised[at],
+        adopted.flat,
+        adopted.codes,
+        adopted.tix,
+        *_span_index(recs, rec_tix),
         foreign=adopted,
     )
+
+
+def _span_index(recs: list[tuple], rec_tix: np.ndarray) -> tuple[dict, dict]:
+    """Records by span id, and by (trace, span id) where a span id is used twice (across traces,
+    or within one)."""
+    sids = list(map(_SID, recs))
+    key = dict(zip(sids, range(len(recs))))
+    per_trace = {(t, s): r for r, (t, s) in enumerate(zip(rec_tix.tolist(), sids))} if len(key) < len(recs) else {}
+    return key, per_trace
 
 
 @dataclass
@@ -225,6 +243,13 @@ class EnginePhases:
     preemptions: np.ndarray  # int64, a count
     preempted: np.ndarray  # float64 ns, a sum
     generated: list  # per engine record: (Unix ns, tokens or None) of its generation events, else None
+
+    def take(self, keep: np.ndarray) -> EnginePhases:
+        """The phases of the records where ``keep``."""
+        return EnginePhases(
+            **{f: getattr(self, f)[keep] for f in (*_NS_PHASES, "preemptions", "preempted")},
+            generated=[g for g, k in zip(self.generated, keep.tolist()) if k],
+        )
 
     def padded(self, m: int) -> EnginePhases:
         """The same with ``m`` records appended that have no engine phases."""
@@ -396,13 +421,16 @@ class Requests:
     server: ServerSpans
     pairs: list[tuple[int, int]]  # (client record, engine record)
     server_of: list[tuple[int, int]]  # (server record, its engine record)
+    legs: PrefillLegs  # a disaggregated request's decode record: its prefill leg
 
 
-def with_server_records(rs: RequestSpans, phases: EnginePhases, server: ServerSpans, pairs: list) -> Requests:
+def with_server_records(
+    rs: RequestSpans, phases: EnginePhases, server: ServerSpans, pairs: list, legs: PrefillLegs
+) -> Requests:
     """Stage 5: a record of its own for the server boundary, per engine record under a server span
     (appended after the others, with no engine phases of its own)."""
     if not server.span:
-        return Requests(rs.recs, rs.code, rs.summarised, phases, server, pairs, [])
+        return Requests(rs.recs, rs.code, rs.summarised, phases, server, pairs, [], legs)
     n, m = len(rs.recs), len(server.span)
     extra = [_server_record(rs.recs[e], s, server.chunks[e]) for e, s in server.span.items()]
     return Requests(
@@ -413,14 +441,29 @@ def with_server_records(rs: RequestSpans, phases: EnginePhases, server: ServerSp
         server=server.padded(m),
         pairs=pairs,
         server_of=list(zip(range(n, n + m), server.span)),
+        legs=legs.padded(m),
     )
+
+
+def join_legs(rs: RequestSpans, phases: EnginePhases) -> tuple[RequestSpans, EnginePhases, PrefillLegs]:
+    """Stage 2b: a disaggregated request's prefill leg joined to its decode leg
+    (:mod:`~collector.pipeline.disagg`) and taken out of the records: counted once, its account
+    kept as the decode record's."""
+    joined = disagg.join(rs.recs, rs.code, rs.trace)
+    if not joined:
+        return rs, phases, PrefillLegs.none(len(rs.recs))
+    legs = disagg.legs_of(rs.recs, phases.queue, phases.prefill, joined)
+    keep = np.ones(len(rs.recs), bool)
+    keep[[p for _, p in joined]] = False
+    return rs.take(keep), phases.take(keep), legs.take(keep)
 
 
 def requests(traces: list[ReleasedTrace]) -> Requests:
     """Stages 1 to 5 over a batch of traces."""
     rs = group(traces)
+    rs, phases, legs = join_legs(rs, engine_phases(rs))
     server = server_spans(rs)
-    return with_server_records(rs, engine_phases(rs), server, pair_records(rs, server, traces))
+    return with_server_records(rs, phases, server, pair_records(rs, server, traces), legs)
 
 
 #: More tokens than this in one event is not an output chunk: the event is invalid.
@@ -614,6 +657,9 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
             out[name][ci] = v
         for name in _FROM_ENGINE:
             out[name][ci] = out[name][ei]
+        pd = rq.legs.joined[ei]
+        if pd.any():  # a disaggregated request reached its decode server through a proxy and the prefill leg:
+            out["network_in"][ci[pd]] = np.nan  # not network; to_engine holds it (ttft_parts: to_engine)
     return out
 
 
@@ -665,6 +711,12 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
             ci, ei, submit, events.start, events.offsets, events.tokens, rq.phases.generated, rq.server.chunks
         )
     columns.update(stall_core_gap=stall_core, stall_server_gap=stall_server, input_tokens=input_tokens)
+    pd = disagg.columns(rq.recs, rq.code, rq.legs)
+    columns.update(pd)
+    if rq.pairs and pd["pd_role"].count(None) < n:  # P/D engines: the client's record says what its engine's does
+        for c, e in rq.pairs:
+            for name in disagg.FROM_ENGINE:
+                columns[name][c] = columns[name][e]
     return record_batch(rq, fields, events, metrics, columns, status, request_id, same), metrics
 
 

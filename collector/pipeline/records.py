@@ -191,6 +191,35 @@ COLUMNS: tuple[Column, ...] = (
         "tokens",
         "tokens per verify step: 1 + accepted / verify steps (vLLM's mean acceptance length)",
     ),
+    # disaggregated prefill/decode (llm.pd.* on llm.request; collector/pipeline/disagg.py): the
+    # decode engine's record, its prefill leg joined, and the client record paired with it
+    Column(
+        "pd_role",
+        TEXT,
+        "",
+        "disaggregated: the request's prefill and decode legs joined into this record (the decode "
+        "engine's, and its client's); prefill | decode: a leg whose other leg was not seen; both: an engine "
+        "with a KV connector served it whole; None: not a P/D engine",
+    ),
+    Column("pd_connector", TEXT, "", "the KV connector that moved the request's KV cache (vLLM: NixlConnector, ...)"),
+    Column("prefill_engine_id", TEXT, "", "the prefill leg's engine (llm.pd.engine_id)"),
+    Column("prefill_request_id", TEXT, "", "the prefill engine's own id for the request (its internal id)"),
+    Column(
+        "prefill_leg",
+        SECONDS,
+        "s",
+        "the prefill engine's leg, arrival -> finish on its clock: its front end, queue, the prompt's "
+        "computation and its one token",
+    ),
+    Column("prefill_leg_queue", SECONDS, "s", "the prefill leg's llm.queue (its scheduler's queue)"),
+    Column("prefill_leg_prefill", SECONDS, "s", "the prefill leg's llm.prefill: the prompt computed there"),
+    Column(
+        "prefill_leg_tokens",
+        INT,
+        "tokens",
+        "tokens the prefill leg generated, which the proxy discards (1 with vLLM's proxies)",
+        unknown=-1,
+    ),
 )
 COLUMN_NAMES: tuple[str, ...] = tuple(c.name for c in COLUMNS)
 EVENT_FIELDS = ("event_offsets_ns", "event_tokens")

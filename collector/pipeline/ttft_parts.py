@@ -82,7 +82,9 @@ PARTS: tuple[Part, ...] = (
         "to_engine",
         "client call",
         "engine arrival",
-        "the client library, the network and the HTTP server in (two clocks); = client_send + network_in + api_in",
+        "the client library, the network and the HTTP server in (two clocks); = client_send + network_in + api_in; "
+        "a disaggregated request (pd_role): also the proxy, the prefill leg (prefill_leg) and the hop to the "
+        "decode engine, whose arrival it ends at",
         "#8c8c8c",
         outer=True,
         clock_shift=-1,

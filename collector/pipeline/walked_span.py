@@ -130,6 +130,12 @@ _ATTRIBUTES = (
     ("spec_draft_tokens", sc.SPECULATION_DRAFT_TOKENS),
     ("spec_accepted_tokens", sc.SPECULATION_ACCEPTED_TOKENS),
     ("spec_verify_steps", sc.SPECULATION_VERIFY_STEPS),
+    # disaggregated prefill/decode, on llm.request (collector/pipeline/disagg.py)
+    ("pd_role", sc.PD_ROLE),
+    ("pd_connector", sc.PD_CONNECTOR),
+    ("pd_engine_id", sc.PD_ENGINE_ID),
+    ("pd_peer_request_id", sc.PD_PEER_REQUEST_ID),
+    ("pd_peer_engine_id", sc.PD_PEER_ENGINE_ID),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -189,6 +195,11 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     SPEC_DRAFT_TOKENS,
     SPEC_ACCEPTED_TOKENS,
     SPEC_VERIFY_STEPS,
+    PD_ROLE,
+    PD_CONNECTOR,
+    PD_ENGINE_ID,
+    PD_PEER_REQUEST_ID,
+    PD_PEER_ENGINE_ID,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

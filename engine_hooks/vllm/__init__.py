@@ -29,6 +29,7 @@ from otel_llm import environment
 
 from .. import asgi
 from ..api import EngineHooks, hooked, mark_hooked
+from .disagg import engine_connector
 from .frontend import capture_trace_headers, instrument_output_processor
 from .plugin import ENV_ENABLE, ENV_FRONTEND, announce
 
@@ -70,7 +71,7 @@ def attach(engine: Any) -> bool:
     if op is None:
         raise TypeError(f"{type(engine).__name__} has no output_processor: not a vLLM v1 engine")
     hooks = frontend_hooks()
-    done = instrument_output_processor(op, hooks, _model_name(engine))
+    done = instrument_output_processor(op, hooks, _model_name(engine), engine_connector(engine))
     capture_trace_headers(engine)
     # the pipeline, and its span process, start with the engine, not with its first request: a
     # span process takes a second or more to import, and the first request's spans came that much

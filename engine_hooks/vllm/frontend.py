@@ -29,6 +29,7 @@ from otel_llm.semconv import RequestStatus
 from ..api import EngineHooks, hooked, mark_hooked, plain_payload
 from ..hot_path.batch_scan import BatchScanner
 from ..spans.tracker import RequestTracker
+from .disagg import leg_attributes
 
 #: trace headers of the request being added on this task (AsyncLLM drops them unless vLLM's own
 #: tracing is on, so the adapter captures them before that).
@@ -129,8 +130,12 @@ def expand_outputs(tracker: RequestTracker, mono_ns: int, payload: tuple) -> Non
             tracker.finish(rid, out_ns, _STATUS.get(fr, RequestStatus.ERROR), _REASON.get(fr, str(fr)))
 
 
-def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) -> bool:
-    """Hook one OutputProcessor instance; returns False when it was hooked already."""
+def instrument_output_processor(
+    op: Any, hooks: EngineHooks, model: str | None, connector: Mapping[str, str] | None = None
+) -> bool:
+    """Hook one OutputProcessor instance; returns False when it was hooked already. ``connector``:
+    the engine's KV connector (:func:`engine_hooks.vllm.disagg.engine_connector`), whose requests
+    say which leg of a disaggregated request they are."""
     if hooked(getattr(op, "process_outputs", None)):
         return False
     cls = type(op)
@@ -141,6 +146,7 @@ def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) 
         sc.REQUEST_CHOICE,
     )
     headers_var = incoming_trace_headers
+    pd_leg = leg_attributes if connector else None
 
     def fields(res, self, request, prompt=None, parent_req=None, request_index=0, *a, **k):
         # once a request, on the engine's thread: the names bound above, the dict built at once
@@ -155,6 +161,9 @@ def instrument_output_processor(op: Any, hooks: EngineHooks, model: str | None) 
         t = getattr(request, "arrival_time", None)
         ids = getattr(request, "prompt_token_ids", None)
         headers = headers_var.get() or getattr(request, "trace_headers", None)
+        if pd_leg is not None:  # a P/D engine: which leg (vLLM reads the same extra_args key)
+            extra = getattr(request.sampling_params, "extra_args", None)
+            attrs.update(pd_leg(extra.get("kv_transfer_params") if extra else None, connector))
         return rid, int(t * 1e9) if t else None, len(ids) if ids is not None else None, headers, attrs
 
     # bound to the instance: engines built without instrument() in this process stay untouched

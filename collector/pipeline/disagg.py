@@ -1,0 +1,160 @@
+"""Disaggregated prefill and decode: the two legs of one request joined into one record.
+
+A P/D deployment serves one client request on two engines: a prefill engine computes the prompt
+(and gives one token, which the proxy discards), its KV cache moves to a decode engine, and the
+decode engine generates what the client receives. Both engines' ``llm.request`` spans say their leg
+(``llm.pd.role``, :mod:`engine_hooks.vllm.disagg`), and the decode leg names its prefill leg: the
+prefill engine's request id and engine id (``llm.pd.peer.*``). Where a proxy carries the client's
+trace context to both (``engine_hooks.trace_proxy``, ``examples/pd_proxy.py``), both legs are in
+the client's trace.
+
+:func:`join` pairs them by trace and by those ids, never by time; :func:`take_apart` takes each
+joined prefill leg out of the request records (a request is counted once: at the client, and at
+the decode engine, which delivers its tokens) and keeps what it said (:class:`PrefillLegs`) as the
+decode record's ``prefill_leg*`` columns. A leg whose other leg was not seen stays a record of its
+own, its role saying which leg it is.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from . import walked_span as sp
+from .records import NO_NS
+
+PREFILL, DECODE, JOINED = "prefill", "decode", "disaggregated"
+_ROLE = operator.itemgetter(sp.PD_ROLE)
+_NS = 1e9
+
+
+def _text(v) -> str | None:
+    return v if type(v) is str and v else None
+
+
+def join(recs: list[tuple], code: np.ndarray, trace: np.ndarray) -> list[tuple[int, int]]:
+    """(decode record, prefill record) of each request whose two legs are both in ``recs``: the
+    decode leg's peer request id and engine id are the prefill leg's internal id and engine id, in
+    the same trace. Each prefill leg joins one decode leg at most."""
+    roles = set(map(_ROLE, recs))  # iterated in C: most batches hold no P/D engine
+    if PREFILL not in roles or DECODE not in roles:
+        return []
+    prefill: dict[tuple, int] = {}
+    for r, s in enumerate(recs):
+        if s[sp.PD_ROLE] == PREFILL and code[r] == sp.ENGINE:
+            rid = _text(s[sp.INTERNAL_ID]) or _text(s[sp.REQUEST_ID])
+            if rid is not None:
+                prefill.setdefault((int(trace[r]), rid, _text(s[sp.PD_ENGINE_ID])), r)
+    joined = []
+    for r, s in enumerate(recs):
+        if s[sp.PD_ROLE] != DECODE or code[r] != sp.ENGINE:
+            continue
+        peer = _text(s[sp.PD_PEER_REQUEST_ID])
+        if peer is None:
+            continue
+        p = prefill.pop((int(trace[r]), peer, _text(s[sp.PD_PEER_ENGINE_ID])), None)
+        if p is not None:
+            joined.append((r, p))
+    return joined
+
+
+@dataclass
+class PrefillLegs:
+    """Per record (the prefill legs taken out): what its joined prefill leg said. Durations in ns
+    (int64, ``NO_NS`` unknown), on the prefill engine's clock."""
+
+    joined: np.ndarray  # bool: this record has a prefill leg
+    engine_id: list  # the prefill leg's llm.pd.engine_id
+    request_id: list  # the prefill engine's own id for the request
+    leg: np.ndarray  # its arrival -> its finish
+    queue: np.ndarray  # its llm.queue
+    prefill: np.ndarray  # its llm.prefill
+    tokens: np.ndarray  # tokens it generated (-1 unknown)
+
+    @classmethod
+    def none(cls, n: int) -> PrefillLegs:
+        ns = lambda: np.full(n, NO_NS, np.int64)
+        return cls(np.zeros(n, bool), [None] * n, [None] * n, ns(), ns(), ns(), np.full(n, -1, np.int64))
+
+    def take(self, keep: np.ndarray) -> PrefillLegs:
+        """The legs of the records where ``keep``."""
+        out = {}
+        for f in fields(self):
+            a = getattr(self, f.name)
+            out[f.name] = [v for v, k in zip(a, keep.tolist()) if k] if isinstance(a, list) else a[keep]
+        return PrefillLegs(**out)
+
+    def padded(self, m: int) -> PrefillLegs:
+        """The same with ``m`` records appended that have no prefill leg."""
+        more = PrefillLegs.none(m)
+        out = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(more, f.name)
+            out[f.name] = a + b if isinstance(a, list) else np.concatenate([a, b])
+        return PrefillLegs(**out)
+
+
+def _tokens(s: tuple) -> int:
+    """The tokens of a record's token events (its output), -1 where it says none."""
+    t = s[sp.TOKENS]
+    if type(t) is bytes and t and len(t) % 8 == 0:
+        return int(np.frombuffer(t, np.int64).sum())
+    o = s[sp.OUTPUT_TOKENS]
+    return o if type(o) is int and o >= 0 else -1
+
+
+def legs_of(recs: list[tuple], queue: np.ndarray, prefill: np.ndarray, joined: list[tuple[int, int]]) -> PrefillLegs:
+    """For each record, its joined prefill leg's account (``queue``, ``prefill``: every record's
+    engine phases in ns, the prefill legs' among them)."""
+    out = PrefillLegs.none(len(recs))
+    for d, p in joined:
+        s = recs[p]
+        out.joined[d] = True
+        out.engine_id[d] = _text(s[sp.PD_ENGINE_ID])
+        out.request_id[d] = _text(s[sp.INTERNAL_ID]) or _text(s[sp.REQUEST_ID])
+        out.leg[d] = s[sp.END] - s[sp.START]
+        out.queue[d] = queue[p]
+        out.prefill[d] = prefill[p]
+        out.tokens[d] = _tokens(s)
+    return out
+
+
+def _seconds(ns: np.ndarray) -> np.ndarray:
+    out = np.full(len(ns), np.nan)
+    ok = ns != NO_NS
+    out[ok] = ns[ok] / _NS
+    return out
+
+
+def columns(recs: list[tuple], code: np.ndarray, legs: PrefillLegs) -> dict[str, object]:
+    """The ``pd_*`` and ``prefill_leg*`` columns of every record (``records.COLUMNS``): a joined
+    record's role is ``disaggregated``, an engine record's its own leg, others' None."""
+    n = len(recs)
+    role: list = [None] * n
+    connector: list = [None] * n
+    if n and set(map(_ROLE, recs)) != {None}:
+        for r, s in enumerate(recs):
+            if code[r] == sp.ENGINE:
+                role[r] = _text(s[sp.PD_ROLE])
+                connector[r] = _text(s[sp.PD_CONNECTOR])
+    for r in np.flatnonzero(legs.joined).tolist():
+        role[r] = JOINED
+    return {
+        "pd_role": role,
+        "pd_connector": connector,
+        "prefill_engine_id": legs.engine_id,
+        "prefill_request_id": legs.request_id,
+        "prefill_leg": _seconds(legs.leg),
+        "prefill_leg_queue": _seconds(legs.queue),
+        "prefill_leg_prefill": _seconds(legs.prefill),
+        "prefill_leg_tokens": legs.tokens,
+    }
+
+
+#: the columns a paired client record takes from its engine record
+FROM_ENGINE = (
+    "pd_role", "pd_connector", "prefill_engine_id", "prefill_request_id", "prefill_leg", "prefill_leg_queue",
+    "prefill_leg_prefill", "prefill_leg_tokens",
+)  # fmt: skip
