@@ -6,7 +6,8 @@ repository): each completion or chat request goes first to a prefill server with
 engine computes the prompt and keeps its KV blocks for the decode side); the ``kv_transfer_params``
 it answers with (its request id, engine id, blocks, host and port) go with the original request to
 a decode server, whose answer, streamed or not, is the client's. Both legs get one
-``X-Request-Id``, as vLLM's proxy sends.
+``X-Request-Id``, as vLLM's proxy sends: the client's own where it sent one (vLLM's ``bench serve``
+does, and joins its results by it), else a new one.
 
 What it adds is one line: ``app = trace_proxy(app)`` (:func:`engine_hooks.trace_proxy`). Each
 request then has the proxy's server span, and both legs carry its ``traceparent``: the prefill and
@@ -91,7 +92,8 @@ def build_app(prefill: list[str], decode: list[str], trace: bool = True):
             return _error(400, "the request body is not JSON", "request")
         if not isinstance(body, dict):
             return _error(400, "the request body is not a JSON object", "request")
-        headers = {"X-Request-Id": str(uuid.uuid4())}
+        # the client's request id, where it sent one (a load tool joins its results by it), else a new one
+        headers = {"X-Request-Id": request.headers.get("x-request-id") or str(uuid.uuid4())}
         if request.headers.get("authorization"):
             headers["Authorization"] = request.headers["authorization"]
         try:

@@ -46,27 +46,15 @@ import numpy as np
 from otel_llm.metrics.request_math import request_metrics
 from otel_llm.semconv import Boundary, RequestStatus
 
-from ..pipeline.derive import PAIR_PARTS, pair_parts
+from ..pipeline import disagg
+from ..pipeline.derive import FROM_ENGINE, PAIR_PARTS, pair_parts
 from ..pipeline.records import NO_NS, RecordBatch, RequestRecord, timeline_batch
 
 FORMATS = ("vllm-bench", "guidellm")
 
 #: what a client record takes from its engine record (engine internals and the server's times)
-_FROM_ENGINE = (
-    "front_end",
-    "queue",
-    "prefill",
-    "decode",
-    "preemptions",
-    "preemption_time",
-    "first_scheduled_ns",
-    "first_generated_ns",
-    "engine_delivery",
-    "server_received_ns",
-    "server_first_chunk_ns",
-    "model",
-    "input_tokens",
-)
+#: what a tool's request takes from its engine record: what otel-llm's client record takes
+_FROM_ENGINE = (*FROM_ENGINE, *disagg.FROM_ENGINE, "model", "input_tokens")
 
 
 @dataclass
@@ -318,6 +306,7 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift
         e_first_out,
         ns("server_received_ns"),
         ns("server_first_chunk_ns"),
+        np.array([e.pd_role == "disaggregated" for _, e, _ in matched], bool),
     )
     out = []
     for j, (_, e, _) in enumerate(matched):

@@ -535,6 +535,7 @@ def pair_parts(
     e_first_out: np.ndarray,
     received: np.ndarray,
     first_chunk: np.ndarray,
+    through_prefill: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The outer parts of the client TTFT (:data:`PAIR_PARTS`) of (client, engine) pairs, in
     seconds, NaN where unknown. Arrays aligned by pair, times in Unix ns (``NO_NS`` unknown): the
@@ -542,7 +543,9 @@ def pair_parts(
     engine's arrival, first token generated and first output handed out (engine clock); the HTTP
     server's first byte read and the first body chunk it wrote once the engine had a token out
     (server clock). Parts across two clocks are uncorrected (:mod:`collector.analysis.compare` corrects
-    them); without a send time, ``network_in`` starts at the call."""
+    them); without a send time, ``network_in`` starts at the call. ``through_prefill`` (bool per
+    pair): a disaggregated request, whose way to the decode server went through a proxy and the
+    whole prefill leg: not network, so no ``network_in`` (``to_engine`` holds it)."""
     k = len(c_submit)
     out = {name: np.full(k, np.nan) for name in PAIR_PARTS}
     out["to_engine"][:] = (e_submit - c_submit) / _NS
@@ -552,6 +555,8 @@ def pair_parts(
     srv = received != NO_NS
     out["network_in"][srv] = (received[srv] - sent[srv]) / _NS
     out["api_in"][srv] = (e_submit[srv] - received[srv]) / _NS
+    if through_prefill is not None:
+        out["network_in"][through_prefill] = np.nan
     engine_first = np.where(e_first_generated != NO_NS, e_first_generated, e_first_out)
     ok = (c_first != NO_NS) & (engine_first != NO_NS)
     out["delivery"][ok] = (c_first[ok] - engine_first[ok]) / _NS
@@ -604,8 +609,9 @@ def boundary_metrics(
     )  # fmt: skip
 
 
-#: The engine's columns a paired client record takes from its engine record.
-_FROM_ENGINE = (
+#: The engine's columns a paired client record takes from its engine record (the P/D columns:
+#: disagg.FROM_ENGINE, copied once they are made).
+FROM_ENGINE = (
     "front_end", "queue", "prefill", "decode", "preemptions", "preemption_time", "engine_delivery",
     "first_scheduled_ns", "first_generated_ns", "server_received_ns", "server_first_chunk_ns",
 )  # fmt: skip
@@ -652,14 +658,11 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
         sent = np.where((off >= 0) & (off <= end - submit), submit + off, NO_NS)
         for name, v in pair_parts(
             submit[ci], sent[ci], first_event[ci], submit[ei], ph.first_generated[ei], first_event[ei],
-            server.received[ei], server_first[ei],
+            server.received[ei], server_first[ei], rq.legs.joined[ei],
         ).items():  # fmt: skip
             out[name][ci] = v
-        for name in _FROM_ENGINE:
+        for name in FROM_ENGINE:
             out[name][ci] = out[name][ei]
-        pd = rq.legs.joined[ei]
-        if pd.any():  # a disaggregated request reached its decode server through a proxy and the prefill leg:
-            out["network_in"][ci[pd]] = np.nan  # not network; to_engine holds it (ttft_parts: to_engine)
     return out
 
 
@@ -701,6 +704,8 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         r if type(r) is str and r and c is None else _request_id(s)
         for r, c, s in zip(fields[sp.REQUEST_ID], fields[sp.CHOICE], rq.recs)
     ]
+    if rq.pairs and disagg.PREFILL in set(fields[sp.PD_ROLE]):  # a prefill leg alone: see its client
+        disagg.stranded_legs_fail(status, rq.recs, rq.pairs, RequestStatus.OK)
     input_tokens = np.array([v if type(v) is int else -1 for v in fields[sp.INPUT_TOKENS]], np.int64)
     metrics = boundary_metrics(fields, events, request_id, status, input_tokens, rq.summarised)
     columns = decompose(rq, fields, events)

@@ -153,6 +153,16 @@ def columns(recs: list[tuple], code: np.ndarray, legs: PrefillLegs) -> dict[str,
     }
 
 
+def stranded_legs_fail(status: list[str], recs: list[tuple], pairs: list[tuple[int, int]], ok: str) -> None:
+    """A prefill leg whose decode leg never came (the decode server down, the transfer failed) did
+    not serve its request: where its client says the request failed, the leg's status is the
+    client's, never ``ok`` (in place). Without a client, or with a client that got its tokens (a
+    decode server that is not traced), the leg keeps its own."""
+    for c, e in pairs:
+        if recs[e][sp.PD_ROLE] == PREFILL and status[c] != ok:
+            status[e] = status[c]
+
+
 #: the columns a paired client record takes from its engine record
 FROM_ENGINE = (
     "pd_role", "pd_connector", "prefill_engine_id", "prefill_request_id", "prefill_leg", "prefill_leg_queue",

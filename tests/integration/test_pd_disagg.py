@@ -1,50 +1,64 @@
 """Disaggregated prefill and decode on real vLLM servers (#43): a prefill and a decode server on the
 tiny model, NIXL moving the KV cache over TCP, the reference proxy (examples/pd_proxy.py, traced
-with engine_hooks.trace_proxy) in front, otel-llm bench as the client, a real collector. Each
-client request is one request in the collector: its client record, one engine record (the decode
-leg, its prefill leg joined, never a record of its own), the tokens the client received."""
+with engine_hooks.trace_proxy) in front, a real collector. Each client request is one request in
+the collector: one engine record (the decode leg, its prefill leg joined, never a record of its
+own) with the tokens the client received, whoever the client is: otel-llm bench (its client span
+paired) or vLLM's own benchmark client (its saved results joined by the request id it sent)."""
 
 from __future__ import annotations
 
 import json
 import time
 
+import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import run_cli, start_collector
 from support.pd_servers import start_pd
-
-from collector.pipeline.assembly import AssemblyConfig
+from support.third_party_clients import vllm_bench_serve
 
 pytestmark = pytest.mark.slow
 
 N = 8
 
 
-def test_each_request_is_one_record_with_both_legs(make_collector, tiny_model, tmp_path):
-    c = make_collector(assembly=AssemblyConfig(grace_s=0.5, peer_wait_s=5, timeout_s=30))
-    otlp = {
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_BSP_SCHEDULE_DELAY": "100",
-        "OTEL_LLM_SCHEDULE_DELAY": "100",
-    }
-    pd = start_pd(tiny_model, {"OTEL_LLM_ENABLE": "1", **otlp}, str(tmp_path))
+@pytest.fixture(scope="module")
+def pd(tiny_model, tmp_path_factory):
+    """One collector, and a traced prefill server, decode server and proxy sending to it."""
+    tmp = tmp_path_factory.mktemp("pd")
+    c, otlp = start_collector(str(tmp / "store.db"), grace_s=0.5)
+    otlp = {**otlp, "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_LLM_SCHEDULE_DELAY": "100"}
     try:
-        run = json.loads(
-            run_cli(
-                "bench", "--base-url", pd.proxy_url, "--model", tiny_model, "--input-tokens", "48",
-                "--output-tokens", "12", "--concurrency", "2", "--num-requests", str(N), "--seed", "3",
-                "--format", "json", env={**otlp, "OTEL_TRACES_EXPORTER": "otlp"},
-            ).stdout
-        )  # fmt: skip
+        deployment = start_pd(tiny_model, {**otlp, "OTEL_LLM_ENABLE": "1"}, str(tmp))
+    except BaseException:
+        c.stop()
+        raise
+    try:
+        yield c, otlp, deployment
     finally:
-        pd.stop()
-    assert run["conditions"]["statuses"]["ok"] == N
-    t0 = time.monotonic()
-    while c.store.count() < 3 * N and time.monotonic() - t0 < 60:
+        deployment.stop()
+        c.stop()
+
+
+def _stored(c, at_least: int) -> list:
+    deadline = time.monotonic() + 60
+    while c.store.count() < at_least and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(2)  # anything more (a prefill leg on its own) would have come by now
-    records = c.store.records()
+    time.sleep(1)  # anything more (a prefill leg on its own) would have come by now
+    return c.store.records()
+
+
+def test_each_request_is_one_record_with_both_legs(pd, tiny_model):
+    c, otlp, deployment = pd
+    before = c.store.count()
+    run = json.loads(
+        run_cli(
+            "bench", "--base-url", deployment.proxy_url, "--model", tiny_model, "--input-tokens", "48",
+            "--output-tokens", "12", "--concurrency", "2", "--num-requests", str(N), "--seed", "3",
+            "--run-id", "pd-bench", "--format", "json", env=otlp,
+        ).stdout
+    )  # fmt: skip
+    assert run["conditions"]["statuses"]["ok"] == N
+    records = [r for r in _stored(c, before + 3 * N) if r.run_id == "pd-bench"]
     clients = {r.trace_id: r for r in records if r.boundary == "client"}
     engines = [r for r in records if r.boundary == "engine"]
     assert len(clients) == N
@@ -65,5 +79,66 @@ def test_each_request_is_one_record_with_both_legs(make_collector, tiny_model, t
         parts = (cl.to_engine, cl.front_end, cl.queue, cl.prefill, cl.api_out, cl.network_out)
         assert None not in parts and abs(sum(parts) - cl.ttft) < 1e-6
         assert cl.to_engine > en.prefill_leg
-    out = json.loads(run_cli("compare", "--store", c.config.store, "--format", "json").stdout)
+    out = json.loads(run_cli("compare", "--store", c.config.store, "--run", "pd-bench", "--format", "json").stdout)
     assert out["summary"]["requests_paired"] == N
+
+
+def test_vllms_benchmark_client_through_the_proxy(pd, tiny_model, tmp_path):
+    """vLLM's bench serve (no trace context of its own): the proxy's span is each trace's root; its
+    saved results join the decode records by the request id it sent, which the proxy passed on."""
+    c, _, deployment = pd
+    before = c.store.count()
+    result = vllm_bench_serve(
+        deployment.proxy_url, tiny_model, tmp_path,
+        *("--dataset-name", "random", "--random-input-len", "48", "--random-output-len", "16"),
+        *("--ignore-eos", "--num-prompts", str(N), "--request-rate", "4", "--seed", "5"),
+        *("--request-id-prefix", "PD"),
+    )  # fmt: skip
+    assert not any(result["errors"]), result["errors"]
+    records = _stored(c, before + 2 * N)
+    engines = {r.request_id: r for r in records if r.boundary == "engine" and r.request_id.startswith("cmpl-PD")}
+    assert sorted(engines) == sorted(f"cmpl-PD{i}-0" for i in range(N))  # one record per request
+    for i, tokens in enumerate(result["output_lens"]):
+        en = engines[f"cmpl-PD{i}-0"]
+        assert en.pd_role == "disaggregated" and en.output_tokens == tokens == 16 and en.prefill_leg_tokens == 1
+        assert en.ttft <= result["ttfts"][i]
+    (path,) = tmp_path.glob("vllm-bench-*.json")
+    out = run_cli("compare", "--store", c.config.store, "--client-results", path, "--format", "json")
+    assert f"{N} of {N} requests of vllm bench serve" in out.stderr
+    rows = {r["id"]: r for r in json.loads(out.stdout)["requests"]}
+    diffs = []
+    for i, ttft in enumerate(result["ttfts"]):
+        r = rows[f"PD{i}"]
+        assert abs(r["client_ttft"] - ttft) < 1e-6  # the tool's own TTFT
+        assert r["network_in"] is None  # the proxy and the prefill leg are not network
+        parts = [r[p] for p in ("to_engine", "front_end", "queue", "prefill", "api_out", "network_out")]
+        assert None not in parts and abs(sum(parts) - ttft) < 1e-6
+        diffs.append((ttft, engines[f"cmpl-PD{i}-0"].ttft, engines[f"cmpl-PD{i}-0"].prefill_leg))
+    d = np.array(diffs) * 1e3
+    print(f"vllm bench serve through the P/D proxy, {N} requests, ms (p50): client TTFT {np.median(d[:, 0]):.1f}, ")
+    print(f"decode engine TTFT {np.median(d[:, 1]):.1f}, prefill leg {np.median(d[:, 2]):.1f}")
+
+
+def test_the_decode_server_down(pd, tiny_model):
+    """The decode server gone: the client gets the proxy's error, and the request is recorded as
+    failed at the client and at its prefill leg, which did not serve it (last: it stops the
+    decode server)."""
+    from engine_hooks.tiny_model import stop_cpu_server
+
+    c, otlp, deployment = pd
+    stop_cpu_server(deployment.decode)
+    before = c.store.count()
+    run = run_cli(
+        "bench", "--base-url", deployment.proxy_url, "--model", tiny_model, "--input-tokens", "48",
+        "--output-tokens", "12", "--concurrency", "1", "--num-requests", "2", "--seed", "4",
+        "--run-id", "pd-down", "--format", "json", env=otlp, check=False,
+    )  # fmt: skip
+    assert json.loads(run.stdout)["conditions"]["statuses"].get("error") == 2, run.stdout[-2000:]
+    records = [r for r in _stored(c, before + 6) if r.run_id == "pd-down"]
+    clients = [r for r in records if r.boundary == "client"]
+    engines = [r for r in records if r.boundary == "engine"]
+    assert len(clients) == len(engines) == 2
+    assert {r.status for r in clients} == {"error"}
+    for en in engines:  # the prefill leg alone, paired with its client: not a success
+        assert en.pd_role == "prefill" and en.status == "error" and en.paired
+        assert en.prefill_leg is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+from collector.pipeline import walked_span as sp
 from collector.pipeline.assembly import AssemblyConfig, TraceAssembler
 from collector.pipeline.derive import derive
 from collector.pipeline.walked_span import make_span
@@ -195,3 +196,17 @@ def test_each_engine_says_its_leg_from_the_requests_kv_transfer_params():
     }
     assert leg_attributes(None, connector)[sc.PD_ROLE] == "both"  # sent to one engine whole
     assert leg_attributes(["not", "a", "mapping"], connector)[sc.PD_ROLE] == "both"
+
+
+def test_a_prefill_leg_whose_request_failed_is_not_a_success():
+    """The decode server was down: the client got the proxy's 502; its record pairs with the
+    prefill leg, which takes the client's status, never ok."""
+    call = pd_call(0, decode=False)
+    c = list(call["client"][0])
+    c[sp.STATUS] = "error"
+    c[sp.OFFSETS] = c[sp.TOKENS] = None
+    call["client"] = [tuple(c)]
+    _, _, recs = derived([call, pd_call(1, 500)])
+    by = {(r.boundary, r.pd_role): r for r in recs}
+    assert by[("client", "prefill")].status == "error" and by[("engine", "prefill")].status == "error"
+    assert by[("engine", "disaggregated")].status == "ok"
