@@ -57,6 +57,11 @@ COUNTS: tuple[Series, ...] = (
     Series("speculation_accounts_joined", "accounts joined to their engine records"),
     Series("speculation_accounts_evicted", "accounts dropped unjoined to stay within --max-traces"),
     Series("speculation_accounts_malformed", "accounts left out: no internal id, or arrays that do not line up"),
+    # a decode engine's KV fetch accounts (collector.pipeline.kv_fetch)
+    Series("kv_fetch_accounts_received", "decode engines' KV fetch accounts received (llm.engine.kv_transfer)"),
+    Series("kv_fetch_accounts_joined", "KV fetch accounts joined to their engine records"),
+    Series("kv_fetch_accounts_evicted", "KV fetch accounts dropped unjoined to stay within --max-traces"),
+    Series("kv_fetch_accounts_malformed", "KV fetch accounts left out: no internal id, or times out of order"),
     # store (--store)
     Series("store_records", "records written to the store"),
     Series("store_engine_steps", "engine steps written to the store"),
@@ -84,6 +89,7 @@ LEVELS: tuple[Series, ...] = (
     Series("assembly_traces_in_flight", "traces being assembled now", True),
     Series("assembly_traces_limit", "--max-traces", True),
     Series("speculation_accounts_waiting", "accounts waiting for their records (at most --max-traces)", True),
+    Series("kv_fetch_accounts_waiting", "KV fetch accounts waiting for their records (at most --max-traces)", True),
     Series("derivation_backlog_traces", "released traces waiting for derivation", True),
     Series("derivation_backlog_limit", "--max-backlog", True),
     Series("inflight_bytes", "bytes of export requests held in memory now", True),

@@ -18,10 +18,10 @@ import time
 from dataclasses import asdict
 
 from .config import CollectorConfig, host_port
+from .pipeline.account_kinds import every_kind
 from .pipeline.assembly import AssemblyFull, ReleasedTrace, TraceAssembler
 from .pipeline.derive import derive
 from .pipeline.metrics_registry import MetricsRegistry
-from .pipeline.speculation import SpeculationIndex, split_accounts
 from .pipeline.steps import StepBatch, split_steps
 from .receivers.decode import WalkResult, decode_payload
 from .receivers.intake import AcceptResult, Overloaded, ReceiverCounters
@@ -137,8 +137,8 @@ class Collector:
         self._backlog: list[ReleasedTrace] = []
         self._backlog_bytes = 0  # memory the backlog's spans hold (see span_bytes)
         self._steps: list[tuple] = []  # walked step spans waiting for the store
-        # engines' speculation accounts waiting for their records, as many as traces in assembly
-        self.speculation = SpeculationIndex(cfg.assembly.max_traces)
+        # engines' accounts (speculation, KV fetches) waiting for their records, as many as traces in assembly
+        self.accounts = every_kind(cfg.assembly.max_traces)
         self.steps_received = 0
         self.steps_dropped = 0  # the store fell behind by more than the steps' bound
         self._backlog_lock = threading.Lock()
@@ -210,7 +210,7 @@ class Collector:
 
     def _accept_walked(self, w: WalkResult) -> AcceptResult:
         spans, steps = split_steps(w.spans)  # engine steps bypass assembly (collector.pipeline.steps)
-        spans, accounts = split_accounts(spans)  # and so do speculation accounts (collector.pipeline.speculation)
+        spans, accounts = self.accounts.split(spans)  # and so do engines' accounts (collector.pipeline.engine_accounts)
         per_span = span_bytes(len(w.body or b""), w.total)
         held, limit = self.inflight_bytes(), self.config.max_inflight_bytes
         if held and held + per_span * len(spans) > limit:  # an empty collector takes any one request
@@ -242,7 +242,7 @@ class Collector:
         if steps:
             self._take_steps(steps)
         if accounts:
-            self.speculation.add(accounts)
+            self.accounts.add(accounts)
         if self.policy_forwarder is not None:
             self.policy_forwarder.submit(w.body)
         elif self.forwarder is not None:
@@ -281,7 +281,7 @@ class Collector:
         """Derive, store, record and forward one chunk of released traces; returns its records."""
         with self._process_lock:
             batch, rm = derive(released)
-            self.speculation.join(batch)
+            self.accounts.join(batch)
             if self.store_writer is not None:
                 self.store_writer.put(batch)
             self.registry.record(batch, rm)
@@ -322,7 +322,7 @@ class Collector:
             except ValueError:
                 continue
             spans, steps = split_steps(w.spans)
-            spans, accounts = split_accounts(spans)
+            spans, accounts = self.accounts.split(spans)
             per_span = span_bytes(len(body), w.total)
             while True:
                 try:
@@ -342,7 +342,7 @@ class Collector:
             if steps:
                 self._take_steps(steps)
             if accounts:
-                self.speculation.add(accounts)
+                self.accounts.add(accounts)
             n += 1
         if n:
             log.info("collector: replayed %d accepted requests from the spool %s", n, self.config.spool)
@@ -384,7 +384,7 @@ class Collector:
         out["engine_steps_received"] = self.steps_received
         out["engine_steps_dropped"] = self.steps_dropped
         out["token_events_rejected"] = self.events_rejected
-        out.update(self.speculation.counters())
+        out.update(self.accounts.counters())
         out["metrics_records_folded"] = self.registry.records_folded
         if self.store is not None:
             w = self.store_writer
@@ -424,7 +424,7 @@ class Collector:
         out = {
             "assembly_traces_in_flight": len(self.assembler),
             "assembly_traces_limit": cfg.assembly.max_traces,
-            "speculation_accounts_waiting": len(self.speculation),
+            **self.accounts.waiting(),
             "derivation_backlog_traces": len(self._backlog),
             "derivation_backlog_limit": cfg.max_backlog,
             "inflight_bytes": self.inflight_bytes(),

@@ -44,6 +44,7 @@ SPAN_ENGINE_PREEMPTION = "llm.engine.preemption"
 #: one request's speculative decoding, from an engine process that does not trace its requests
 #: (vLLM's engine core), named by llm.request.internal_id (engine_hooks/spans/speculation.py)
 SPAN_ENGINE_SPECULATION = "llm.engine.speculation"
+SPAN_ENGINE_KV_TRANSFER = "llm.engine.kv_transfer"  # a decode engine's KV fetch of one request (P/D)
 
 SPAN_BENCH_RUN = "llm.bench.run"
 
@@ -195,6 +196,14 @@ PD_CONNECTOR = "llm.pd.connector"
 PD_ENGINE_ID = "llm.pd.engine_id"
 PD_PEER_REQUEST_ID = "llm.pd.peer.request_id"
 PD_PEER_ENGINE_ID = "llm.pd.peer.engine_id"
+#: on llm.engine.kv_transfer (a decode engine's KV fetch of one request; starts when its scheduler
+#: took the request, its KV still remote, and ends when it left the fetch: scheduled, finished or
+#: aborted): when the load started and when the scheduler saw the transfer complete (ns after the
+#: span's start; absent where not seen), the KV blocks the load asked for
+KV_LOAD_OFFSET = "llm.kv_transfer.load_start_offset_ns"
+KV_RECEIVED_OFFSET = "llm.kv_transfer.received_offset_ns"
+KV_BLOCKS = "llm.kv_transfer.blocks"
+KV_INCOMPLETE = "llm.kv_transfer.incomplete"  # still in the fetch at shutdown, or evicted
 REQUEST_INCOMPLETE = "llm.request.incomplete"  # exported at shutdown before it finished
 QUEUE_INCOMPLETE = "llm.queue.incomplete"  # on llm.queue: the engine never saw the request scheduled
 STREAM_EVENTS = "llm.stream.events"  # on llm.stream: outputs handed to the transport

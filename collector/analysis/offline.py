@@ -12,10 +12,10 @@ from otel_llm.metrics.selection import Selection
 from otel_llm.metrics.timeline import TimelineBatch
 from otel_llm.otlp.trace_file import read_trace_requests
 
+from ..pipeline.account_kinds import every_kind
 from ..pipeline.assembly import AssemblyConfig, TraceAssembler
 from ..pipeline.derive import derive
 from ..pipeline.records import RecordBatch
-from ..pipeline.speculation import SpeculationIndex, split_accounts
 from ..pipeline.steps import StepBatch, split_steps
 from ..receivers.decode import walk_message
 
@@ -27,16 +27,16 @@ def read_trace_file(path: str) -> tuple[RecordBatch, StepBatch]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{path}: no such traces file")
     asm = TraceAssembler(AssemblyConfig(max_traces=10**9, max_spans_per_trace=2**62))
-    index = SpeculationIndex(limit=10**9)
+    accounts = every_kind(limit=10**9)
     steps: list[tuple] = []
     for _, req in read_trace_requests(path):
         spans, st = split_steps(walk_message(req).spans)
-        spans, accounts = split_accounts(spans)
+        spans, said = accounts.split(spans)
         asm.add(spans, 0.0)
-        index.add(accounts)
+        accounts.add(said)
         steps += st
     batch, _ = derive(asm.flush())
-    index.join(batch)
+    accounts.join(batch)
     steps.sort(key=lambda s: s[5])
     return batch, StepBatch.from_walked(steps)
 

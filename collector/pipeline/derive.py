@@ -612,8 +612,8 @@ def boundary_metrics(
 #: The engine's columns a paired client record takes from its engine record (the P/D columns:
 #: disagg.FROM_ENGINE, copied once they are made).
 FROM_ENGINE = (
-    "front_end", "queue", "prefill", "decode", "preemptions", "preemption_time", "engine_delivery",
-    "first_scheduled_ns", "first_generated_ns", "server_received_ns", "server_first_chunk_ns",
+    "front_end", "queue", "kv_transfer", "kv_ready", "prefill", "decode", "preemptions", "preemption_time",
+    "engine_delivery", "first_scheduled_ns", "first_generated_ns", "server_received_ns", "server_first_chunk_ns",
 )  # fmt: skip
 
 
@@ -640,6 +640,9 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
     out = {
         "front_end": _seconds(ph.front_end),
         "queue": _seconds(ph.queue),
+        "kv_transfer": np.full(n, np.nan),  # a decode engine's KV fetch: its account joins later
+        "kv_ready": np.full(n, np.nan),  # (collector/pipeline/kv_fetch.py)
+        "kv_blocks": np.full(n, -1, np.int64),
         "prefill": _seconds(ph.prefill),
         "decode": _seconds(ph.decode),
         "preemptions": ph.preemptions,

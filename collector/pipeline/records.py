@@ -214,6 +214,13 @@ COLUMNS: tuple[Column, ...] = (
     Column("prefill_leg_queue", SECONDS, "s", "the prefill leg's llm.queue (its scheduler's queue)"),
     Column("prefill_leg_prefill", SECONDS, "s", "the prefill leg's llm.prefill: the prompt computed there"),
     Column(
+        "kv_blocks",
+        INT,
+        "",
+        "a P/D decode engine: the KV blocks its load of the request asked for (llm.engine.kv_transfer)",
+        unknown=-1,
+    ),
+    Column(
         "prefill_leg_tokens",
         INT,
         "tokens",

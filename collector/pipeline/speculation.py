@@ -4,13 +4,11 @@ An engine whose requests are traced in another process (vLLM: the front end trac
 engine core drafts and verifies) sends each request's account as an ``llm.engine.speculation``
 span of its own trace, named by ``llm.request.internal_id`` (engine_hooks/spans/speculation.py):
 per step that gave the request tokens, the tokens, the drafts verified (-1: none) and those
-accepted. Like engine steps, these spans bypass trace assembly: the collector takes them out of
-each export request as it is accepted (:func:`split_accounts`) into a bounded
-:class:`SpeculationIndex`, and joins each engine record derived later with its account by the
-internal id its ``llm.request`` span carries (:meth:`SpeculationIndex.join`). The account is sent
-at the request's end, as its ``llm.request`` span is, and records are derived a trace grace
-(``--trace-grace``) after that: an account later still leaves its record's speculation unknown,
-and waits in the index (``speculation_accounts_waiting``) until the bound evicts it.
+accepted. They bypass trace assembly and join their records by that id
+(:mod:`~collector.pipeline.engine_accounts`: :class:`SpeculationIndex` is this kind's index). The
+account is sent at the request's end, as its ``llm.request`` span is, and records are derived a
+trace grace (``--trace-grace``) after that: an account later still leaves its record's
+speculation unknown.
 
 The arithmetic (:func:`acceptance`) is vLLM's: acceptance rate = accepted / drafted, mean
 acceptance length = 1 + accepted / verify steps (docs/metrics/speculative.md).
@@ -18,13 +16,12 @@ acceptance length = 1 + accepted / verify steps (docs/metrics/speculative.md).
 
 from __future__ import annotations
 
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from . import walked_span as sp
+from .engine_accounts import AccountIndex
 from .records import RecordBatch
 
 
@@ -99,47 +96,16 @@ class Account:
         )
 
 
-class SpeculationIndex:
-    """Accounts by internal id, at most ``limit`` (the oldest go first, counted in
-    ``evicted``); each joins one record and is then dropped."""
+class SpeculationIndex(AccountIndex):
+    """Speculation accounts by internal id (:class:`~collector.pipeline.engine_accounts.AccountIndex`)."""
 
-    def __init__(self, limit: int = 100_000):
-        self.limit = limit
-        self._accounts: OrderedDict[str, Account] = OrderedDict()
-        self._lock = threading.Lock()  # receivers add, the derivation worker joins
-        self.received = self.joined = self.evicted = self.malformed = 0
+    kind, code = "speculation", sp.SPECULATION
 
-    def __len__(self) -> int:
-        return len(self._accounts)
+    def read(self, span: tuple) -> Account | None:
+        return Account.from_walked(span)
 
-    def add(self, spans: list[tuple]) -> None:
-        """Take walked ``llm.engine.speculation`` spans."""
-        read = [(s[sp.INTERNAL_ID], Account.from_walked(s)) for s in spans]
-        with self._lock:
-            for rid, account in read:
-                self.received += 1
-                if account is None or type(rid) is not str or not rid:
-                    self.malformed += 1
-                    continue
-                self._accounts[rid] = account
-                self._accounts.move_to_end(rid)
-                if len(self._accounts) > self.limit:
-                    self._accounts.popitem(last=False)
-                    self.evicted += 1
-
-    def join(self, batch: RecordBatch) -> RecordBatch:
-        """Fill the speculation columns of ``batch``'s engine records whose account is here (in
-        place; returned for chaining). Accounts are keyed by the internal id alone: an engine's
-        ids are unique to it (vLLM's carry a random suffix)."""
-        ids = batch.internal_id
-        if not len(self._accounts) or not any(ids):
-            return batch
-        with self._lock:
-            found = [(i, self._accounts.pop(rid, None)) for i, rid in enumerate(ids) if rid]
+    def fill(self, batch: RecordBatch, found: list[tuple[int, Account]]) -> None:
         for i, account in found:
-            if account is None:
-                continue
-            self.joined += 1
             batch.spec_method[i] = account.method
             batch.draft_tokens[i] = account.draft_tokens
             batch.accepted_tokens[i] = account.accepted_tokens
@@ -148,13 +114,3 @@ class SpeculationIndex:
         if said.any():
             rate, length = acceptance(batch.draft_tokens, batch.accepted_tokens, batch.verify_steps)
             batch.acceptance_rate[said], batch.mean_acceptance_length[said] = rate[said], length[said]
-        return batch
-
-    def counters(self) -> dict[str, int]:
-        """What the collector counts of them in its own metrics (those waiting: ``len()``)."""
-        return {
-            "speculation_accounts_received": self.received,
-            "speculation_accounts_joined": self.joined,
-            "speculation_accounts_evicted": self.evicted,
-            "speculation_accounts_malformed": self.malformed,
-        }

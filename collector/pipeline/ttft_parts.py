@@ -7,7 +7,8 @@ that says what it holds: a part's ``coarse`` is the part it is summed into there
 ``api_out`` + ``network_out``). A part with ``held_by`` may be unknown on its own while its
 neighbour is known; the neighbour then holds its time (``client_send`` in ``network_in`` for a
 client that does not say when it began writing; ``front_end`` in ``queue`` for an engine that does
-not say when it queued the request).
+not say when it queued the request; ``kv_transfer`` and ``kv_ready`` in ``queue`` for any request
+but a disaggregated one's on a decode engine that says when its KV fetch moved).
 
 Everything that names, orders, explains, colours, merges or corrects the parts reads this table:
 the records' columns (``records.COLUMNS``: the store's), derivation's outer parts, ``compare`` (its
@@ -36,6 +37,7 @@ class Part:
     coarse: str | None = None  # the part that holds it where the boundary it needs is missing
     held_by: str | None = None  # the neighbour that holds it where it alone is unknown
     outer: bool = False  # computed from the pair of records (client and engine), not the engine's own spans
+    optional: bool = False  # only some requests have it (a disaggregated one's): left out where unknown
     #: the clocks it spans: -1 from the client's to the server's or the engine's, +1 back, 0 one clock.
     #: ``compare`` adds ``clock_shift`` x the estimated offset (engine - client) to correct it.
     clock_shift: int = 0
@@ -98,7 +100,32 @@ PARTS: tuple[Part, ...] = (
         "#c0c4cc",
         held_by="queue",
     ),
-    Part("queue", "queued", "first scheduled (llm.queue)", "waiting for the scheduler", "#e6a23c"),
+    Part(
+        "queue",
+        "queued",
+        "first scheduled (llm.queue); a P/D decode engine: its KV load started",
+        "waiting for the scheduler",
+        "#e6a23c",
+    ),
+    Part(
+        "kv_transfer",
+        "a P/D decode engine's KV load started",
+        "its scheduler saw the transfer complete (llm.engine.kv_transfer)",
+        "the KV cache's transfer from the prefill engine, its handshake included where there is one, to the "
+        "scheduler's step that learnt of it (unknown elsewhere; where the engine does not say, the queue holds it)",
+        "#f56c6c",
+        held_by="queue",
+        optional=True,
+    ),
+    Part(
+        "kv_ready",
+        "the KV transfer seen complete",
+        "first scheduled",
+        "the decode scheduler's next step taking the request up (unknown elsewhere; held by the queue likewise)",
+        "#fab6b6",
+        held_by="queue",
+        optional=True,
+    ),
     Part(
         "prefill",
         "first scheduled",
@@ -183,7 +210,8 @@ def finest(values: Mapping[str, float | None]) -> dict[str, float | None] | None
             v = values.get(p.name)
             if v is None and p.held_by is None:
                 return None
-            out[p.name] = v
+            if v is not None or not p.optional:
+                out[p.name] = v
     return {k: out[k] for k in NAMES if k in out}
 
 

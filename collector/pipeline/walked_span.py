@@ -29,6 +29,7 @@ SG_TOKENIZE, SG_DISPATCH, SG_REQUEST_PROCESS, SG_PREFILL_WAITING, SG_PREFILL_FOR
 SG_CHUNKED_PREFILL, SG_DECODE_LOOP = range(15, 17)
 GENAI_CLIENT = 17  # a GenAI client instrumentation's span (collector/pipeline/genai_client_spans.py)
 SPECULATION = 18  # an engine's account of one request's speculative decoding (collector/pipeline/speculation.py)
+KV_FETCH = 19  # a decode engine's account of one request's KV fetch (collector/pipeline/kv_fetch.py)
 CODES = {
     sc.SPAN_CLIENT_REQUEST: CLIENT,
     sc.SPAN_REQUEST: ENGINE,
@@ -39,6 +40,7 @@ CODES = {
     sc.SPAN_STREAM: STREAM,
     sc.SPAN_STEP: STEP,
     sc.SPAN_ENGINE_SPECULATION: SPECULATION,
+    sc.SPAN_ENGINE_KV_TRANSFER: KV_FETCH,
     sc.SPAN_FRONTEND: FRONTEND,
     **dict.fromkeys(sc.SERVER_SPAN_NAMES, SERVER),  # the HTTP server span ("POST /v1/completions", ...)
     sc.VLLM_SPAN_REQUEST: ENGINE,  # vLLM's own request span: an engine request span (collector/pipeline/vllm_spans.py)
@@ -136,6 +138,11 @@ _ATTRIBUTES = (
     ("pd_engine_id", sc.PD_ENGINE_ID),
     ("pd_peer_request_id", sc.PD_PEER_REQUEST_ID),
     ("pd_peer_engine_id", sc.PD_PEER_ENGINE_ID),
+    # llm.engine.kv_transfer (collector/pipeline/kv_fetch.py)
+    ("kv_load_offset", sc.KV_LOAD_OFFSET),
+    ("kv_received_offset", sc.KV_RECEIVED_OFFSET),
+    ("kv_blocks", sc.KV_BLOCKS),
+    ("kv_incomplete", sc.KV_INCOMPLETE),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -200,6 +207,10 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     PD_ENGINE_ID,
     PD_PEER_REQUEST_ID,
     PD_PEER_ENGINE_ID,
+    KV_LOAD_OFFSET,
+    KV_RECEIVED_OFFSET,
+    KV_BLOCKS,
+    KV_INCOMPLETE,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 
@@ -248,7 +259,22 @@ def make_span(
 
 def split_code(spans: list[tuple], code: int) -> tuple[list[tuple], list[tuple]]:
     """Walked spans -> (those of other codes, those of ``code``): the spans that bypass trace
-    assembly (engine steps, speculation accounts) taken out of one export request."""
+    assembly (engine steps, an engine's per-request accounts) taken out of one export request."""
     if code not in map(itemgetter(CODE), spans):  # iterated in C: most requests hold none
         return spans, []
     return [s for s in spans if s[CODE] != code], [s for s in spans if s[CODE] == code]
+
+
+def split_codes(spans: list[tuple], codes: frozenset[int]) -> tuple[list[tuple], dict[int, list[tuple]]]:
+    """Walked spans -> (those of other codes, those of each of ``codes`` by code): one pass for
+    every kind of account (:func:`split_code` for one)."""
+    if codes.isdisjoint(map(itemgetter(CODE), spans)):  # iterated in C: most requests hold none
+        return spans, {}
+    rest, out = [], {}
+    for s in spans:
+        c = s[CODE]
+        if c in codes:
+            out.setdefault(c, []).append(s)
+        else:
+            rest.append(s)
+    return rest, out

@@ -317,6 +317,28 @@ class SpanFactory:
             out.append(self._span(sc.SPAN_ENGINE_SPECULATION, ctx, None, r.start_ns, r.end_ns, a))
         return out
 
+    def kv_fetch_spans(self, records) -> list[ReadableSpan]:
+        """One ``llm.engine.kv_transfer`` span (a trace of its own) per
+        :class:`~engine_hooks.spans.kv_fetch.KvFetchRecord` of a request traced in another process:
+        the scheduler took it -> it left the fetch, with when the load started and when the
+        transfer was seen complete."""
+        out = []
+        for r in records:
+            a = {sc.BOUNDARY: self.boundary, sc.REQUEST_INTERNAL_ID: r.request_id}
+            if self.engine:
+                a[sc.ENGINE_NAME] = self.engine
+            if r.load_ns is not None:
+                a[sc.KV_LOAD_OFFSET] = r.load_ns - r.start_ns
+            if r.received_ns is not None:
+                a[sc.KV_RECEIVED_OFFSET] = r.received_ns - r.start_ns
+            if r.blocks is not None:
+                a[sc.KV_BLOCKS] = int(r.blocks)
+            if r.incomplete:
+                a[sc.KV_INCOMPLETE] = True
+            ctx = self._ctx(self._ids.generate_trace_id())
+            out.append(self._span(sc.SPAN_ENGINE_KV_TRANSFER, ctx, None, r.start_ns, r.end_ns, a))
+        return out
+
     def step_spans(self, steps: list[StepRecord]) -> list[ReadableSpan]:
         if not steps:
             return []

@@ -33,6 +33,7 @@ from otel_llm.clock import WallAnchor
 from otel_llm.semconv import RequestStatus
 
 from ..hot_path.hook_events import EVENTS
+from .kv_fetch import KvFetchBook
 from .speculation import SpeculationBook
 
 log = logging.getLogger("engine_hooks")
@@ -219,6 +220,7 @@ class RequestTracker:
         self.steps: list[StepRecord] = []
         self.preemptions: list[PreemptionRecord] = []  # of requests not traced here (bounded)
         self.speculation = SpeculationBook(max_in_flight)  # speculative decoding, request by request
+        self.kv_fetches = KvFetchBook(max_in_flight)  # a decode engine's KV fetches (disaggregated P/D)
         self.pending_gpu: list[tuple[StepRecord, object]] = []
         self.evicted = 0
         self.unknown_events = 0
@@ -567,6 +569,7 @@ class RequestTracker:
             self._close(self._end_live(rid), wall_ns, RequestStatus.CANCELLED, "shutdown", incomplete=True)
         self.release_aborted()
         self.speculation.close_all()
+        self.kv_fetches.close_all(wall_ns)
 
     # -- steps --------------------------------------------------------------------------------------
     def step(

@@ -15,6 +15,8 @@ After the step: how many requests are left waiting and why (``_waiting``: the sc
 (``_preempt_request``, before it frees the request's blocks): the KV cache's usage and the
 request's computed tokens, as an ``llm.engine.preemption`` span (its request is traced in the
 front end, whose ``llm.preemption`` span is the same preemption, by ``llm.request.internal_id``).
+A decode engine of a disaggregated deployment (a KV connector): each request's KV fetch
+(:mod:`engine_hooks.vllm.kv_fetch`), as an ``llm.engine.kv_transfer`` span.
 
 What is hooked follows ``OTEL_LLM_DETAIL`` (read in this process, which inherits it): the step
 hooks only at ``steps`` (the only level that sends step spans), the preemption hook from
@@ -34,7 +36,8 @@ from otel_llm.environment import Detail
 
 from ..api import EngineHooks, hooked, mark_hooked
 from ..hot_path.gpu_timer import CudaEventTimer
-from .spec_decode import instrument_speculation, step_speculation
+from .kv_fetch import hook_kv_fetch
+from .spec_decode import hook_speculation, step_speculation
 
 log = logging.getLogger("engine_hooks")
 
@@ -89,6 +92,32 @@ def events_only_stats(scheduler_cls) -> bool:
     return True
 
 
+def hook_each_scheduler(scheduler_cls, hooks: EngineHooks, hookers) -> bool:
+    """Hook each scheduler as it is built, for what only its configuration says it does
+    (speculative decoding, a KV connector): each of ``hookers`` gets the instance and wraps its
+    methods there, or leaves it untouched. Returns False when already done."""
+    init = scheduler_cls.__init__
+    if hooked(init):
+        return False
+
+    def init_and_hook(self, *a, **k):
+        init(self, *a, **k)
+        for hook in hookers:
+            try:
+                if hook(self, hooks):
+                    # the pipeline, and its span process, start with the scheduler, not with its
+                    # first request: a span process takes a second or more to start, and the first
+                    # requests' accounts came after their records were derived (left unknown)
+                    hooks.pipeline.start()
+            except Exception as exc:  # tracing never stops an engine from starting
+                name, kind = hook.__name__, type(exc).__name__
+                log.warning("engine_hooks: %s failed (%s: %s); that part is untraced", name, kind, exc)
+
+    init_and_hook.__wrapped__ = init
+    scheduler_cls.__init__ = mark_hooked(init_and_hook)
+    return True
+
+
 def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = None, detail: str | None = None) -> bool:
     """Patch vLLM's Scheduler class in this process for ``detail`` (default ``OTEL_LLM_DETAIL``);
     returns False when already patched."""
@@ -118,7 +147,7 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
         )(scheduler_cls.update_from_output)
 
     if detail != Detail.REQUEST:
-        instrument_speculation(scheduler_cls, hooks)
+        hook_each_scheduler(scheduler_cls, hooks, (hook_speculation, hook_kv_fetch))
     shutdown = scheduler_cls.shutdown
 
     def shutdown_and_flush(self, *a, **k):

@@ -7,7 +7,7 @@ gets anyway):
 
 * :func:`step_speculation`: a step's totals, on its ``llm.engine.step`` span (``steps`` detail),
   on the engine's thread in C builtins (no Python frame per request);
-* :func:`instrument_speculation`: each request's, step by step, from ``phases`` on, for a
+* :func:`hook_speculation`: each request's, step by step, from ``phases`` on, for a
   scheduler built with a ``speculative_config`` only (one without it is not touched). The engine's
   thread keeps references to the step's objects (:meth:`EngineHooks.raw`); they are read off it
   (:func:`plain_speculation`) and booked in the span process
@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from itertools import compress, repeat
 
-from ..api import EngineHooks, hooked, mark_hooked, plain_payload
+from ..api import EngineHooks, plain_payload
 from ..hot_path.batch_scan import BatchScanner
 from ..spans.tracker import RequestTracker
 
@@ -146,22 +146,13 @@ def expand_aborted(tracker: RequestTracker, mono_ns: int, payload: tuple) -> Non
     tracker.speculation.ended(payload[0])
 
 
-def instrument_speculation(scheduler_cls, hooks: EngineHooks) -> bool:
-    """Have each scheduler built with a ``speculative_config`` book its requests' drafts: its
-    ``update_from_output`` and ``finish_requests`` are wrapped on the instance, when it is built.
-    Returns False when already done."""
-    init = scheduler_cls.__init__
-    if hooked(init):
+def hook_speculation(scheduler, hooks: EngineHooks) -> bool:
+    """Have one scheduler, built with a ``speculative_config``, book its requests' drafts: its
+    ``update_from_output`` and ``finish_requests`` are wrapped on the instance (one without it is
+    not touched: returns False)."""
+    if getattr(getattr(scheduler, "vllm_config", None), "speculative_config", None) is None:
         return False
-
-    def init_and_hook(self, *a, **k):
-        init(self, *a, **k)
-        if getattr(getattr(self, "vllm_config", None), "speculative_config", None) is None:
-            return
-        update = hooks.raw(lambda res, so, mro, *a, **k: _payload(res, self, so, mro), expand_speculation, _sampled)
-        self.update_from_output = update(self.update_from_output)
-        self.finish_requests = hooks.raw(_aborted_ids, expand_aborted)(self.finish_requests)
-
-    init_and_hook.__wrapped__ = init
-    scheduler_cls.__init__ = mark_hooked(init_and_hook)
+    update = hooks.raw(lambda res, so, mro, *a, **k: _payload(res, scheduler, so, mro), expand_speculation, _sampled)
+    scheduler.update_from_output = update(scheduler.update_from_output)
+    scheduler.finish_requests = hooks.raw(_aborted_ids, expand_aborted)(scheduler.finish_requests)
     return True

@@ -76,7 +76,16 @@ def test_each_request_is_one_record_with_both_legs(pd, tiny_model):
         assert en.ttft <= cl.ttft
         # the client's TTFT still adds up; what went before the decode server is not called network
         assert cl.network_in is None
-        parts = (cl.to_engine, cl.front_end, cl.queue, cl.prefill, cl.api_out, cl.network_out)
+        # the decode engine's queue without its KV fetch: the transfer and the step that took it up
+        assert en.kv_transfer > 0 and en.kv_ready >= 0 and en.queue >= 0 and en.kv_blocks > 0
+        assert (cl.queue, cl.kv_transfer, cl.kv_ready, cl.kv_blocks) == (
+            en.queue,
+            en.kv_transfer,
+            en.kv_ready,
+            en.kv_blocks,
+        )
+        parts = (cl.to_engine, cl.front_end, cl.queue, cl.kv_transfer, cl.kv_ready, cl.prefill, cl.api_out)
+        parts += (cl.network_out,)
         assert None not in parts and abs(sum(parts) - cl.ttft) < 1e-6
         assert cl.to_engine > en.prefill_leg
     out = json.loads(run_cli("compare", "--store", c.config.store, "--run", "pd-bench", "--format", "json").stdout)
@@ -111,12 +120,14 @@ def test_vllms_benchmark_client_through_the_proxy(pd, tiny_model, tmp_path):
         r = rows[f"PD{i}"]
         assert abs(r["client_ttft"] - ttft) < 1e-6  # the tool's own TTFT
         assert r["network_in"] is None  # the proxy and the prefill leg are not network
-        parts = [r[p] for p in ("to_engine", "front_end", "queue", "prefill", "api_out", "network_out")]
+        parts = [r[p] for p in ("to_engine", "front_end", "queue", "kv_transfer", "kv_ready", "prefill", "api_out")]
+        parts.append(r["network_out"])
         assert None not in parts and abs(sum(parts) - ttft) < 1e-6
-        diffs.append((ttft, engines[f"cmpl-PD{i}-0"].ttft, engines[f"cmpl-PD{i}-0"].prefill_leg))
-    d = np.array(diffs) * 1e3
-    print(f"vllm bench serve through the P/D proxy, {N} requests, ms (p50): client TTFT {np.median(d[:, 0]):.1f}, ")
-    print(f"decode engine TTFT {np.median(d[:, 1]):.1f}, prefill leg {np.median(d[:, 2]):.1f}")
+        en = engines[f"cmpl-PD{i}-0"]
+        diffs.append((ttft, en.ttft, en.prefill_leg, en.kv_transfer, en.kv_ready, en.queue))
+    d = np.median(np.array(diffs) * 1e3, axis=0)
+    print(f"vllm bench serve through the P/D proxy, {N} requests, p50 ms: client TTFT {d[0]:.1f}, decode engine TTFT ")
+    print(f"{d[1]:.1f}, prefill leg {d[2]:.1f}, KV transfer {d[3]:.1f}, KV ready {d[4]:.1f}, decode queue {d[5]:.1f}")
 
 
 def test_the_decode_server_down(pd, tiny_model):

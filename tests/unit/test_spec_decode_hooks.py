@@ -86,6 +86,9 @@ def test_each_request_is_booked_step_by_step_and_stopped_drafts_count(tmp_path, 
     """Steps: a and b prefill (one token each), then verify drafts; b stops with 4 tokens sampled
     of which vLLM keeps 1 (its accepted drafts are still 3, as vLLM counts them), a is aborted
     while drafting. Verify steps are decode steps."""
+    from engine_hooks.vllm.spec_decode import _output_scan
+
+    _output_scan()  # vLLM imported, as in its engine core: not on the pipeline's thread, past the exit timeout
     path = tmp_path / "spans.jsonl"
     pipeline = TracingPipeline(FileSpanExporter(str(path)), service_name="core", interval_s=60, detail=detail)
     cls = scheduler_class()

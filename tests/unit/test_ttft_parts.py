@@ -28,7 +28,8 @@ def test_every_boundary_known_gives_the_fine_parts_in_order():
         ({"client_send"}, [n for n in FINE if n != "client_send"]),  # network_in holds it: left out
         ({"front_end"}, FINE),  # kept, as None: the queue holds it
         ({"network_in"}, ["to_engine", *FINE[3:]]),  # no server span on the way in: to_engine, client_send in it
-        ({"api_out", "network_out"}, [*FINE[:6], "delivery"]),
+        ({"api_out", "network_out"}, [*FINE[: FINE.index("api_out")], "delivery"]),
+        ({"kv_transfer", "kv_ready"}, [n for n in FINE if not n.startswith("kv_")]),  # not P/D: left out
         ({"queue"}, None),  # the engine's side unknown: no decomposition
         ({"network_in", "to_engine"}, None),
     ],
@@ -71,6 +72,8 @@ def test_the_breakdown_table_lists_the_parts_and_how_they_merge():
 
 def test_the_ttft_page_names_the_decomposition():
     text = (ROOT / "docs" / "metrics" / "ttft.md").read_text()
-    fine = [n for n in FINE if BY_NAME[n].held_by != "network_in"]
-    assert "[client_send +] " + " + ".join(fine) in text
+    fine = [n for n in FINE if BY_NAME[n].held_by != "network_in" and not BY_NAME[n].optional]
+    optional = " + ".join(n for n in FINE if BY_NAME[n].optional)
+    said = "[client_send +] " + " + ".join(fine)
+    assert said.replace("queue + ", f"queue + [{optional} +] ") in text
     assert all(f"`{c}`" in text for c in COARSE)

@@ -1,0 +1,13 @@
+"""Every kind of per-request account the collector joins to its records
+(:mod:`~collector.pipeline.engine_accounts`): speculative decoding and a decode engine's KV fetch."""
+
+from __future__ import annotations
+
+from .engine_accounts import EngineAccounts
+from .kv_fetch import KvFetchIndex
+from .speculation import SpeculationIndex
+
+
+def every_kind(limit: int) -> EngineAccounts:
+    """An index for each kind, each of at most ``limit`` accounts."""
+    return EngineAccounts([SpeculationIndex(limit), KvFetchIndex(limit)])
