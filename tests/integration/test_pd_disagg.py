@@ -90,6 +90,10 @@ def test_each_request_is_one_record_with_both_legs(pd, tiny_model):
         assert cl.to_engine > en.prefill_leg
     out = json.loads(run_cli("compare", "--store", c.config.store, "--run", "pd-bench", "--format", "json").stdout)
     assert out["summary"]["requests_paired"] == N
+    assert {r["pd_role"] for r in out["requests"]} == {"disaggregated"}
+    assert all(r["prefill_leg"] > 0 and r["kv_transfer"] > 0 for r in out["requests"])
+    text = run_cli("compare", "--store", c.config.store, "--run", "pd-bench").stdout
+    assert "kv_transfer" in text and "prefill_leg" in text  # what a user reads
 
 
 def test_vllms_benchmark_client_through_the_proxy(pd, tiny_model, tmp_path):
