@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test test-pure test-quick lint bench soak venv pd loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels valgrind cost
+.PHONY: demo pd-demo test test-pure test-quick lint bench soak venv pd loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels valgrind cost
 
 venv: $(STAMP) $(EXT)
 
@@ -75,6 +75,10 @@ fuzz: venv clang
 
 demo: venv
 	$(PY) examples/demo.py
+
+# disaggregated prefill/decode: two vLLM servers, NIXL, the traced proxy, bench and compare (docs/metrics/disaggregated.md)
+pd-demo: venv pd
+	$(PY) examples/pd_demo.py
 
 # ruff: lint and formatting (line length and rules in pyproject.toml); CI fails on either.
 lint: venv
