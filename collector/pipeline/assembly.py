@@ -146,7 +146,9 @@ class _Entry:
     ready_at: float | None = None  # set when a request span arrives
     clients: int = 0  # client request spans
     callers: int = 0  # engine request spans with a caller (a parent) that may still send its span
-    prefill_legs: int = 0  # of them, P/D prefill legs: their decode leg answers for them (disagg.py)
+    # P/D legs waiting for their other leg (collector/pipeline/disagg.py): > 0 prefill legs (their
+    # decode leg answers for them), < 0 decode legs (counted once more in callers until it comes)
+    pd_legs: int = 0
     waiting: dict | None = None  # span id -> arrival of those engine spans (kept back at a timeout)
     late: bool = False  # opened by a boundary of a request released without it
     held: set | None = None  # engine span ids a timeout kept back once: the next releases them
@@ -398,11 +400,19 @@ class TraceAssembler:
         elif s[sp.PARENT_ID] and not late and not e.late:  # the caller's span may be on its way
             e.callers += 1
             role = s[sp.PD_ROLE]
-            if role == "prefill":  # a P/D request's first leg: its decode leg, and the caller, follow
-                e.prefill_legs += 1
-            elif role == "decode" and e.prefill_legs:  # one caller for both legs
-                e.prefill_legs -= 1
-                e.callers -= 1
+            if role == "prefill":
+                if e.pd_legs < 0:  # a decode leg waited for it: one caller for both legs, its wait answered
+                    e.pd_legs += 1
+                    e.callers -= 2
+                else:  # a P/D request's first leg: its decode leg, and the caller, follow
+                    e.pd_legs += 1
+            elif role == "decode" and s[sp.PD_PEER_REQUEST_ID]:
+                if e.pd_legs > 0:  # its prefill leg is here: one caller for both legs
+                    e.pd_legs -= 1
+                    e.callers -= 1
+                else:  # its prefill leg's span is still on its way (another process's exporter)
+                    e.pd_legs -= 1
+                    e.callers += 1
             if e.waiting is None:
                 e.waiting = {}
             e.waiting[s[sp.SPAN_ID]] = now

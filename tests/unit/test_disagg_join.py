@@ -210,3 +210,19 @@ def test_a_prefill_leg_whose_request_failed_is_not_a_success():
     by = {(r.boundary, r.pd_role): r for r in recs}
     assert by[("client", "prefill")].status == "error" and by[("engine", "prefill")].status == "error"
     assert by[("engine", "disaggregated")].status == "ok"
+
+
+def test_a_prefill_leg_whose_span_comes_last_still_joins():
+    """The client's and the decode leg's spans came first; the prefill server's exporter is slow
+    (a busy host): the group waits for the leg the decode leg names, within the peer wait."""
+    call = pd_call(0)
+    asm = TraceAssembler(AssemblyConfig(grace_s=0.5, peer_wait_s=8.0, timeout_s=60.0))
+    released = asm.add(call["decode"] + call["proxy"], 0.1) + asm.add(call["client"], 0.2)
+    for t in range(3, 30):  # 2.9 s: six grace periods
+        released += asm.expire(t * 0.1)
+    assert released == []
+    released += asm.add(call["prefill"], 3.0)
+    for t in range(31, 60):
+        released += asm.expire(t * 0.1)
+    recs = derive(released)[0].records()
+    assert [r.pd_role for r in recs if r.boundary == "engine"] == ["disaggregated"]
