@@ -168,8 +168,6 @@ def start_cpu_server(
     does not become healthy."""
     import os
     import subprocess
-    import time
-    import urllib.request
 
     port = free_port()
     log_path = log_path.replace("{port}", str(port))
@@ -182,15 +180,26 @@ def start_cpu_server(
         cwd=os.path.dirname(os.path.abspath(model)),
         process_group=0,  # a group of its own to kill whole; not a session: the kernel shares CPU by session
     )
+    why = wait_until_up(proc, f"http://127.0.0.1:{port}/health", timeout)
+    if why is None:
+        return proc, f"http://127.0.0.1:{port}/v1"
+    stop_cpu_server(proc, 0)  # its children, should any outlive it
+    raise RuntimeError(f"the vLLM server {why}; see {log_path}")
+
+
+def wait_until_up(proc, url: str, timeout: float, poll_s: float = 0.5) -> str | None:
+    """Poll ``url`` until it answers, while ``proc`` runs: None once it does, else why not
+    (``exited with N``, ``was not up after T s``)."""
+    import time
+    import urllib.request
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            stop_cpu_server(proc, 0)  # its children, should any outlive it
-            raise RuntimeError(f"the vLLM server exited with {proc.returncode}; see {log_path}")
+            return f"exited with {proc.returncode}"
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc, f"http://127.0.0.1:{port}/v1"
+            urllib.request.urlopen(url, timeout=1)
+            return None
         except OSError:
-            time.sleep(0.5)
-    stop_cpu_server(proc, 0)
-    raise RuntimeError(f"the vLLM server was not healthy after {timeout:.0f} s; see {log_path}")
+            time.sleep(poll_s)
+    return f"was not up after {timeout:.0f} s"

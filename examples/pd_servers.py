@@ -11,12 +11,10 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine_hooks.tiny_model import free_port, start_cpu_server, stop_cpu_server
+from engine_hooks.tiny_model import free_port, start_cpu_server, stop_cpu_server, wait_until_up
 
 ROOT = Path(__file__).resolve().parents[1]
 AMX_SITE = ROOT / "examples" / "pd_amx"
@@ -74,17 +72,11 @@ def start_proxy(prefill_url: str, decode_url: str, env: dict, log_path: str, tra
         cmd.append("--no-trace")
     log = open(log_path, "w")  # noqa: SIM115 (held by the proxy)
     proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=log, stderr=subprocess.STDOUT, cwd=str(ROOT))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the P/D proxy exited with {proc.returncode}; see {log_path}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc, f"http://127.0.0.1:{port}/v1"
-        except OSError:
-            time.sleep(0.2)
+    why = wait_until_up(proc, f"http://127.0.0.1:{port}/health", 60, poll_s=0.2)
+    if why is None:
+        return proc, f"http://127.0.0.1:{port}/v1"
     proc.kill()
-    raise RuntimeError(f"the P/D proxy was not up after 60 s; see {log_path}")
+    raise RuntimeError(f"the P/D proxy {why}; see {log_path}")
 
 
 def start_pd(model: str, env: dict, log_dir: str, connector: str = "NixlConnector", trace_proxy: bool = True) -> PD:

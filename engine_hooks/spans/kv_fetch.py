@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .open_book import OpenBook
+
 #: vLLM's names of the stages (vllm/v1/metrics/stats.py: KV_FETCH_*); None: out of the fetch
 WAITING_TO_START, IN_PROGRESS, COMPLETED_WAITING = "waiting_to_start", "in_progress", "completed_waiting"
 
@@ -32,18 +34,9 @@ class KvFetchRecord:
     incomplete: bool = False  # still in the fetch at shutdown, or evicted
 
 
-class KvFetchBook:
+class KvFetchBook(OpenBook[KvFetchRecord]):
     """The KV fetches in flight, bounded: beyond ``max_in_flight`` the oldest leaves, marked
     incomplete (``evicted`` counts them)."""
-
-    def __init__(self, max_in_flight: int = 100_000):
-        self.max_in_flight = max_in_flight
-        self._open: dict[str, KvFetchRecord] = {}
-        self.done: list[KvFetchRecord] = []
-        self.evicted = 0
-
-    def __len__(self) -> int:
-        return len(self._open)
 
     def stage(self, wall_ns: int, request_id: str, stage: str | None, blocks: int | None = None) -> None:
         """The scheduler moved ``request_id`` to ``stage`` (None: out of the fetch) at ``wall_ns``."""
@@ -54,11 +47,7 @@ class KvFetchBook:
                 self.done.append(self._open.pop(request_id))
             return
         if rec is None:
-            if len(self._open) >= self.max_in_flight:
-                old = self._open.pop(next(iter(self._open)))
-                old.incomplete = True
-                self.evicted += 1
-                self.done.append(old)
+            self.make_room()
             rec = self._open[request_id] = KvFetchRecord(request_id, wall_ns, wall_ns)
         if stage == IN_PROGRESS and rec.load_ns is None:
             rec.load_ns = wall_ns
@@ -73,7 +62,3 @@ class KvFetchBook:
             rec.incomplete = True
             self.done.append(rec)
         self._open.clear()
-
-    def take(self) -> list[KvFetchRecord]:
-        done, self.done = self.done, []
-        return done

@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .open_book import OpenBook
+
 
 @dataclass
 class SpeculationRecord:
@@ -54,18 +56,9 @@ class SpeculationRecord:
 StepEntry = tuple[str, int, int, int, bool]
 
 
-class SpeculationBook:
+class SpeculationBook(OpenBook[SpeculationRecord]):
     """The speculation of the requests in flight, bounded: beyond ``max_in_flight`` the oldest
     leaves, marked incomplete (``evicted`` counts them)."""
-
-    def __init__(self, max_in_flight: int = 100_000):
-        self.max_in_flight = max_in_flight
-        self._open: dict[str, SpeculationRecord] = {}
-        self.done: list[SpeculationRecord] = []
-        self.evicted = 0
-
-    def __len__(self) -> int:
-        return len(self._open)
 
     def steps(self, wall_ns: int, entries: Iterable[StepEntry], method: str | None, k: int | None) -> None:
         """One engine step's entries (every request it gave tokens), at ``wall_ns``."""
@@ -73,11 +66,7 @@ class SpeculationBook:
         for rid, tokens, drafts, accepted, finished in entries:
             rec = book.get(rid)
             if rec is None:
-                if len(book) >= self.max_in_flight:
-                    old = book.pop(next(iter(book)))
-                    old.incomplete = True
-                    self.evicted += 1
-                    self.done.append(old)
+                self.make_room()
                 rec = book[rid] = SpeculationRecord(rid, method, k, wall_ns, wall_ns)
             rec.tokens.append(tokens)
             rec.drafts.append(drafts)
@@ -99,7 +88,3 @@ class SpeculationBook:
             rec.incomplete = True
             self.done.append(rec)
         self._open.clear()
-
-    def take(self) -> list[SpeculationRecord]:
-        done, self.done = self.done, []
-        return done

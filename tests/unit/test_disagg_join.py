@@ -13,6 +13,7 @@ from collector.pipeline.assembly import AssemblyConfig, TraceAssembler
 from collector.pipeline.derive import derive
 from collector.pipeline.walked_span import make_span
 from otel_llm import semconv as sc
+from tests.unit.test_many_requests_per_trace import run
 
 TRACE = "cd" * 16
 MS = 1_000_000
@@ -71,21 +72,12 @@ def pd_call(
 
 def derived(calls: list[dict], until: float = 30.0, **config):
     asm = TraceAssembler(AssemblyConfig(**{"grace_s": 1.0, "peer_wait_s": 8.0, "timeout_s": 60.0, **config}))
-    released, t = [], 0.0
     # the senders export in the order their spans end: prefill, then decode and proxy, then the client
     order = ("prefill", "decode", "proxy", "client")
-    arrivals = sorted(
-        ((i * 0.5 + 0.1 * order.index(who), spans) for i, call in enumerate(calls) for who, spans in call.items()),
-        key=lambda a: a[0],
-    )
-    for at, spans in arrivals:
-        while t + 0.1 <= at:
-            t += 0.1
-            released += asm.expire(t)
-        released += asm.add(spans, at)
-    while t < until:
-        t += 0.1
-        released += asm.expire(t)
+    arrivals = [
+        (i * 0.5 + 0.1 * order.index(who), spans) for i, call in enumerate(calls) for who, spans in call.items()
+    ]
+    released = run(asm, arrivals, until)
     assert len(asm) == 0
     return asm, released, derive(released)[0].records()
 
