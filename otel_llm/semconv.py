@@ -27,6 +27,15 @@ class RequestStatus:
     ALL = (OK, ERROR, CANCELLED, REJECTED)
 
 
+class PdRole:
+    """The values of ``llm.pd.role``: an engine's leg of a disaggregated request (``BOTH``: an
+    engine with a KV connector that served it whole)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+    BOTH = "both"
+
+
 # span names
 SPAN_CLIENT_REQUEST = "llm.client.request"
 SPAN_REQUEST = "llm.request"

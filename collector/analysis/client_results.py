@@ -306,7 +306,7 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift
         e_first_out,
         ns("server_received_ns"),
         ns("server_first_chunk_ns"),
-        np.array([e.pd_role == "disaggregated" for _, e, _ in matched], bool),
+        np.array([e.pd_role == disagg.JOINED for _, e, _ in matched], bool),
     )
     out = []
     for j, (_, e, _) in enumerate(matched):

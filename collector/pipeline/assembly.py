@@ -41,6 +41,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from otel_llm.semconv import PdRole
+
 from ..config import AssemblyConfig
 from . import walked_span as sp
 from .genai_client_spans import is_genai_client_span
@@ -97,7 +99,7 @@ def _request_key(s: tuple, bit: int) -> bytes | None:
         return None
     c = s[sp.CHOICE]
     text = f"{bit}:{rid}#{c if type(c) is int else ''}"
-    if s[sp.PD_ROLE] == "prefill":  # a P/D proxy gives both legs the same id (vLLM's: X-Request-Id)
+    if s[sp.PD_ROLE] == PdRole.PREFILL:  # a P/D proxy gives both legs the same id (vLLM's: X-Request-Id)
         text = "P" + text
     return hashlib.blake2b(text.encode("utf-8", "replace"), digest_size=8).digest()
 
@@ -259,7 +261,7 @@ def _released_keys(spans: list[tuple]) -> tuple[bytes, int]:
                     above is not None
                     and above[sp.CODE] == sp.SERVER
                     and above[sp.PARENT_ID]
-                    and s[sp.PD_ROLE] != "prefill"
+                    and s[sp.PD_ROLE] != PdRole.PREFILL
                 ):
                     keys.append(_ABOVE_DONE + above[sp.PARENT_ID])
         rk = _request_key(s, bit)
@@ -400,13 +402,13 @@ class TraceAssembler:
         elif s[sp.PARENT_ID] and not late and not e.late:  # the caller's span may be on its way
             e.callers += 1
             role = s[sp.PD_ROLE]
-            if role == "prefill":
+            if role == PdRole.PREFILL:
                 if e.pd_legs < 0:  # a decode leg waited for it: one caller for both legs, its wait answered
                     e.pd_legs += 1
                     e.callers -= 2
                 else:  # a P/D request's first leg: its decode leg, and the caller, follow
                     e.pd_legs += 1
-            elif role == "decode" and s[sp.PD_PEER_REQUEST_ID]:
+            elif role == PdRole.DECODE and s[sp.PD_PEER_REQUEST_ID]:
                 if e.pd_legs > 0:  # its prefill leg is here: one caller for both legs
                     e.pd_legs -= 1
                     e.callers -= 1

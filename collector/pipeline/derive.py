@@ -48,7 +48,7 @@ from . import walked_span as sp
 from .adopted_spans import Adopted
 from .assembly import ReleasedTrace
 from .disagg import PrefillLegs
-from .records import NO_NS, RecordBatch, timeline_batch
+from .records import NO_NS, RecordBatch, seconds, timeline_batch
 from .stalls import stall_layers
 from .ttft_parts import OUTER
 
@@ -505,11 +505,6 @@ def token_events(offsets: tuple, tokens: tuple, duration_ns: np.ndarray) -> tupl
 MIN_SAMPLING_P = 1e-6
 
 
-def _seconds(ns: np.ndarray) -> np.ndarray:
-    """int64 ns durations (NO_NS: unknown) -> float seconds (NaN)."""
-    return np.where(ns != NO_NS, ns / _NS, np.nan)
-
-
 def _model(m, service) -> str:
     if m and m is not sp.INVALID:
         return str(m)
@@ -638,13 +633,13 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
             if k < len(ch):
                 server_first[e] = ch[k]
     out = {
-        "front_end": _seconds(ph.front_end),
-        "queue": _seconds(ph.queue),
+        "front_end": seconds(ph.front_end),
+        "queue": seconds(ph.queue),
         "kv_transfer": np.full(n, np.nan),  # a decode engine's KV fetch: its account joins later
         "kv_ready": np.full(n, np.nan),  # (collector/pipeline/kv_fetch.py)
         "kv_blocks": np.full(n, -1, np.int64),
-        "prefill": _seconds(ph.prefill),
-        "decode": _seconds(ph.decode),
+        "prefill": seconds(ph.prefill),
+        "decode": seconds(ph.decode),
         "preemptions": ph.preemptions,
         "preemption_time": ph.preempted / _NS,
         "first_scheduled_ns": ph.first_scheduled,
@@ -708,7 +703,7 @@ def derive(traces: Iterable[ReleasedTrace]) -> tuple[RecordBatch, RequestMetrics
         for r, c, s in zip(fields[sp.REQUEST_ID], fields[sp.CHOICE], rq.recs)
     ]
     if rq.pairs and disagg.PREFILL in set(fields[sp.PD_ROLE]):  # a prefill leg alone: see its client
-        disagg.stranded_legs_fail(status, rq.recs, rq.pairs, RequestStatus.OK)
+        disagg.stranded_legs_fail(status, rq.recs, rq.pairs)
     input_tokens = np.array([v if type(v) is int else -1 for v in fields[sp.INPUT_TOKENS]], np.int64)
     metrics = boundary_metrics(fields, events, request_id, status, input_tokens, rq.summarised)
     columns = decompose(rq, fields, events)

@@ -8,10 +8,11 @@ prefill engine's request id and engine id (``llm.pd.peer.*``). Where a proxy car
 trace context to both (``engine_hooks.trace_proxy``, ``examples/pd_proxy.py``), both legs are in
 the client's trace.
 
-:func:`join` pairs them by trace and by those ids, never by time; :func:`take_apart` takes each
-joined prefill leg out of the request records (a request is counted once: at the client, and at
-the decode engine, which delivers its tokens) and keeps what it said (:class:`PrefillLegs`) as the
-decode record's ``prefill_leg*`` columns. A leg whose other leg was not seen stays a record of its
+:func:`join` pairs them by trace and by those ids, never by time; derivation
+(:func:`collector.pipeline.derive.join_legs`) takes each joined prefill leg out of the request
+records (a request is counted once: at the client, and at the decode engine, which delivers its
+tokens) and keeps what it said (:class:`PrefillLegs`) as the decode record's ``prefill_leg*``
+columns. A leg whose other leg was not seen stays a record of its
 own, its role saying which leg it is.
 """
 
@@ -22,12 +23,14 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from . import walked_span as sp
-from .records import NO_NS
+from otel_llm.semconv import PdRole, RequestStatus
 
-PREFILL, DECODE, JOINED = "prefill", "decode", "disaggregated"
+from . import walked_span as sp
+from .records import NO_NS, seconds
+
+PREFILL, DECODE = PdRole.PREFILL, PdRole.DECODE
+JOINED = "disaggregated"  # a record's pd_role: both legs joined
 _ROLE = operator.itemgetter(sp.PD_ROLE)
-_NS = 1e9
 
 
 def _text(v) -> str | None:
@@ -121,13 +124,6 @@ def legs_of(recs: list[tuple], queue: np.ndarray, prefill: np.ndarray, joined: l
     return out
 
 
-def _seconds(ns: np.ndarray) -> np.ndarray:
-    out = np.full(len(ns), np.nan)
-    ok = ns != NO_NS
-    out[ok] = ns[ok] / _NS
-    return out
-
-
 def columns(recs: list[tuple], code: np.ndarray, legs: PrefillLegs) -> dict[str, object]:
     """The ``pd_*`` and ``prefill_leg*`` columns of every record (``records.COLUMNS``): a joined
     record's role is ``disaggregated``, an engine record's its own leg, others' None."""
@@ -146,20 +142,20 @@ def columns(recs: list[tuple], code: np.ndarray, legs: PrefillLegs) -> dict[str,
         "pd_connector": connector,
         "prefill_engine_id": legs.engine_id,
         "prefill_request_id": legs.request_id,
-        "prefill_leg": _seconds(legs.leg),
-        "prefill_leg_queue": _seconds(legs.queue),
-        "prefill_leg_prefill": _seconds(legs.prefill),
+        "prefill_leg": seconds(legs.leg),
+        "prefill_leg_queue": seconds(legs.queue),
+        "prefill_leg_prefill": seconds(legs.prefill),
         "prefill_leg_tokens": legs.tokens,
     }
 
 
-def stranded_legs_fail(status: list[str], recs: list[tuple], pairs: list[tuple[int, int]], ok: str) -> None:
+def stranded_legs_fail(status: list[str], recs: list[tuple], pairs: list[tuple[int, int]]) -> None:
     """A prefill leg whose decode leg never came (the decode server down, the transfer failed) did
     not serve its request: where its client says the request failed, the leg's status is the
     client's, never ``ok`` (in place). Without a client, or with a client that got its tokens (a
     decode server that is not traced), the leg keeps its own."""
     for c, e in pairs:
-        if recs[e][sp.PD_ROLE] == PREFILL and status[c] != ok:
+        if recs[e][sp.PD_ROLE] == PREFILL and status[c] != RequestStatus.OK:
             status[e] = status[c]
 
 

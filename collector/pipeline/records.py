@@ -37,6 +37,11 @@ from .ttft_parts import MEANING, OUTER_BY_COARSE
 NO_NS = np.iinfo(np.int64).min  # an unknown point in time in an int64 ns column
 
 
+def seconds(ns: np.ndarray) -> np.ndarray:
+    """int64 ns durations (NO_NS: unknown) -> float seconds (NaN)."""
+    return np.where(ns != NO_NS, ns / 1e9, np.nan)
+
+
 @dataclass(frozen=True)
 class Kind:
     """How a column is held: in a batch (``dtype``, None: a Python list), in SQLite, and the batch

@@ -19,7 +19,7 @@ from typing import Any
 
 from otel_llm import semconv as sc
 
-PREFILL, DECODE, BOTH = "prefill", "decode", "both"
+PREFILL, DECODE, BOTH = sc.PdRole.PREFILL, sc.PdRole.DECODE, sc.PdRole.BOTH
 
 
 def engine_connector(engine: Any) -> dict[str, str] | None:

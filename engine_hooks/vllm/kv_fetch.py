@@ -15,7 +15,7 @@ from its waiting queue: the book ignores those it never saw fetch.
 
 from __future__ import annotations
 
-from ..api import EngineHooks, plain_payload
+from ..api import EngineHooks, plain_already
 from ..spans.kv_fetch import IN_PROGRESS
 from ..spans.tracker import RequestTracker
 
@@ -34,11 +34,7 @@ def _stage(res, request, stage, *a, **k) -> tuple:
     return request.request_id, stage, _blocks(request) if stage == IN_PROGRESS else None
 
 
-def _as_it_is(payload: tuple) -> tuple:
-    return payload
-
-
-@plain_payload(_as_it_is)  # plain already; declared so that it runs in the span process, with the book
+@plain_already
 def expand_kv_fetch(tracker: RequestTracker, mono_ns: int, payload: tuple) -> None:
     tracker.kv_fetches.stage(tracker.anchor.wall_ns(mono_ns), *payload)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from itertools import compress, repeat
 
-from ..api import EngineHooks, plain_payload
+from ..api import EngineHooks, plain_already, plain_payload
 from ..hot_path.batch_scan import BatchScanner
 from ..spans.tracker import RequestTracker
 
@@ -136,11 +136,7 @@ def _aborted_ids(res, *a, **k) -> tuple[list[str], None]:
     return [r.request_id for r in res or ()], None
 
 
-def _as_it_is(payload: tuple) -> tuple:
-    return payload
-
-
-@plain_payload(_as_it_is)  # plain already; declared so that it runs in the span process, with the book
+@plain_already
 def expand_aborted(tracker: RequestTracker, mono_ns: int, payload: tuple) -> None:
     """Requests the scheduler was told to finish (aborts): their accounts leave as they are."""
     tracker.speculation.ended(payload[0])
