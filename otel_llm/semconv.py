@@ -27,6 +27,14 @@ class RequestStatus:
     ALL = (OK, ERROR, CANCELLED, REJECTED)
 
 
+class PairedBy:
+    """How the collector paired a request's client record with its engine record (the store's
+    ``paired_by``): one trace held both, or the client's ``gen_ai.response.id`` was the engine's id."""
+
+    TRACE = "trace"
+    ID = "id"
+
+
 class PdRole:
     """The values of ``llm.pd.role``: an engine's leg of a disaggregated request (``BOTH``: an
     engine with a KV connector that served it whole)."""

@@ -23,15 +23,16 @@ hands out each token and finishes before the client sees them (``theta >= e_i - 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, make_dataclass
+from dataclasses import asdict, dataclass, field, make_dataclass, replace
 from itertools import pairwise
 
 import numpy as np
 
 from otel_llm.metrics.request_math import itl_samples
 from otel_llm.metrics.summary import Distribution
-from otel_llm.semconv import Boundary, RequestStatus
+from otel_llm.semconv import Boundary, PairedBy, RequestStatus
 
+from ..pipeline.derive import FROM_ENGINE
 from ..pipeline.invariants import tally
 from ..pipeline.records import RecordBatch, RequestRecord
 from ..pipeline.stalls import (
@@ -43,7 +44,7 @@ from ..pipeline.stalls import (
     refine_engine_stall,
 )
 from ..pipeline.steps import StepBatch
-from ..pipeline.ttft_parts import NAMES, PARTS, finest
+from ..pipeline.ttft_parts import NAMES, PARTS, finest, known_parts
 
 
 @dataclass
@@ -72,13 +73,22 @@ class OffsetEstimate:
         return self.width is None or self.width >= 0
 
 
+def _pair_key(r: RequestRecord) -> str:
+    """Where a record's other boundary is: its trace, or, paired by id (a GenAI client span whose
+    trace context did not reach the server: two traces), the request's id."""
+    if r.paired_by != PairedBy.ID:
+        return r.trace_id
+    return "id:" + (r.request_id if r.boundary == Boundary.CLIENT else (r.peer_request_id or r.request_id))
+
+
 def pairs_from_records(
     records: list[RequestRecord],
 ) -> tuple[list[tuple[RequestRecord, RequestRecord]], list[RequestRecord]]:
-    """(client, engine) pairs that the collector matched, and the records left unpaired."""
+    """(client, engine) pairs that the collector matched, then those :func:`pairs_by_id` finds
+    among the rest, and the records left unpaired."""
     by_trace: dict[str, dict[str, list[RequestRecord]]] = {}
     for r in records:
-        by_trace.setdefault(r.trace_id, {}).setdefault(r.boundary, []).append(r)
+        by_trace.setdefault(_pair_key(r), {}).setdefault(r.boundary, []).append(r)
     pairs, alone = [], []
     for t in by_trace.values():
         cl, en = t.get(Boundary.CLIENT, []), t.get(Boundary.ENGINE, [])
@@ -113,7 +123,46 @@ def pairs_from_records(
                 used.add(match)
                 pairs.append((c, en[match]))
         alone.extend(e for i, e in enumerate(en) if i not in used)
-    return pairs, alone
+    more, alone = pairs_by_id(alone)
+    return pairs + more, alone
+
+
+def pairs_by_id(alone: list[RequestRecord]) -> tuple[list[tuple[RequestRecord, RequestRecord]], list[RequestRecord]]:
+    """Unpaired client and engine records with one request id, exactly one of each: the same
+    request, seen by two collectors (a client span and its engine's in two traces, each sent where
+    its trace id led) or past the collector's peer wait. Paired by the id alone, never by time; the
+    record views returned for the client carry what only a pair knows (``paired_by`` ``id``, the
+    engine's parts, :func:`joined_view`)."""
+    clients: dict[str, list[RequestRecord]] = {}
+    engines: dict[str, list[RequestRecord]] = {}
+    for r in alone:
+        if r.request_id and not r.paired:
+            if r.boundary == Boundary.CLIENT:
+                clients.setdefault(r.request_id, []).append(r)
+            elif r.boundary == Boundary.ENGINE:
+                engines.setdefault(r.request_id, []).append(r)
+    both = {rid for rid, cs in clients.items() if len(cs) == 1 and len(engines.get(rid, ())) == 1}
+    if not both:
+        return [], alone
+    pairs, taken = [], set()
+    for rid in sorted(both):
+        c, e = clients[rid][0], engines[rid][0]
+        pairs.append(joined_view(c, e))
+        taken |= {id(c), id(e)}
+    return pairs, [r for r in alone if id(r) not in taken]
+
+
+def joined_view(c: RequestRecord, e: RequestRecord) -> tuple[RequestRecord, RequestRecord]:
+    """Two records derived apart, viewed as the pair derivation would have made of them where it
+    needs the records alone: each other's id, ``paired_by`` ``id``, the engine's own parts copied to
+    the client (as derivation copies them). The parts that need both records' times (the network,
+    the server's way in and out) stay unknown."""
+    shared = {"paired": True, "paired_by": PairedBy.ID}
+    own = {n: getattr(e, n) for n in FROM_ENGINE if getattr(c, n) is None or n in ("preemptions", "preemption_time")}
+    return (
+        replace(c, **shared, peer_request_id=e.request_id, **own),
+        replace(e, **shared, peer_request_id=c.request_id, caller_span_id=e.caller_span_id or c.caller_span_id),
+    )
 
 
 def _abs_events(r: RequestRecord) -> np.ndarray:
@@ -172,8 +221,11 @@ def estimate_offset(pairs: list[tuple[RequestRecord, RequestRecord]], given: flo
 
 
 def _parts_of(self) -> dict:
-    """This request's TTFT parts at the finest level known (:func:`collector.pipeline.ttft_parts.finest`)."""
-    return finest({n: getattr(self, n) for n in NAMES}) or {}
+    """This request's TTFT parts at the finest level known (:func:`collector.pipeline.ttft_parts.finest`),
+    else those known (:func:`~collector.pipeline.ttft_parts.known_parts`: a client without a first
+    token's time still shows the engine's and the server's parts)."""
+    values = {n: getattr(self, n) for n in NAMES}
+    return finest(values) or known_parts(values)
 
 
 #: One paired request as ``compare`` sees it: its TTFT at each boundary, its TTFT parts (one field
@@ -213,6 +265,9 @@ RequestComparison = make_dataclass(
         # prefill leg's time, which to_engine holds (docs/metrics/disaggregated.md)
         ("pd_role", str | None),
         ("prefill_leg", float | None),
+        # how the two records were paired: trace (one trace), id (the client's response id: its trace
+        # context did not reach the server)
+        ("paired_by", str | None),
     ],
     namespace={"parts": property(_parts_of), "__module__": __name__},
 )
@@ -340,6 +395,7 @@ def compare(
                 **_speculation(c, e),
                 pd_role=e.pd_role,
                 prefill_leg=e.prefill_leg,
+                paired_by=c.paired_by or PairedBy.TRACE,
             )
         )
     order_calls(rows)
@@ -417,11 +473,13 @@ class ComparisonSummary:
     max_abs_parts_sum_error_s: float | None
     records_with_violations: int = 0  # records compared that break a timeline ordering (collector.pipeline.invariants)
     violations: dict[str, int] = field(default_factory=dict)  # kind -> records
+    paired_by_id: int = 0  # of requests_paired: by the client's response id (no trace context at the server)
 
     def to_json(self) -> dict:
         o = self.offset
         out = {
             "requests_paired": self.requests_paired,
+            "paired_by_id": self.paired_by_id,
             "records_unpaired": self.records_unpaired,
             "records_with_violations": self.records_with_violations,
             "violations": self.violations,
@@ -498,6 +556,7 @@ def summarize_comparison(
         )
     d["client_itl_max"] = dist("per-request max client ITL", [r.client_itl_max for r in ok])
     d["engine_itl_max"] = dist("per-request max engine ITL", [r.engine_itl_max for r in ok])
+    d["client_e2e"] = dist("per-request client E2E of paired ok requests", [r.client_e2e for r in ok])
     known = [r for r in ok if r.parts_sum_minus_ttft is not None and r.client_ttft]
     share = ttft_share(rows)
     err = max(abs(r.parts_sum_minus_ttft) for r in known) if known else None
@@ -506,6 +565,7 @@ def summarize_comparison(
         records_with_violations=sum(1 for v in violations if v),
         violations=dict(sorted(tally(violations).items())),
         requests_paired=len(rows),
+        paired_by_id=sum(r.paired_by == PairedBy.ID for r in rows),
         records_unpaired=len(cmp.alone),
         offset=cmp.offset,
         percentile_method=method,

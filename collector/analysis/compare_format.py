@@ -16,20 +16,7 @@ def format_comparison(
     rows: list[RequestComparison], summary: ComparisonSummary, top: int = 20, markdown: bool = False
 ) -> str:
     h = (lambda t: f"### {t}") if markdown else (lambda t: f"== {t} ==")
-    out = [h("Clock offset (engine - client)")]
-    o = summary.offset
-    if o.high is None:
-        out.append(f"applied {o.theta * 1000:.3f} ms ({o.source})")
-    elif o.low is None:
-        out.append(f"applied {o.theta * 1000:.3f} ms ({o.source}); at most {o.high * 1000:.3f} ms")
-    else:
-        out.append(
-            f"applied {o.theta * 1000:.3f} ms ({o.source}); bounds [{o.low * 1000:.3f}, "
-            f"{o.high * 1000:.3f}] ms, width {o.width * 1000:.3f} ms, from {o.pairs_used} pairs"
-            + ("" if o.consistent else "  (inconsistent: the bounds cross; timing jitter or clock drift)")
-        )
-    for why, n in o.excluded.items():
-        out.append(f"  {n} pairs left out of the bounds: {why}")
+    out = [h("Clock offset (engine - client)"), *_offset_lines(summary.offset)]
     out += ["", h(f"Client TTFT decomposition (ms; {summary.percentile_method})")]
     d = summary.distributions
     keys = list(next(iter(d.values())).percentiles)
@@ -46,6 +33,7 @@ def format_comparison(
         "engine_itl_per_token",
         "client_itl_max",
         "engine_itl_max",
+        "client_e2e",
     ):
         if k not in d:  # a part no request has (the server boundary's, without a server span)
             continue
@@ -73,7 +61,13 @@ def format_comparison(
     st = summary.stalls
     out += [
         "",
-        f"paired requests: {summary.requests_paired}, unpaired records: {summary.records_unpaired}; "
+        f"paired requests: {summary.requests_paired}"
+        + (
+            f" ({summary.paired_by_id} by the client's response id: no trace context at the server)"
+            if summary.paired_by_id
+            else ""
+        )
+        + f", unpaired records: {summary.records_unpaired}; "
         "stalls: " + ", ".join(f"{k} {v}" for k, v in st.items() if v or k in STALL_CLASSES),
         "timeline violations: "
         + (
@@ -90,6 +84,21 @@ def format_comparison(
     out += _slowest(worst, rows, markdown)
     out += _traces_of_several_calls(rows, top, markdown, h)
     return "\n".join(out) + "\n"
+
+
+def _offset_lines(o) -> list[str]:
+    """The clock offset applied, its bounds and the pairs left out of them."""
+    if o.high is None:
+        out = [f"applied {o.theta * 1000:.3f} ms ({o.source})"]
+    elif o.low is None:
+        out = [f"applied {o.theta * 1000:.3f} ms ({o.source}); at most {o.high * 1000:.3f} ms"]
+    else:
+        out = [
+            f"applied {o.theta * 1000:.3f} ms ({o.source}); bounds [{o.low * 1000:.3f}, "
+            f"{o.high * 1000:.3f}] ms, width {o.width * 1000:.3f} ms, from {o.pairs_used} pairs"
+            + ("" if o.consistent else "  (inconsistent: the bounds cross; timing jitter or clock drift)")
+        ]
+    return out + [f"  {n} pairs left out of the bounds: {why}" for why, n in o.excluded.items()]
 
 
 def _slowest(worst: list[RequestComparison], rows: list[RequestComparison], markdown: bool) -> list[str]:

@@ -115,7 +115,7 @@ def _log_record(row: dict, now: int) -> LogRecord:
     lr.body.string_value = (
         f"{row['boundary']} request {row['request_id']} {row['status']}"
         + (f", ttft {ttft * 1e3:.1f} ms" if isinstance(ttft, float) and ttft == ttft else "")
-        + f", {row['output_tokens']} tokens"
+        + (f", {row['output_tokens']} tokens" if row["output_tokens"] is not None else ", tokens unknown")
     )
     lr.attributes.extend(
         KeyValue(key=PREFIX + name, value=av) for name, v in row.items() if (av := _value(v)) is not None

@@ -27,6 +27,14 @@ released without it (the other process's spans came after, as they do under evic
 group derived as an unpaired record (``spans_late_derived``). Everything is guarded by one lock;
 the caller's clock (seconds, monotonic) drives deadlines.
 
+A GenAI client instrumentation's span whose trace context did not reach the server (the openai SDK's
+instrumentation puts no ``traceparent`` on the request) is in a trace of its own, yet its
+``gen_ai.response.id`` is the server's id for the request. Such a span joins the group of the
+engine request span with that id, in whatever trace it is (``spans_paired_by_id``), when that
+group is still in flight; one that comes first waits ``peer_wait_s`` in its own trace's group for
+that engine span, which takes it into its group when it comes. Never by time: only the id joins,
+and only a group still in flight (an engine span waits ``peer_wait_s`` for its caller anyway).
+
 Deadlines need no priority queue: each kind is the clock plus a constant (timeout, grace, peer
 wait), so each kind's deadlines come due in the order they were set. Three FIFO queues hold
 them (the arrival ring doubles as the timeout queue); a deadline superseded by a later request
@@ -55,6 +63,7 @@ class AssemblyCounters:
     spans_late: int = 0  # dropped: their request (or its phase's) was derived already
     spans_late_derived: int = 0  # late, for a boundary not derived yet: derived on their own
     spans_held_back: int = 0  # kept past a timeout release: an engine span still waiting for its client
+    spans_paired_by_id: int = 0  # GenAI client spans that joined their engine's trace by response id
     spans_over_trace_limit: int = 0  # dropped: their trace already had max_spans_per_trace
     requests_refused_full: int = 0  # on_full="refuse": export requests refused for want of room
     traces_released: int = 0
@@ -109,6 +118,7 @@ class TraceStorage(Protocol):
 
     def add(self, trace_id: bytes, span: tuple) -> bool: ...  # False: duplicate span
     def pop(self, trace_id: bytes) -> list[tuple] | None: ...
+    def take(self, trace_id: bytes, span_id: bytes) -> tuple | None: ...  # one span out (None: not there)
     def __contains__(self, trace_id: bytes) -> bool: ...
     def __len__(self) -> int: ...
 
@@ -132,6 +142,10 @@ class InMemoryTraceStorage:
         t = self._spans.pop(trace_id, None)
         return None if t is None else list(t.values())
 
+    def take(self, trace_id: bytes, span_id: bytes) -> tuple | None:
+        t = self._spans.get(trace_id)
+        return None if t is None else t.pop(span_id, None)
+
     def __contains__(self, trace_id: bytes) -> bool:
         return trace_id in self._spans
 
@@ -154,6 +168,10 @@ class _Entry:
     waiting: dict | None = None  # span id -> arrival of those engine spans (kept back at a timeout)
     late: bool = False  # opened by a boundary of a request released without it
     held: set | None = None  # engine span ids a timeout kept back once: the next releases them
+    rids: list | None = None  # the request ids of its engine request spans (in TraceAssembler._engine_by_id)
+    id_clients: list | None = None  # GenAI client spans waiting for their engine by id: (rid, span id)
+    id_until: float = 0.0  # while they wait: the group is not ready before this
+    moved_in: list | None = None  # GenAI client spans of other traces it took: their (trace id, span)
     spans: int = 0
     bytes: int = 0  # memory its spans hold, as the caller estimated it (see add)
 
@@ -335,6 +353,8 @@ class TraceAssembler:
         self._grace: deque[tuple[float, bytes]] = deque()  # (ready at, trace id), FIFO = deadline order
         self._peer: deque[tuple[float, bytes]] = deque()  # the same for traces waiting for their client span
         self._released = RecentRequests(self.config.remember_released)  # trace id -> what it released
+        self._engine_by_id: dict[str, bytes] = {}  # request id -> the group (trace id) holding its engine span
+        self._client_by_id: dict[str, tuple[bytes, bytes]] = {}  # response id -> a GenAI client span waiting
         self._lock = threading.Lock()
         self.bytes = 0  # memory held by the spans in flight, as estimated by the callers of add
 
@@ -365,6 +385,11 @@ class TraceAssembler:
                 if late == 1:
                     c.spans_late += 1
                     continue
+                if late == 0 and s[sp.CODE] == sp.GENAI_CLIENT:
+                    to = self._engine_group(s, tid)
+                    if to is not None:  # its engine span is in a trace of its own, still in flight
+                        self._take_in(to, s, now, bytes_per_span)
+                        continue
                 if e is None:
                     while len(entries) >= cfg.max_traces:
                         ev = self._release_oldest("evicted")
@@ -388,7 +413,86 @@ class TraceAssembler:
                 bit = (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s)
                 if bit:
                     self._request_arrived(tid, e, s, bit, late == 2, now)
+                    if late or e.late:
+                        continue
+                    if bit == _ENGINE_BIT:
+                        self._engine_in(tid, e, s, now)
+                    elif code == sp.GENAI_CLIENT:
+                        self._client_waits(tid, e, s, now)
         return evicted
+
+    def _engine_group(self, s: tuple, tid: bytes) -> bytes | None:
+        """The group in flight, of another trace, holding the engine request span whose id is this
+        GenAI client span's response id (None: none)."""
+        rid = s[sp.RESPONSE_ID]
+        if type(rid) is not str or not rid or not is_genai_client_span(s):
+            return None
+        to = self._engine_by_id.get(rid)
+        return to if to is not None and to != tid and to in self._entries else None
+
+    def _take_in(self, to: bytes, s: tuple, now: float, bytes_per_span: int) -> None:
+        """A GenAI client span of another trace joins group ``to``, which holds its engine span."""
+        e, c = self._entries[to], self.counters
+        if e.spans >= self.config.max_spans_per_trace:
+            c.spans_over_trace_limit += 1
+            return
+        if not self.storage.add(to, s):
+            c.spans_duplicate += 1
+            return
+        e.spans += 1
+        e.bytes += bytes_per_span
+        self.bytes += bytes_per_span
+        if e.moved_in is None:
+            e.moved_in = []
+        e.moved_in.append(s)
+        c.spans_paired_by_id += 1
+        self._request_arrived(to, e, s, _CLIENT_BIT, False, now)
+
+    def _client_waits(self, tid: bytes, e: _Entry, s: tuple, now: float) -> None:
+        """A GenAI client span whose engine span is not in flight (neither in its trace nor, by its
+        response id, in another) keeps its group ``peer_wait_s`` for it."""
+        rid = s[sp.RESPONSE_ID]
+        if type(rid) is not str or not rid or (e.rids and rid in e.rids):
+            return
+        self._client_by_id[rid] = (tid, s[sp.SPAN_ID])
+        if e.id_clients is None:
+            e.id_clients = []
+        e.id_clients.append((rid, s[sp.SPAN_ID]))
+        e.id_until = e.ready_at = now + self._peer_wait()
+        self._peer.append((e.ready_at, tid))
+
+    def _engine_in(self, tid: bytes, e: _Entry, s: tuple, now: float) -> None:
+        """An engine request span is in group ``tid``: its id is known to GenAI client spans that
+        come later, and the one waiting for it (in its own trace) joins it."""
+        rid = _request_id(s, _ENGINE_BIT)
+        if rid is None or s[sp.PD_ROLE] == PdRole.PREFILL:  # a prefill leg's id is its decode leg's too
+            return
+        self._engine_by_id[rid] = tid
+        if e.rids is None:
+            e.rids = []
+        e.rids.append(rid)
+        waiting = self._client_by_id.pop(rid, None)
+        ce = None if waiting is None else self._entries.get(waiting[0])
+        if ce is None:
+            return
+        ctid, sid = waiting
+        if ce.id_clients and (rid, sid) in ce.id_clients:
+            ce.id_clients.remove((rid, sid))
+        # its own trace (the trace context reached the server after all): paired by trace; else the
+        # span moves to the engine's group
+        span = None if ctid == tid else self.storage.take(ctid, sid)
+        moved = 0
+        if span is not None:
+            moved = ce.bytes // max(ce.spans, 1)
+            ce.spans, ce.clients, ce.bytes = ce.spans - 1, ce.clients - 1, ce.bytes - moved
+            self.bytes -= moved
+        if not ce.id_clients and ce.id_until:  # nothing waits by id there any more: its usual deadline
+            ce.id_until = 0.0
+            if ce.callers <= ce.clients:
+                ce.ready_at = now + self.config.grace_s
+                self._grace.append((ce.ready_at, ctid))
+        if span is not None:
+            self._take_in(tid, span, now, moved)
 
     def _peer_wait(self) -> float:
         """Seconds an engine span with a caller waits for the caller's span (never less than the grace)."""
@@ -424,6 +528,9 @@ class TraceAssembler:
                 return
         if e.callers > e.clients:  # still waiting for a caller's span: the peer deadline stands
             return
+        if e.id_until > now + self.config.grace_s:  # a GenAI client span waits for its engine's: that stands
+            e.ready_at = e.id_until
+            return
         e.ready_at = now + self.config.grace_s
         self._grace.append((e.ready_at, tid))
 
@@ -433,6 +540,7 @@ class TraceAssembler:
         e = self._entries.pop(tid, None)
         if e is None:
             return None
+        self._forget_ids(tid, e)
         spans = self.storage.pop(tid) or []
         held: list[tuple] = []
         if now is not None and e.waiting and spans:
@@ -440,6 +548,8 @@ class TraceAssembler:
             spans, held = _hold_back(spans, e.waiting, since, e.held or ())
         keys, requests = _released_keys(spans)
         self._released.add(tid, keys, requests)
+        for s in e.moved_in or ():  # a retry of a span taken in by id comes in its own trace: late there
+            self._released.add(s[sp.TRACE_ID], *_released_keys([s]))
         c = self.counters
         c.traces_released += 1
         if reason == "evicted":
@@ -453,6 +563,15 @@ class TraceAssembler:
         if held:
             self._hold(tid, held, e, kept, now)
         return ReleasedTrace(tid, spans, reason, e.bytes - kept)
+
+    def _forget_ids(self, tid: bytes, e: _Entry) -> None:
+        """Group ``tid`` is released: its engine spans and waiting client spans leave the id indexes."""
+        for rid in e.rids or ():
+            if self._engine_by_id.get(rid) == tid:
+                del self._engine_by_id[rid]
+        for rid, sid in e.id_clients or ():
+            if self._client_by_id.get(rid) == (tid, sid):
+                del self._client_by_id[rid]
 
     def _hold(self, tid: bytes, held: list[tuple], was: _Entry, held_bytes: int, now: float) -> None:
         """Open ``tid``'s next group with the spans a timeout kept back, due when their peer wait ends
@@ -469,6 +588,7 @@ class TraceAssembler:
                     e.waiting = {}
                 e.waiting[s[sp.SPAN_ID]] = at
                 e.callers += 1
+                self._engine_in(tid, e, s, now)
         e.ready_at = max(e.waiting.values()) + self._peer_wait()
         self._peer.append((e.ready_at, tid))
         self.counters.spans_held_back += len(held)

@@ -41,7 +41,7 @@ import numpy as np
 
 from otel_llm.metrics.request_math import RequestMetrics, request_metrics
 from otel_llm.metrics.timeline import STATUS_CODE, clean_events
-from otel_llm.semconv import RequestStatus
+from otel_llm.semconv import PairedBy, RequestStatus
 
 from . import disagg, foreign_spans, invariants, speculation
 from . import walked_span as sp
@@ -593,13 +593,15 @@ def boundary_metrics(
     usage, observed at its end."""
     n = len(request_id)
     usage = np.fromiter(
-        (v if type(v) is int and 0 < v < MAX_EVENT_TOKENS else 0 for v in fields[sp.OUTPUT_TOKENS]), np.int64, n
+        (v if type(v) is int and 0 <= v < MAX_EVENT_TOKENS else -1 for v in fields[sp.OUTPUT_TOKENS]), np.int64, n
     )
-    untimed = np.where(events.has, 0, usage)
+    untimed = np.where(events.has, 0, np.maximum(usage, 0))
+    # a span that summarises its tokens (a GenAI client's, vLLM's own) and says no count: unknown
+    unknown = summarised & (usage < 0)
     return request_metrics(
         timeline_batch(
             request_id, events.submit, events.end, status, events.start, events.offsets, events.tokens,
-            input_tokens, untimed_tokens=untimed, summarised=summarised,
+            input_tokens, untimed_tokens=untimed, summarised=summarised, tokens_unknown=unknown,
         )
     )  # fmt: skip
 
@@ -743,21 +745,27 @@ def _unread_and_paired(rq: Requests, metrics: RequestMetrics, status: list[str])
         paired[ci] = paired[ei] = True
         gone = np.fromiter((status[c] == RequestStatus.CANCELLED for c in ci.tolist()), bool, len(ci))
         lost = np.maximum(metrics.output_tokens[ei] - metrics.output_tokens[ci], 0)
+        gone &= (metrics.output_tokens[ei] >= 0) & (metrics.output_tokens[ci] >= 0)  # a count unknown: unread too
         unread[ci[gone]] = unread[ei[gone]] = lost[gone]
     return unread, paired
 
 
 def _shared_by_pairs(rq: Requests, fields: list, request_id: list[str], same: dict) -> tuple:
-    """What the boundaries of one request share: each other's request id (peer), the caller (the
-    application's span the call ran under), the bench run and whether it was a warm-up, the
-    client's given to its engine and the engine's to its server record."""
+    """What the boundaries of one request share: each other's request id (peer), how they were
+    paired (``trace``: one trace holds both; ``id``: a GenAI client span taken into its engine's
+    trace by its response id, :mod:`~collector.pipeline.assembly`), the caller (the application's
+    span the call ran under), the bench run and whether it was a warm-up, the client's given to its
+    engine and the engine's to its server record."""
     n = len(rq.recs)
     peer: list = [None] * n
+    paired_by: list = [None] * n
+    trace_of = fields[sp.TRACE_ID]
     caller = _callers(rq, fields)
     run_id = [same.setdefault(v, v) if type(v) is str and v else None for v in fields[sp.RUN_ID]]
     warmup = np.fromiter((v is True for v in fields[sp.WARMUP]), bool, n)
     for c, e in rq.pairs:
         peer[c], peer[e] = request_id[e], request_id[c]
+        paired_by[c] = paired_by[e] = PairedBy.TRACE if trace_of[c] == trace_of[e] else PairedBy.ID
         caller[e] = caller[c]  # the application's span the call ran under, at every boundary
         if run_id[e] is None:  # the engine does not know the bench run: its client does
             run_id[e] = run_id[c]
@@ -766,7 +774,7 @@ def _shared_by_pairs(rq: Requests, fields: list, request_id: list[str], same: di
         caller[sv] = caller[e]
         run_id[sv] = run_id[e]
         warmup[sv] = warmup[e]
-    return peer, caller, run_id, warmup
+    return peer, paired_by, caller, run_id, warmup
 
 
 def record_batch(
@@ -784,7 +792,7 @@ def record_batch(
     client never read, each other's request id), the sampling weight and the timeline's violations."""
     n = len(rq.recs)
     unread, paired = _unread_and_paired(rq, metrics, status)
-    peer, caller, run_id, warmup = _shared_by_pairs(rq, fields, request_id, same)
+    peer, paired_by, caller, run_id, warmup = _shared_by_pairs(rq, fields, request_id, same)
     violations = invariants.check(
         rq.code,
         events.submit,
@@ -834,6 +842,7 @@ def record_batch(
         ),
         sample_weight=sample_weights(fields, rq.pairs, rq.server_of),
         paired=paired,
+        paired_by=paired_by,
         peer_request_id=peer,
         internal_id=[
             v if type(v) is str and v and c == sp.ENGINE else None for v, c in zip(fields[sp.INTERNAL_ID], rq.code)

@@ -15,9 +15,12 @@ text (``chat``, ``text_completion``, ``generate_content``), as a client request 
   known; the ITL, largest gap and stalls are unknown, never computed from the two events;
 * a call that did not stream (no ``time_to_first_chunk``) has no token event: E2E, token counts and
   status only, as otel-llm's own client records a ``stream=False`` call;
-* without a usable ``gen_ai.usage.output_tokens`` the first chunk counts as one token and the
-  record says its count is estimated (``estimated_tokens``);
+* without a usable ``gen_ai.usage.output_tokens`` (a stream without ``stream_options.include_usage``
+  gives the instrumentation none) the record's token count is unknown (NULL, never 0 nor the one
+  token of its first chunk): left out of token throughput, its TPOT unknown;
 * its request id is ``gen_ai.response.id`` (the server's id for the response), else the span id;
+  where its trace context did not reach the server, that id pairs it with the server's and the
+  engine's records (:mod:`~collector.pipeline.assembly`, ``paired_by`` ``id``);
 * a trace that also holds otel-llm's own client span is derived from that one alone.
 
 An attribute of the wrong type or out of range is left unknown, as a missing one is; a span of
@@ -61,8 +64,6 @@ def as_client_span(s: tuple) -> tuple:
         if n is not None and n > 1:
             offsets.append(span_ns)
             tokens.append(n - 1)
-        elif n is None:  # the first chunk counted as a token, the rest not said
-            row[sp.ESTIMATED] = True
     row[sp.OFFSETS] = np.asarray(offsets, np.int64).tobytes()
     row[sp.TOKENS] = np.asarray(tokens, np.int64).tobytes()
     return tuple(row)

@@ -81,7 +81,7 @@ def check(
         sv, ev = np.array(server_of, np.int64).T
         server_of_engine[ev] = sv
         mark(ev[known(server_received[ev]) & (submit[ev] < server_received[ev])], "arrival_before_server_received")
-        mark(sv[output_tokens[sv] < output_tokens[ev]], "output_after_last_chunk")
+        mark(sv[(output_tokens[sv] < output_tokens[ev]) & (output_tokens[sv] >= 0)], "output_after_last_chunk")
         mark(sv[below(ttft[sv], ttft[ev])], "server_ttft_below_engine")
     if pairs:
         ci, ei = np.array(pairs, np.int64).T

@@ -436,7 +436,7 @@ class MetricsRegistry:
                     self.fluid.add_from_zero(labels, int((x >= self.fluidity.target).sum()))
                 for st in np.unique(status[idx]).tolist():
                     self.requests.add(labels + (st,), total(one, idx[status[idx] == st]))
-                self.output_tokens.add(labels, total(rm.output_tokens, idx))
+                self.output_tokens.add(labels, total(np.maximum(rm.output_tokens, 0), idx))  # -1: unknown
                 for name, per_bound in checks.items():
                     good = ok[idx].copy()
                     for passed in per_bound.values():

@@ -30,6 +30,7 @@ import numpy as np
 
 from otel_llm.metrics.selection import Selection
 from otel_llm.metrics.timeline import STATUS_CODE, TimelineBatch
+from otel_llm.semconv import Boundary, PairedBy
 
 from .ttft_parts import ENGINE as ENGINE_PARTS
 from .ttft_parts import MEANING, OUTER_BY_COARSE
@@ -106,7 +107,14 @@ COLUMNS: tuple[Column, ...] = (
     ),
     Column("end_ns", NS, "ns", "Unix ns. client: stream closed; server: the app returned; engine: finished or aborted"),
     Column("input_tokens", INT, "tokens", "prompt tokens", unknown=-1),
-    Column("output_tokens", INT, "tokens", "N = sum of the tokens of every event"),
+    Column(
+        "output_tokens",
+        INT,
+        "tokens",
+        "N = sum of the tokens of every event, or the response's usage; None: the source did not say (a GenAI "
+        "client span without usage), never 0",
+        unknown=-1,
+    ),
     Column("estimated_tokens", FLAG, "", "the client counted tokens itself rather than from usage"),
     Column(
         "events_summarised",
@@ -180,7 +188,14 @@ COLUMNS: tuple[Column, ...] = (
         "span or, for an engine or server record, its client's or its server's): what it counts for in rates "
         "and goodput; 1 without sampling or where the probability is not known",
     ),
-    Column("paired", FLAG, "", "the trace held this request at both boundaries"),
+    Column("paired", FLAG, "", "this request was seen at both boundaries, client and engine"),
+    Column(
+        "paired_by",
+        TEXT,
+        "",
+        "how a paired record was paired: trace (one trace holds both boundaries) | id (a GenAI client's "
+        "gen_ai.response.id is the engine's request id; its trace context did not reach the server)",
+    ),
     Column("peer_request_id", TEXT, "", "the request id of the paired record at the other boundary"),
     Column("internal_id", TEXT, "", "an engine record: the engine's own request id (llm.request.internal_id)"),
     # speculative decoding, an engine record joined with its engine's account (llm.engine.speculation;
@@ -278,6 +293,7 @@ def timeline_batch(
     weight: np.ndarray | None = None,
     untimed_tokens: np.ndarray | None = None,
     summarised: np.ndarray | None = None,
+    tokens_unknown: np.ndarray | None = None,
 ) -> TimelineBatch:
     """Records' columns as a :class:`TimelineBatch` for the metric core: seconds after
     ``epoch_ns`` (default: the earliest submit, which keeps every difference exact to well under a
@@ -301,6 +317,9 @@ def timeline_batch(
         None if weight is None or not (np.asarray(weight) != 1.0).any() else np.asarray(weight, np.float64),
         None if untimed_tokens is None or not np.asarray(untimed_tokens).any() else untimed_tokens,
         summarised=None if summarised is None or not np.asarray(summarised).any() else np.asarray(summarised, bool),
+        tokens_unknown=None
+        if tokens_unknown is None or not np.asarray(tokens_unknown).any()
+        else np.asarray(tokens_unknown, bool),
     )
 
 
@@ -329,8 +348,9 @@ class _BatchMethods:
             self.input_tokens,
             epoch_ns,
             self.sample_weight,
-            np.where(np.diff(self.event_start) == 0, self.output_tokens, 0),  # a response not streamed
+            np.where(np.diff(self.event_start) == 0, np.maximum(self.output_tokens, 0), 0),  # a response not streamed
             self.events_summarised,
+            self.output_tokens < 0,
         )
         tb.violations = {"records": sum(1 for v in self.violations if v), **dict(sorted(kinds.items()))}
         return tb
@@ -376,12 +396,30 @@ class _BatchMethods:
         if sel.services:
             keep &= np.fromiter((s in sel.services for s in self.service), bool, len(self))
         if sel.traces:
-            keep &= np.fromiter((t in sel.traces for t in self.trace_id), bool, len(self))
+            in_trace = np.fromiter((t in sel.traces for t in self.trace_id), bool, len(self))
+            keep &= in_trace | self._paired_by_id_with(in_trace)
         if sel.since_ns is not None:
             keep &= self.submit_ns >= sel.since_ns
         if sel.until_ns is not None:
             keep &= self.submit_ns <= sel.until_ns
         return self if keep.all() else self.take(np.flatnonzero(keep))
+
+    def _paired_by_id_with(self, clients: np.ndarray) -> np.ndarray:
+        """The engine and server records of the requests whose client records (of ``clients``)
+        were paired by id: a trace's calls whose trace context did not reach the server are the
+        trace's requests all the same, though their engine's records are in traces of their own."""
+        b, how, rid = self.boundary, self.paired_by, self.request_id
+        ids = {
+            p
+            for p, bb, hh, k in zip(self.peer_request_id, b, how, clients.tolist())
+            if k and bb == Boundary.CLIENT and hh == PairedBy.ID
+        }
+        if not ids:
+            return np.zeros(len(self), bool)
+        engine = [bb == Boundary.ENGINE and hh == PairedBy.ID and r in ids for bb, hh, r in zip(b, how, rid)]
+        traces = {t for t, e in zip(self.trace_id, engine) if e}
+        server = (bb == Boundary.SERVER and r in ids and t in traces for bb, r, t in zip(b, rid, self.trace_id))
+        return np.fromiter((e or s for e, s in zip(engine, server)), bool, len(self))
 
     def at_boundary(self, boundary: str) -> RecordBatch:
         """The records of one boundary."""

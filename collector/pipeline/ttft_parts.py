@@ -215,6 +215,14 @@ def finest(values: Mapping[str, float | None]) -> dict[str, float | None] | None
     return {k: out[k] for k in NAMES if k in out}
 
 
+def known_parts(values: Mapping[str, float | None]) -> dict[str, float]:
+    """One request's parts where :func:`finest` cannot give them all (a side not known at all: a
+    client that timed no first token): the parts known, in order, a coarse part left out where a
+    fine part of it is known. They do not add up to anything; they are what is known."""
+    fine_known = {p.coarse for p in PARTS if p.coarse and values.get(p.name) is not None}
+    return {n: values[n] for n in NAMES if values.get(n) is not None and n not in fine_known}
+
+
 def shown(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """:func:`finest` over columns of many requests (float arrays, NaN unknown): for each part,
     where it is shown with a known value."""

@@ -23,7 +23,7 @@ class RequestMetrics:
     e2e: np.ndarray  # end - submit
     itl_max: np.ndarray  # largest ITL sample; NaN when m < 2
     events: np.ndarray  # m, token events (int)
-    output_tokens: np.ndarray  # N = sum k_i (int)
+    output_tokens: np.ndarray  # N = sum k_i (int); -1 where the source does not say (tokens_unknown)
     multi_token_events: np.ndarray  # events carrying more than one token (int)
     itl: np.ndarray  # pooled ITL samples of all requests, request order (seconds)
     itl_request: np.ndarray  # index of the request each ITL sample belongs to
@@ -71,6 +71,9 @@ def request_metrics(batch: TimelineBatch) -> RequestMetrics:
     rm = _request_metrics(batch)
     if batch.untimed_tokens is not None:  # counted in N after the timed metrics (TPOT is of token events)
         rm = replace(rm, output_tokens=rm.output_tokens + np.asarray(batch.untimed_tokens, np.int64))
+    if batch.tokens_unknown is not None:  # N not said: unknown, never the events' count (nor 0)
+        unknown = np.asarray(batch.tokens_unknown, bool)
+        rm = replace(rm, output_tokens=np.where(unknown, -1, rm.output_tokens), tpot=np.where(unknown, np.nan, rm.tpot))
     if batch.summarised is not None:  # first and last token only: the gap between them is no ITL
         summ = np.asarray(batch.summarised, bool)
         keep = ~summ[rm.itl_request]

@@ -74,6 +74,7 @@ class Counts:
     no_token: int  # completed with no token event
     multi_token_events: int  # token events of completed requests carrying more than one token
     summarised: int = 0  # completed with their first and last token only (TimelineBatch.summarised): no ITL
+    tokens_unknown: int = 0  # completed whose source did not say their token count: N, TPOT unknown
 
 
 @dataclass
@@ -148,6 +149,7 @@ class Summary:
                 "no_token": c.no_token,
                 "multi_token_events": c.multi_token_events,
                 "summarised": c.summarised,
+                "tokens_unknown": c.tokens_unknown,
             },
             "throughput": {
                 "requests_per_s": self.requests_per_s,
@@ -195,7 +197,8 @@ def weighted_sum(values: np.ndarray, weight: np.ndarray | None, which: np.ndarra
 def bound_checks(rm: RequestMetrics, slo: SLO) -> dict[str, np.ndarray]:
     """For each bound of ``slo``, a boolean per request: does it meet that bound (spec rules for
     undefined values: TPOT per ``slo.tpot_undefined``, ITL max vacuous with < 2 events, and any
-    ``ttft`` or ``itl_max`` bound fails with no token at all)."""
+    ``ttft`` or ``itl_max`` bound fails with no token at all). A TPOT whose token count is unknown
+    (``output_tokens`` -1) is not undefined but unknown: its bound is not met."""
     no_token = rm.events == 0
     out: dict[str, np.ndarray] = {}
     for name, bound in slo.bounds.items():
@@ -204,6 +207,7 @@ def bound_checks(rm: RequestMetrics, slo: SLO) -> dict[str, np.ndarray]:
         elif name == "tpot":
             undefined = np.isnan(rm.tpot)
             ok = np.where(undefined, slo.tpot_undefined == "pass", np.nan_to_num(rm.tpot, nan=0.0) <= bound)
+            ok &= rm.output_tokens >= 0
         elif name == "itl_max":
             ok = ~no_token & (np.isnan(rm.itl_max) | (np.nan_to_num(rm.itl_max, nan=0.0) <= bound))
         else:  # e2e
@@ -242,6 +246,8 @@ def _weighted_count(n: int, wt: np.ndarray | None):
 def _tokens_in_window(batch: TimelineBatch, w: Window, wt: np.ndarray | None):
     """Output tokens whose event is in the window (a response not streamed: at its end), weighted."""
     in_tok = w.contains(batch.event_time)
+    if batch.tokens_unknown is not None:  # a request whose count is unknown: none of its tokens counted
+        in_tok &= ~np.repeat(np.asarray(batch.tokens_unknown, bool), np.diff(batch.offsets))
     if wt is None:
         tok_in = int(batch.event_tokens[in_tok].sum())
     else:
@@ -261,7 +267,8 @@ def _counts(batch: TimelineBatch, rm: RequestMetrics, in_win: np.ndarray, comple
         failed=int((in_win & (st == ERROR)).sum()),
         cancelled=int((in_win & (st == CANCELLED)).sum()),
         rejected=int((in_win & (st == REJECTED)).sum()),
-        tpot_undefined=int((completed & (rm.output_tokens <= 1)).sum()),
+        tpot_undefined=int((completed & (rm.output_tokens >= 0) & (rm.output_tokens <= 1)).sum()),
+        tokens_unknown=int((completed & (rm.output_tokens < 0)).sum()),
         no_token=int((completed & (rm.events == 0)).sum()),
         multi_token_events=int(rm.multi_token_events[completed].sum()),
         summarised=0 if batch.summarised is None else int((completed & batch.summarised).sum()),
@@ -282,7 +289,7 @@ def _goodput(rm: RequestMetrics, slo: SLO, completed: np.ndarray, wt: np.ndarray
         tpot_undefined=slo.tpot_undefined,
         good=int(good_mask.sum()),
         requests_per_s=_rate(good_n, T),
-        output_tokens_per_s=_rate(weighted_sum(rm.output_tokens, wt, good_mask), T),
+        output_tokens_per_s=_rate(weighted_sum(np.maximum(rm.output_tokens, 0), wt, good_mask), T),
         attainment=good_n / done_n if n_completed else None,
         attainment_by_bound={k: (n_of(completed & ok) / done_n if n_completed else None) for k, ok in checks.items()},
     )

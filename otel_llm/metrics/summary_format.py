@@ -74,6 +74,7 @@ def _throughput_lines(s: Summary, h, markdown: bool) -> list[str]:
         f"TPOT undefined (N <= 1): {c.tpot_undefined}   no token: {c.no_token}   "
         f"events with >1 token (gaps inside unknown): {c.multi_token_events}"
         + (f"   first and last token only (no ITL): {c.summarised}" if c.summarised else "")
+        + (f"   token count unknown (not counted; TPOT unknown): {c.tokens_unknown}" if c.tokens_unknown else "")
     )
     if s.violations is not None:
         v = dict(s.violations)

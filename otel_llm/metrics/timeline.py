@@ -80,6 +80,10 @@ class TimelineBatch:
     # E2E but does not time each token, e.g. vLLM's own request span): no ITL sample, no largest
     # ITL; TTFT, TPOT (a mean) and N as usual
     summarised: np.ndarray | None = None  # bool[n]; None: none
+    # requests whose source does not say how many tokens they gave (a GenAI client span without
+    # usage): N unknown (-1 in RequestMetrics.output_tokens), so TPOT too; left out of token
+    # throughput, and a TPOT bound is not met, never passed (docs/metrics/spec.md)
+    tokens_unknown: np.ndarray | None = None  # bool[n]; None: none
     # where the source checks the timeline invariants (the collector's records): the records that
     # break one, by kind, and "records" in all; None: not checked
     violations: dict[str, int] | None = None

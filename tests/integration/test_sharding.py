@@ -3,8 +3,9 @@ id (standing in for the OpenTelemetry Collector's loadbalancing exporter with ro
 traceID), against one collector fed the same spans. A real Prometheus scrapes all four: PromQL
 sums over the shards equal the single collector's counts and buckets; ``analyze`` over the three
 stores equals ``analyze`` over the single one, field by field; a trace split across two shards on
-purpose gives each shard the record of the boundary it saw, unpaired, never a pair twice. The
-records also leave as OTLP log records and as Parquet, equal to the store's."""
+purpose gives each shard the record of the boundary it saw, unpaired, never a pair twice; ``compare``
+over the three stores pairs those two by their request id, once, the parts that need both records'
+times unknown. The records also leave as OTLP log records and as Parquet, equal to the store's."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from conftest import ROOT, run_cli
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from support.otlp_helpers import Req, sample_request
 
+from otel_llm import semconv as sc
 from otel_llm.metrics.slo import SLO
 
 HISTOGRAMS = (
@@ -119,6 +121,8 @@ def test_three_shards_equal_one_collector(make_collector, prometheus_jobs):
     )
     reqs = [sample_request([r]) for r in requests(240)]
     split_req = reqs.pop()  # this trace reaches two shards: its client span one, its engine spans another
+    split_req_id = split_req.resource_spans[0].scope_spans[0].spans[0].attributes
+    split_req_id = next(kv.value.string_value for kv in split_req_id if kv.key == sc.REQUEST_ID)
     routed: list[list[ExportTraceServiceRequest]] = [[], [], []]
     for r in reqs:
         routed[shard_of(_trace_id(r), 3)].append(r)
@@ -171,12 +175,16 @@ def test_three_shards_equal_one_collector(make_collector, prometheus_jobs):
     assert json.loads(run_cli("analyze", "--store", glob, "--format", "json").stdout) == json.loads(
         run_cli("analyze", "--store", single.config.store, "--format", "json").stdout
     )
-    # compare: the split trace is one unpaired record on each side, everything else paired once
+    # compare: the split trace is one unpaired record on each side, which compare over the three
+    # stores pairs by the request id (once); everything else paired once, by trace
     cmp_shards = json.loads(run_cli("compare", *[x for s in stores for x in ("--store", s)], "--format", "json").stdout)
     cmp_single = json.loads(run_cli("compare", "--store", single.config.store, "--format", "json").stdout)
     assert cmp_single["summary"]["requests_paired"] == len(everything)
-    assert cmp_shards["summary"]["requests_paired"] == len(everything) - 1
-    assert cmp_shards["summary"]["records_unpaired"] == 2
+    assert cmp_shards["summary"]["requests_paired"] == len(everything)
+    assert cmp_shards["summary"]["records_unpaired"] == 0
+    by_id = [r for r in cmp_shards["requests"] if r["paired_by"] == "id"]
+    assert [r["id"] for r in by_id] == [split_req_id] and by_id[0]["network_in"] is None
+    assert by_id[0]["queue"] is not None and by_id[0]["client_e2e"] is not None
 
 
 class _LogsReceiver:

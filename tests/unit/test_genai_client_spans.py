@@ -143,7 +143,7 @@ def test_a_trace_with_our_client_span_is_derived_from_ours_alone():
         (dict(ttfc=float("nan")), None, 9),
         (dict(ttfc=1e300), None, 9),
         (dict(ttfc=0.5), None, 9),  # after the call's end
-        (dict(output=-3), 0.06, None),  # the first chunk's token, estimated
+        (dict(output=-3), 0.06, None),  # the count unknown; the first chunk still times the TTFT
         (dict(output="9"), 0.06, None),
         (dict(output=0), None, 0),  # no token: no first chunk
         (dict(rid=7), 0.06, 9),
@@ -155,8 +155,8 @@ def test_attributes_absent_wrong_or_out_of_range_are_unknown(kw, ttft, output):
     (c,) = b.records()
     assert c.boundary == "client"
     assert c.ttft == (None if ttft is None else pytest.approx(ttft))
-    if output is None:
-        assert c.output_tokens == 1 and c.estimated_tokens
+    if output is None:  # unknown, never the first chunk's one token nor 0
+        assert c.output_tokens is None and not c.estimated_tokens and c.tpot is None
     else:
         assert c.output_tokens == output and not c.estimated_tokens
     if "rid" in kw:
