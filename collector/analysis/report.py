@@ -389,6 +389,14 @@ def _summary_html(d: ReportData) -> str:
                 + ", ".join(f"{k} {_fmt(v, '%')}" for k, v in g.attainment_by_bound.items())
                 + ")"
             )
+            if g.unjudged:
+                head += (
+                    f"; {g.unjudged} completed requests cannot be judged on a bound their source does not tell ("
+                    + ", ".join(f"{k} {n}" for k, n in g.unjudged_by_bound.items())
+                    + "): never good, left out of attainment"
+                )
+        if c.tokens_unknown:
+            head += f"; {c.tokens_unknown} requests' token counts unknown (not counted)"
         head += ".</p>"
         keys = list(next(iter(s.latency.values())).percentiles)
         rows = "".join(

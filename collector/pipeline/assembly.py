@@ -549,7 +549,10 @@ class TraceAssembler:
         keys, requests = _released_keys(spans)
         self._released.add(tid, keys, requests)
         for s in e.moved_in or ():  # a retry of a span taken in by id comes in its own trace: late there
-            self._released.add(s[sp.TRACE_ID], *_released_keys([s]))
+            own = s[sp.TRACE_ID]
+            self._released.add(own, *_released_keys([s]))
+            if (oe := self._entries.get(own)) is not None:  # its trace's group in flight reads it too
+                oe.released = self._released.get(own)
         c = self.counters
         c.traces_released += 1
         if reason == "evicted":

@@ -24,7 +24,7 @@ import numpy as np
 from otel_llm.metrics.fluidity import FluidityTarget, miss_rates
 from otel_llm.metrics.request_math import RequestMetrics
 from otel_llm.metrics.slo import SLO
-from otel_llm.metrics.summary import bound_checks, weighted_sum
+from otel_llm.metrics.summary import bound_checks, bound_judged, weighted_sum
 from otel_llm.semconv import Boundary, RequestStatus
 
 from .invariants import tally
@@ -232,6 +232,14 @@ FAMILIES: tuple[Family, ...] = (
         "Completed requests meeting every bound of the SLO (rate = goodput)",
         labels=("slo",),
     ),
+    Family(
+        "unjudged",
+        "llm.slo.unjudged_requests",
+        "{request}",
+        "Completed requests a bound of the SLO cannot judge (their source does not tell it: a token count, "
+        "per-token times): never good; attainment = good / (completed - unjudged)",
+        labels=("slo",),
+    ),
     Family("output_tokens", "llm.usage.output_tokens", "{token}", "Output tokens of derived requests, every status"),
     Family("preemptions", "llm.preemptions", "{preemption}", "Preemptions of derived engine requests"),
     Family(
@@ -392,6 +400,7 @@ class MetricsRegistry:
         total = lambda values, idx: weighted_sum(values, wt, idx)  # each request counts for its weight
         one = np.ones(len(batch), np.int64)
         checks = {name: bound_checks(rm, slo) for name, slo in self.slos.items()}
+        judged = {name: np.logical_and.reduce([*bound_judged(rm, slo).values(), ok]) for name, slo in self.slos.items()}
         index = None
         if self.fluidity is not None:  # per completed request with a token; NaN elsewhere
             index = np.full(len(batch), np.nan)
@@ -443,6 +452,7 @@ class MetricsRegistry:
                         good &= passed[idx]
                     # a series per SLO and group from the first request on
                     self.good.add_from_zero(labels + (name,), total(one, idx[good]))
+                    self.unjudged.add_from_zero(labels + (name,), total(one, idx[ok[idx] & ~judged[name][idx]]))
             self._record_pairs(batch, ok)
 
     def _record_speculation(self, labels: tuple, batch: RecordBatch, idx: np.ndarray, total) -> None:

@@ -27,6 +27,9 @@ class RequestMetrics:
     multi_token_events: np.ndarray  # events carrying more than one token (int)
     itl: np.ndarray  # pooled ITL samples of all requests, request order (seconds)
     itl_request: np.ndarray  # index of the request each ITL sample belongs to
+    # requests whose source gives their first and last token only (TimelineBatch.summarised): their
+    # largest ITL is unknown, not vacuous; None: none
+    itl_unknown: np.ndarray | None = None
 
 
 def segment_sum(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -77,7 +80,10 @@ def request_metrics(batch: TimelineBatch) -> RequestMetrics:
     if batch.summarised is not None:  # first and last token only: the gap between them is no ITL
         summ = np.asarray(batch.summarised, bool)
         keep = ~summ[rm.itl_request]
-        rm = replace(rm, itl_max=np.where(summ, np.nan, rm.itl_max), itl=rm.itl[keep], itl_request=rm.itl_request[keep])
+        rm = replace(
+            rm, itl_max=np.where(summ, np.nan, rm.itl_max), itl=rm.itl[keep], itl_request=rm.itl_request[keep],
+            itl_unknown=summ,
+        )  # fmt: skip
     return rm
 
 

@@ -84,8 +84,11 @@ class Goodput:
     good: int
     requests_per_s: float | None
     output_tokens_per_s: float | None  # the good requests' whole outputs / T ("goodput in tokens")
-    attainment: float | None  # good / completed; None when nothing completed
-    attainment_by_bound: dict[str, float | None]
+    attainment: float | None  # good / judged (completed, judged on every bound); None when none
+    attainment_by_bound: dict[str, float | None]  # per bound: met / judged on it
+    # completed requests that cannot be judged on a bound (bound_judged): never good, out of attainment
+    unjudged: int = 0
+    unjudged_by_bound: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -176,6 +179,8 @@ class Summary:
                 "output_tokens_per_s": g.output_tokens_per_s,
                 "attainment": g.attainment,
                 "attainment_by_bound": g.attainment_by_bound,
+                "unjudged": g.unjudged,
+                "unjudged_by_bound": g.unjudged_by_bound,
             }
         out.update(self.extra)
         return out
@@ -194,12 +199,31 @@ def weighted_sum(values: np.ndarray, weight: np.ndarray | None, which: np.ndarra
     return float((values[which] * weight[which]).sum())
 
 
+def bound_judged(rm: RequestMetrics, slo: SLO) -> dict[str, np.ndarray]:
+    """For each bound of ``slo``, a boolean per request: can it be judged on that bound at all (its
+    source says what the bound needs)? Not a ``tpot`` bound where the token count is unknown
+    (``output_tokens`` -1), not an ``itl_max`` bound where only the first and last token are known
+    (``itl_unknown``: vLLM's own spans, a GenAI client span). An unjudged request is never good and
+    is left out of attainment (docs/metrics/spec.md, "Goodput")."""
+    n = len(rm.e2e)
+    out: dict[str, np.ndarray] = {}
+    for name in slo.bounds:
+        if name == "tpot":
+            out[name] = rm.output_tokens >= 0
+        elif name == "itl_max" and rm.itl_unknown is not None:
+            out[name] = ~np.asarray(rm.itl_unknown, bool)
+        else:
+            out[name] = np.ones(n, bool)
+    return out
+
+
 def bound_checks(rm: RequestMetrics, slo: SLO) -> dict[str, np.ndarray]:
     """For each bound of ``slo``, a boolean per request: does it meet that bound (spec rules for
     undefined values: TPOT per ``slo.tpot_undefined``, ITL max vacuous with < 2 events, and any
-    ``ttft`` or ``itl_max`` bound fails with no token at all). A TPOT whose token count is unknown
-    (``output_tokens`` -1) is not undefined but unknown: its bound is not met."""
+    ``ttft`` or ``itl_max`` bound fails with no token at all). A request that cannot be judged on
+    a bound (:func:`bound_judged`) does not meet it: unknown is never a pass."""
     no_token = rm.events == 0
+    judged = bound_judged(rm, slo)
     out: dict[str, np.ndarray] = {}
     for name, bound in slo.bounds.items():
         if name == "ttft":
@@ -207,12 +231,11 @@ def bound_checks(rm: RequestMetrics, slo: SLO) -> dict[str, np.ndarray]:
         elif name == "tpot":
             undefined = np.isnan(rm.tpot)
             ok = np.where(undefined, slo.tpot_undefined == "pass", np.nan_to_num(rm.tpot, nan=0.0) <= bound)
-            ok &= rm.output_tokens >= 0
         elif name == "itl_max":
             ok = ~no_token & (np.isnan(rm.itl_max) | (np.nan_to_num(rm.itl_max, nan=0.0) <= bound))
         else:  # e2e
             ok = rm.e2e <= bound
-        out[name] = ok
+        out[name] = ok & judged[name]
     return out
 
 
@@ -278,20 +301,31 @@ def _counts(batch: TimelineBatch, rm: RequestMetrics, in_win: np.ndarray, comple
 def _goodput(rm: RequestMetrics, slo: SLO, completed: np.ndarray, wt: np.ndarray | None, T: float) -> Goodput:
     """Goodput under ``slo``: the completed requests that meet every bound, per second of ``T``."""
     n_of = _weighted_count(len(completed), wt)
-    n_completed = int(completed.sum())
-    checks = bound_checks(rm, slo)
-    good_mask = completed.copy()
+    checks, judged_by = bound_checks(rm, slo), bound_judged(rm, slo)
+    judged = completed.copy()
+    for j in judged_by.values():
+        judged &= j
+    good_mask = judged.copy()
     for ok in checks.values():
         good_mask &= ok
-    good_n, done_n = n_of(good_mask), n_of(completed)
+    good_n, judged_n = n_of(good_mask), n_of(judged)
     return Goodput(
         slo=slo.bounds,
         tpot_undefined=slo.tpot_undefined,
         good=int(good_mask.sum()),
         requests_per_s=_rate(good_n, T),
         output_tokens_per_s=_rate(weighted_sum(np.maximum(rm.output_tokens, 0), wt, good_mask), T),
-        attainment=good_n / done_n if n_completed else None,
-        attainment_by_bound={k: (n_of(completed & ok) / done_n if n_completed else None) for k, ok in checks.items()},
+        attainment=good_n / judged_n if judged.any() else None,
+        attainment_by_bound={
+            k: (
+                n_of(completed & judged_by[k] & ok) / n_of(completed & judged_by[k])
+                if (completed & judged_by[k]).any()
+                else None
+            )
+            for k, ok in checks.items()
+        },
+        unjudged=int((completed & ~judged).sum()),
+        unjudged_by_bound={k: int((completed & ~j).sum()) for k, j in judged_by.items() if (completed & ~j).any()},
     )
 
 

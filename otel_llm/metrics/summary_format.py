@@ -112,9 +112,17 @@ def _goodput_lines(s: Summary, h, markdown: bool) -> list[str]:
     out.append(f"SLO: {slo} (TPOT undefined: {g.tpot_undefined})")
     out.append(
         f"throughput {_num(s.requests_per_s)} requests/s   goodput {_num(g.requests_per_s)} requests/s   "
-        f"attainment {_pct(g.attainment)} ({g.good} of {c.completed} completed)"
+        f"attainment {_pct(g.attainment)} ({g.good} of {c.completed - g.unjudged} completed"
+        + (f" and judged; {g.unjudged} left out" if g.unjudged else "")
+        + ")"
     )
     out.append("per bound: " + ", ".join(f"{k} {_pct(v)}" for k, v in g.attainment_by_bound.items()))
+    if g.unjudged:
+        why = {"tpot": "their token count is unknown", "itl_max": "their source gives the first and last token only"}
+        out.append(
+            "cannot be judged (never good, left out of attainment): "
+            + ", ".join(f"{k} {n} ({why.get(k, 'unknown')})" for k, n in g.unjudged_by_bound.items())
+        )
     out.append(f"goodput in tokens: {_num(g.output_tokens_per_s)} output tokens/s (the good requests' outputs)")
     out.append("")
     return out

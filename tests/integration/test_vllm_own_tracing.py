@@ -135,3 +135,14 @@ def test_vllm_own_spans_into_the_collector_agree_with_our_hooks(make_collector, 
     assert count("llm_inter_token_latency_seconds") == 0
     good = [ln for ln in text.splitlines() if ln.startswith("llm_slo_good_requests_total{") and engine in ln]
     assert good and float(good[0].rsplit(" ", 1)[1]) == N
+    # a bound vLLM's span cannot tell (its first and last token only: no ITL) is never a pass: each
+    # record's verdict on it is unknown, left out of attainment and said (#46); our hooks judge it
+    args = ("--boundary", "engine", "--slo", "itl_max=0.001", "--format", "json")
+    c.store_writer.drain()
+    theirs_g = json.loads(run_cli("analyze", "--store", c.config.store, *args).stdout)["goodput"]
+    assert theirs_g["good"] == 0 and theirs_g["attainment"] is None
+    assert theirs_g["unjudged"] == N and theirs_g["unjudged_by_bound"] == {"itl_max": N}
+    mine_g = json.loads(run_cli("analyze", "--traces", str(ours), *args).stdout)["goodput"]
+    assert mine_g["unjudged"] == 0 and mine_g["attainment"] is not None
+    text_out = run_cli("analyze", "--store", c.config.store, *args[:4]).stdout
+    assert "cannot be judged" in text_out and f"itl_max {N}" in text_out

@@ -1,0 +1,81 @@
+"""A bound a request's source cannot tell is never a pass (#46 item 2): its verdict on that bound is
+unknown, the request is not good, it is left out of attainment, and the summary says how many."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from otel_llm.metrics.slo import SLO
+from otel_llm.metrics.summary import bound_checks, bound_judged, summarize
+from otel_llm.metrics.summary_format import format_summary
+from otel_llm.metrics.timeline import Timeline, TimelineBatch
+
+
+def batch(summarised=(), unknown=()) -> TimelineBatch:
+    """Four completed requests, tokens every 10 ms after a 50 ms TTFT, one with a 200 ms gap;
+    ``summarised``: those whose source gives the first and last token only; ``unknown``: those whose
+    token count the source does not say."""
+    tls = []
+    for i in range(4):
+        times = [0.05 + 0.01 * k for k in range(5)]
+        if i == 3:
+            times[-1] += 0.2
+        tls.append(Timeline(f"r{i}", 0.0, times[-1] + 0.001, "ok", tuple((t, 1) for t in times)))
+    b = TimelineBatch.from_timelines(tls)
+    if summarised:
+        mask = np.zeros(4, bool)
+        mask[list(summarised)] = True
+        b = replace(b, summarised=mask)
+    if unknown:
+        mask = np.zeros(4, bool)
+        mask[list(unknown)] = True
+        b = replace(b, tokens_unknown=mask)
+    return b
+
+
+def test_every_request_judged_attainment_as_before():
+    g = summarize(batch(), slo=SLO(itl_max=0.1)).goodput
+    assert (g.good, g.unjudged, g.attainment) == (3, 0, pytest.approx(0.75))
+
+
+def test_a_summarised_request_cannot_pass_an_itl_bound_and_is_left_out_of_attainment():
+    s = summarize(batch(summarised=(0, 1)), slo=SLO(itl_max=0.1))
+    g = s.goodput
+    assert g.good == 1 and g.unjudged == 2 and g.unjudged_by_bound == {"itl_max": 2}
+    assert g.attainment == pytest.approx(0.5)  # r2 good, r3 not: of the two judged
+    assert g.attainment_by_bound == {"itl_max": pytest.approx(0.5)}
+    text = format_summary(s)
+    assert "1 of 2 completed and judged; 2 left out" in text and "itl_max 2 (their source gives" in text
+
+
+def test_nothing_judged_gives_no_attainment_not_100_percent():
+    g = summarize(batch(summarised=(0, 1, 2, 3)), slo=SLO(itl_max=0.001)).goodput
+    assert g.good == 0 and g.attainment is None and g.unjudged == 4
+
+
+def test_a_bound_the_source_can_tell_is_judged_as_usual_beside_one_it_cannot():
+    b = batch(summarised=(0,))
+    g = summarize(b, slo=SLO(ttft=0.1)).goodput  # TTFT is known for a summarised request
+    assert g.unjudged == 0 and g.good == 4
+
+
+def test_an_unknown_token_count_cannot_pass_a_tpot_bound():
+    rm_slo = SLO(tpot=1.0)
+    s = summarize(batch(unknown=(1,)), slo=rm_slo)
+    assert s.goodput.unjudged_by_bound == {"tpot": 1} and s.goodput.good == 3
+    assert s.counts.tokens_unknown == 1 and s.output_tokens_in_window == 15  # r1's 5 not counted
+
+
+def test_bound_checks_never_pass_what_bound_judged_says_is_unknown():
+    from otel_llm.metrics.request_math import request_metrics
+
+    rm = request_metrics(batch(summarised=(2,), unknown=(3,)))
+    slo = SLO(ttft=1.0, tpot=1.0, itl_max=1.0, e2e=1.0)
+    judged, checks = bound_judged(rm, slo), bound_checks(rm, slo)
+    for name in slo.bounds:
+        assert not (checks[name] & ~judged[name]).any(), name
+    assert judged["itl_max"].tolist() == [True, True, False, True]
+    assert judged["tpot"].tolist() == [True, True, True, False]
