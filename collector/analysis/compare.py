@@ -39,6 +39,7 @@ from ..pipeline.stalls import (
     ALL_CLASSES,
     DEFAULT_FACTOR,
     DEFAULT_FLOOR_S,
+    UNKNOWN,
     classify_stalls,
     engine_gap,
     refine_engine_stall,
@@ -570,7 +571,7 @@ def summarize_comparison(
         offset=cmp.offset,
         percentile_method=method,
         distributions=d,
-        stalls={k: sum(1 for r in rows if r.stall == k) for k in ALL_CLASSES},
+        stalls={k: sum(1 for r in rows if r.stall == k) for k in (*ALL_CLASSES, UNKNOWN)},
         ttft_share=share,
         max_abs_parts_sum_error_s=err,
     )

@@ -112,7 +112,7 @@ def _slowest(worst: list[RequestComparison], rows: list[RequestComparison], mark
                 *(_ms(getattr(r, k)) for k in shown),
                 _ms(r.engine_ttft),
                 f"{_ms(r.client_itl_max)}/{_ms(r.engine_itl_max)}",
-                str(r.preemptions),
+                "-" if r.preemptions is None else str(r.preemptions),
                 r.stall,
             ]
             for r in worst

@@ -53,7 +53,7 @@ def engine_state(engine: RecordBatch, steps: StepBatch | None) -> dict | None:
         return None
     out: dict = {
         "requests_preempted": int((engine.preemptions > 0).sum()),
-        "preemptions": int(engine.preemptions.sum()),
+        "preemptions": int(np.maximum(engine.preemptions, 0).sum()),  # -1: not said (another source)
     }
     if steps is None or not len(steps):
         return out

@@ -634,6 +634,10 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
             k = int(np.searchsorted(ch, first_event[e], side="left"))
             if k < len(ch):
                 server_first[e] = ch[k]
+    # an engine span of another source (vLLM's own, SGLang's) has no preemption spans: not 0, unknown
+    foreign = (rq.code == sp.ENGINE) & (
+        rq.summarised | np.fromiter((type(v) is str for v in fields[sp.SGLANG_RID]), bool, n)
+    )
     out = {
         "front_end": seconds(ph.front_end),
         "queue": seconds(ph.queue),
@@ -642,8 +646,8 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
         "kv_blocks": np.full(n, -1, np.int64),
         "prefill": seconds(ph.prefill),
         "decode": seconds(ph.decode),
-        "preemptions": ph.preemptions,
-        "preemption_time": ph.preempted / _NS,
+        "preemptions": np.where(foreign, -1, ph.preemptions),
+        "preemption_time": np.where(foreign, np.nan, ph.preempted / _NS),
         "first_scheduled_ns": ph.first_scheduled,
         "first_generated_ns": ph.first_generated,
         "engine_delivery": engine_delivery,

@@ -434,7 +434,7 @@ class MetricsRegistry:
                     self.front_end.observe(labels, batch.front_end[sel])
                     self.queue.observe(labels, batch.queue[sel])
                     self.prefill.observe(labels, batch.prefill[sel])
-                    self.preemptions.add(labels, total(batch.preemptions, idx))
+                    self.preemptions.add(labels, total(np.maximum(batch.preemptions, 0), idx))
                     self.unread.add_from_zero(labels, total(np.maximum(batch.tokens_unread, 0), idx))
                     self.after_abort.add_from_zero(labels, total(np.maximum(batch.tokens_after_abort, 0), idx))
                     self._record_speculation(labels, batch, idx, total)

@@ -140,8 +140,14 @@ COLUMNS: tuple[Column, ...] = (
     # engine internals (engine records; copied onto the paired client record)
     *(Column(name, SECONDS, "s", MEANING[name]) for name in ENGINE_PARTS),  # front_end, queue, prefill
     Column("decode", SECONDS, "s", "llm.decode: first token -> last token generated"),
-    Column("preemptions", INT, "", "llm.preemption spans"),
-    Column("preemption_time", SECONDS, "s", "total time preempted (0 without a preemption)"),
+    Column(
+        "preemptions",
+        INT,
+        "",
+        "llm.preemption spans; None: the engine's source does not say (vLLM's own spans, SGLang's)",
+        unknown=-1,
+    ),
+    Column("preemption_time", SECONDS, "s", "total time preempted (0 without a preemption; None: not said)"),
     Column("first_scheduled_ns", NS, "ns", "Unix ns, engine clock"),
     Column("first_generated_ns", NS, "ns", "Unix ns, engine clock: first token generated (end of prefill)"),
     Column("engine_delivery", SECONDS, "s", "first token generated -> first output handed out"),

@@ -32,6 +32,7 @@ from .records import RecordBatch, RequestRecord
 from .steps import StepBatch
 
 NONE = "none"
+UNKNOWN = "unknown"  # a stall that cannot be told: the gaps, or the engine's side of one, are not known
 
 
 @dataclass(frozen=True)
@@ -263,8 +264,10 @@ def classify_stalls(
     factor: float = DEFAULT_FACTOR,
 ) -> tuple[list[str], np.ndarray]:
     """For aligned pairs (``client[i]`` and ``engine[i]`` are one request): each pair's stall class
-    (``none`` or one of :data:`STALL_CLASSES`) and the client's largest gap (seconds; NaN: fewer
-    than two token events)."""
+    (``none`` or one of :data:`STALL_CLASSES`, or :data:`UNKNOWN`: the client's gaps are not known
+    (its source gives the first chunk and the end only), or it stalled and the engine's side of the
+    gap is not (vLLM's own span: no per-token times, no generation times)) and the client's largest
+    gap (seconds; NaN: fewer than two token events)."""
     gap, pos, counts, med = largest_gaps(client)
     e_itl, e_owner = itl_samples(engine.event_offsets_ns, engine.event_start)
     e_counts = np.bincount(e_owner, minlength=len(engine)) if len(e_owner) else np.zeros(len(engine), np.int64)
@@ -288,7 +291,9 @@ def classify_stalls(
     causes = np.where(
         ~stalled, NONE, np.where(engine_late, np.where(preempted, "engine:preemption", "engine:other"), after)
     )
-    return causes.tolist(), gap
+    c_summ, e_summ = np.asarray(client.events_summarised, bool), np.asarray(engine.events_summarised, bool)
+    causes = np.where(c_summ | (stalled & e_summ & ~has_core), UNKNOWN, causes)
+    return causes.tolist(), np.where(c_summ, np.nan, gap)
 
 
 def engine_gap(client: RequestRecord, engine: RequestRecord) -> tuple[int, int] | None:

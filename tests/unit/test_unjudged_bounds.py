@@ -79,3 +79,41 @@ def test_bound_checks_never_pass_what_bound_judged_says_is_unknown():
         assert not (checks[name] & ~judged[name]).any(), name
     assert judged["itl_max"].tolist() == [True, True, False, True]
     assert judged["tpot"].tolist() == [True, True, True, False]
+
+
+def test_stalls_and_preemptions_of_vllms_own_spans_are_unknown_not_0():
+    """vLLM's own span (no hooks) says neither each token's time nor its preemptions: compare's
+    stall is unknown, not none, the store's preemptions NULL, and the metrics count neither (#46
+    item 3). Shaped at the wire level as vLLM 0.x emits it, under our client's span."""
+    from support.otlp_helpers import body, records, span
+
+    from collector.analysis.compare import compare, summarize_comparison
+    from collector.pipeline.metrics_registry import MetricsRegistry
+    from otel_llm import semconv as sc
+
+    t0, ms = 1_750_000_000_000_000_000, 1_000_000
+    client = span(
+        5, 1, sc.SPAN_CLIENT_REQUEST, t0, t0 + 400 * ms,
+        {sc.REQUEST_ID: "cmpl-1", sc.TOKEN_EVENT_OFFSETS: [50 * ms, 60 * ms, 300 * ms, 310 * ms],
+         sc.TOKEN_EVENT_TOKENS: [1, 1, 1, 1]},
+        kind=3,
+    )  # fmt: skip
+    vllm = span(
+        5, 2, "llm_request", t0 + 5 * ms, t0 + 305 * ms,
+        {"gen_ai.request.id": "cmpl-1", "gen_ai.latency.time_to_first_token": 0.04, "gen_ai.latency.e2e": 0.3,
+         "gen_ai.latency.time_in_queue": 0.001, "gen_ai.latency.time_in_model_prefill": 0.02,
+         "gen_ai.latency.time_in_model_decode": 0.26, "gen_ai.usage.completion_tokens": 4,
+         "gen_ai.usage.prompt_tokens": 8},
+        parent=1, kind=2,
+    )  # fmt: skip
+    b, rm = records(body(client, service="app"), body(vllm, service="vllm"))
+    got = {r.boundary: r for r in b.records()}
+    e, c = got["engine"], got["client"]
+    assert e.events_summarised and c.paired
+    assert e.preemptions is None and e.preemption_time is None and c.preemptions is None
+    cmp = compare(b.records(), stall_threshold=0.1)
+    assert [r.stall for r in cmp.rows] == ["unknown"]  # the client's 240 ms gap: whose, vLLM's span cannot say
+    assert summarize_comparison(cmp).stalls["unknown"] == 1
+    reg = MetricsRegistry()
+    reg.record(b, rm)
+    assert sum(reg.stalls.series.values()) == 0 and sum(reg.preemptions.series.values()) == 0
