@@ -194,7 +194,7 @@ def register_compare(sub) -> None:
         default="auto",
         metavar="auto|SECONDS",
         help="engine clock minus client clock: 'auto' estimates it from span nesting (0 when the bounds "
-        "allow one clock); a number applies it",
+        "allow one clock); a number applies it (default auto)",
     )
     add_stall_options(p)
     p.add_argument(
@@ -206,7 +206,10 @@ def register_compare(sub) -> None:
     )
     p.add_argument("--percentile-method", choices=METHODS, default="nearest-rank")
     p.add_argument(
-        "--top", type=number(int, 0), default=20, help="table/markdown: requests listed, slowest client TTFT first"
+        "--top",
+        type=number(int, 0),
+        default=20,
+        help="table/markdown: requests listed, slowest client TTFT first (default 20)",
     )
     p.add_argument("--format", choices=("table", "json", "markdown"), default="table")
     add_client_results_options(p)
@@ -355,9 +358,15 @@ def _load_selected(args, command: str):
         batch, steps, source = _load(args)
     except (OSError, ValueError) as exc:
         raise CLIError(str(exc)) from None
-    batch = batch.selected(selection_of(args))
     if not len(batch):
-        raise CLIError(f"{source}: no records match the selection")
+        raise CLIError(f"{source}: no records yet (is the collector receiving spans? see docs/viewing.md)")
+    whole = len(batch)
+    sel = selection_of(args)
+    batch = batch.selected(sel)
+    if not len(batch):
+        if sel == type(sel)():  # no selection given: all that was left out is warm-up requests
+            raise CLIError(f"{source}: its {whole} records are all bench warm-ups (--include-warmup reads them)")
+        raise CLIError(f"{source}: none of its {whole} records match the selection")
     return batch, steps, source
 
 
@@ -389,7 +398,9 @@ def register_export(sub) -> None:
         "the engine steps go to FILE with .steps.parquet (needs pyarrow: the parquet extra).",
     )
     _add_source_options(p)
-    p.add_argument("--format", choices=("perfetto", "parquet"), default="perfetto", help="output format")
+    p.add_argument(
+        "--format", choices=("perfetto", "parquet"), default="perfetto", help="output format (default perfetto)"
+    )
     p.add_argument("-o", "--output", default="-", metavar="FILE", help="output file (default: standard output)")
     p.set_defaults(func=run_export)
 

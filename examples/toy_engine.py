@@ -2,8 +2,10 @@
 lifecycle method). It schedules requests under a KV-cache budget, preempts (recompute) when the
 budget runs out, emits one token per running request per step and finishes at ``max_tokens``.
 
-Run: ``OTEL_LLM_TRACES_FILE=/tmp/toy.jsonl python examples/toy_engine.py`` then
-``otel-llm analyze``-style checks on the spans, or point ``OTEL_EXPORTER_OTLP_ENDPOINT`` at a collector.
+Run from the repository root, in its virtual environment (``make venv``):
+``OTEL_LLM_TRACES_FILE=/tmp/toy.jsonl .venv/bin/python examples/toy_engine.py``, then
+``.venv/bin/otel-llm analyze --traces /tmp/toy.jsonl --boundary engine``; or point ``OTEL_EXPORTER_OTLP_ENDPOINT`` at a
+collector.
 """
 
 from __future__ import annotations

@@ -44,7 +44,11 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
             raise CLIError(str(exc)) from None
         if len(batch) == 0:
             where = path if isinstance(path, str) else ", ".join(path)
-            raise CLIError(f"{where}: no {args.boundary}-boundary requests in the {kind} match the selection")
+            others = [b for b in Boundary.ALL if b != args.boundary and len(load_source(kind)(path, b, sel))]
+            hint = f" (it has {' and '.join(others)} records: --boundary {others[0]})" if others else ""
+            which = " that match the selection" if selection_given(args) else ""
+            noun = "traces file" if kind == "traces" else "store"
+            raise CLIError(f"{where}: the {noun} holds no {args.boundary}-boundary requests{which}{hint}")
         if args.window is not None and args.window.relative:  # --window 0,60: from the selection's start
             args.window = args.window.after(float(batch.submit.min()))
         extra = {"selection": sel.describe()} if selection_given(args) else None

@@ -190,7 +190,7 @@ def _trace_id(text: str) -> str:
 
 def add_selection_options(p: argparse.ArgumentParser) -> None:
     """Which records of a store or trace file a command reads (see :class:`Selection`)."""
-    g = p.add_argument_group("selection (from a store or a traces file)")
+    g = p.add_argument_group("selection (which of the records read are kept)")
     g.add_argument(
         "--run",
         action="append",

@@ -139,12 +139,14 @@ def trace_events(batch: RecordBatch, steps: StepBatch | None) -> dict:
     rows.sort(key=lambda r: r.client_submit if r.client_submit is not None else (r.engine_arrival or 0.0))
     ev: list[dict] = [
         {"ph": "M", "pid": REQUESTS_PID, "name": "process_name", "args": {"name": "requests"}},
-        {"ph": "M", "pid": STEPS_PID, "name": "process_name", "args": {"name": "engine steps"}},
         {"ph": "M", "pid": REQUESTS_PID, "name": "process_sort_index", "args": {"sort_index": 1}},
-        {"ph": "M", "pid": STEPS_PID, "name": "process_sort_index", "args": {"sort_index": 2}},
     ]
     ev += _request_events(rows)
-    if steps is not None and len(steps):
+    if steps is not None and len(steps):  # (no empty process without them: steps need OTEL_LLM_DETAIL=steps)
+        ev += [
+            {"ph": "M", "pid": STEPS_PID, "name": "process_name", "args": {"name": "engine steps"}},
+            {"ph": "M", "pid": STEPS_PID, "name": "process_sort_index", "args": {"sort_index": 2}},
+        ]
         ev += _step_events(steps, origin, theta_ns)
     return {
         "traceEvents": ev,

@@ -195,7 +195,14 @@ def test_report_errors_are_usage_errors(tmp_path):
     p = subprocess.run([sys.executable, "-m", "otel_llm", "report"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and "--store" in p.stderr
     p = report(DEMO, tmp_path / "r.html", "--run", "no-such-run")
-    assert p.returncode == 2 and "no records match" in p.stderr
+    assert p.returncode == 2 and "records match the selection" in p.stderr
+    # a store with no records: said as such, not as a selection that matched nothing (#46 item 12)
+    empty = tmp_path / "empty.db"
+    from collector.storage.store import RequestStore
+
+    RequestStore(str(empty)).close()
+    p = report(empty, tmp_path / "r.html")
+    assert p.returncode == 2 and "no records yet" in p.stderr and "selection" not in p.stderr
     # an output directory that is not there: one line, before any work, for every command that writes one
     missing = tmp_path / "no-such-dir"
     for args in (
@@ -297,6 +304,8 @@ def test_each_request_is_one_row_with_its_server_part(make_collector):
     servers = [e for e in events if e.get("name") == "HTTP server"]
     threads = [e for e in events if e.get("name") == "thread_name"]
     assert len(servers) == 6 and len(threads) == 7
+    # no engine steps (the default detail level): no empty "engine steps" process (#46 item 12)
+    assert [e["args"]["name"] for e in events if e.get("name") == "process_name"] == ["requests"]
 
 
 def test_a_report_without_engine_steps_says_why_they_are_missing(rich_store):

@@ -125,3 +125,20 @@ def test_a_warm_up_in_the_batch_costs_the_others_none_of_their_live_metrics():
     assert parts == [5]
     ok = reg.requests.series[("client", "tiny", "ok")]
     assert ok == 5
+
+
+def test_a_boundary_with_no_records_names_the_boundaries_there(tmp_path):
+    """analyze on an engine-only traces file (the toy engine's) without --boundary: says which
+    boundary it holds, not that a selection nobody gave matched nothing (#46 item 12)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    traces = tmp_path / "toy.jsonl"
+    env = {**__import__("os").environ, "OTEL_LLM_TRACES_FILE": str(traces)}
+    subprocess.run([sys.executable, str(ROOT / "examples" / "toy_engine.py")], env=env, check=True, timeout=120,
+                   capture_output=True)  # fmt: skip
+    proc = run_cli("analyze", "--traces", str(traces), check=False)
+    assert proc.returncode == 2 and "--boundary engine" in proc.stderr and "selection" not in proc.stderr
+    assert run_cli("analyze", "--traces", str(traces), "--boundary", "engine", "--format", "json").returncode == 0
