@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import signal
 import sys
 from urllib.parse import urlsplit
@@ -22,6 +23,7 @@ from ..cli_options import CLIError, add_analysis_options, analysis_text, check_o
 from ..client.traced import ClientResult, TracedClient
 from ..metrics.timeline import TimelineBatch
 from ..metrics.timeline_file import timeline_to_json
+from ..otlp.export import unreachable_endpoint
 from ..otlp.tracing import make_provider
 from ..semconv import RequestStatus
 from . import replay
@@ -37,8 +39,10 @@ def register(sub) -> None:
         description="Send streaming completions at a stated load (open loop: --rate; closed loop: "
         "--concurrency), record what the client saw as llm.client.request spans (W3C traceparent "
         "injected, so engine spans join), and print the client-boundary summary with the conditions.",
-        epilog="Spans go where the standard OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, "
-        "OTEL_EXPORTER_OTLP_PROTOCOL, OTEL_SERVICE_NAME) or to OTEL_LLM_TRACES_FILE. Ctrl-C cancels what "
+        epilog="Spans go where the standard OTEL_* variables say (OTEL_EXPORTER_OTLP_ENDPOINT, default "
+        "http://localhost:4318 over OTLP/HTTP, where `otel-llm collector` listens; OTEL_EXPORTER_OTLP_PROTOCOL, "
+        "OTEL_SERVICE_NAME) or to OTEL_LLM_TRACES_FILE; OTEL_TRACES_EXPORTER=none runs without export, and with "
+        "nothing listening at the endpoint bench says so and exports nothing. Ctrl-C cancels what "
         "is in flight, counts it, still prints the summary and exits 130. A run in which no request "
         "succeeded exits 1; a bad option exits 2.",
     )
@@ -405,6 +409,20 @@ def failure_hint(base_url: str, res: ClientResult | None) -> str:
     return ""
 
 
+def no_collector() -> None:
+    """Nothing listening where the client spans go (no collector started, the default endpoint):
+    one line now, with the fix, and no export (the exporter would retry for seconds, then drop)."""
+    where = unreachable_endpoint()
+    if where is None:
+        return
+    print(
+        f"otel-llm bench: nothing listens at {where} (set by OTEL_EXPORTER_OTLP_ENDPOINT; that is the default): "
+        "the client spans are not exported. Start `otel-llm collector` first, or set OTEL_TRACES_EXPORTER=none.",
+        file=sys.stderr,
+    )
+    os.environ[environment.TRACES_EXPORTER] = "none"
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     sweep_checks(args)
     check_output_path(args.output, "--output")
@@ -412,6 +430,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.sweep or args.find_capacity:  # the first point's values stand in until each point sets its own
         args.rate = args.rate or args.start_rate
     spec, inp, out = load_spec(args)
+    no_collector()
     if args.sweep or args.find_capacity:
         return cmd_sweep(args, spec, inp, out)
     run, cond = run_spec(args, spec, inp, out)

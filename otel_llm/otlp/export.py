@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
+import urllib.parse
 from collections.abc import Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
@@ -148,6 +150,25 @@ def destination() -> str:
         else:
             url = (base.rstrip("/") + "/v1/traces") if base else "http://localhost:4318/v1/traces"
     return f"OTLP/{'gRPC' if proto == 'grpc' else 'HTTP'} {url}"
+
+
+def unreachable_endpoint(timeout_s: float = 0.5) -> str | None:
+    """The OTLP endpoint the environment exports to, in words (:func:`destination`), when nothing
+    accepts a TCP connection there; None when something does, or when export is not OTLP. One
+    connect, for a command-line tool to say so at once rather than after the exporter's retries."""
+    kind = export_kind_from_env()
+    if kind not in ("grpc", "http"):
+        return None
+    where = destination()
+    url = where.split(" ", 1)[1]
+    parsed = urllib.parse.urlsplit(url if "://" in url else "http://" + url)
+    host = parsed.hostname or "localhost"
+    port = parsed.port or (443 if parsed.scheme == "https" else 4317 if kind == "grpc" else 4318)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError:
+        return where
+    return None
 
 
 def export_kind_from_env() -> str | None:

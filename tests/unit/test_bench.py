@@ -220,3 +220,23 @@ def test_a_wrong_url_stops_after_the_first_failures_and_says_what_to_check():
     # and a port nobody listens on
     p = run_cli(*args, "--base-url", "http://127.0.0.1:9/v1", check=False)
     assert p.returncode == 1 and "is a server listening at http://127.0.0.1:9/v1?" in p.stderr
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_no_collector_is_one_line_at_once_and_no_export_retries(server, protocol):
+    """Nothing listens at the OTLP endpoint (no collector started): bench says so in one line
+    before the load, with the fix, and does not retry the export (the SDK's 'Transient error' lines
+    and their seconds) (#46 item 10)."""
+    from support.otlp_helpers import free_port
+
+    port = free_port()  # closed: nothing listens there
+    env = {
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": protocol,
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}",
+    }
+    args = ("bench", "--base-url", server.base_url, "--model", "m", "--num-requests", "4", "--rate", "50")
+    proc = run_cli(*args, "--output-tokens", "4", env=env)
+    said = [ln for ln in proc.stderr.splitlines() if "nothing listens at" in ln]
+    assert len(said) == 1 and f"127.0.0.1:{port}" in said[0] and "otel-llm collector" in said[0]
+    assert "Transient error" not in proc.stderr and "completed 4" in proc.stdout
