@@ -511,6 +511,20 @@ def _model(m, service) -> str:
     return str(service) if service and service is not sp.INVALID else "unknown"
 
 
+def _models(rq: Requests, fields: list, same: dict) -> list[str]:
+    """Each record's model: its span's ``gen_ai.request.model``; where the span does not say (vLLM's
+    own span, without the hooks), the paired client's (what the request asked for), a server record
+    its engine's; else the service name, else 'unknown'."""
+    own = [same.setdefault(m, m) if type(m) is str and m else None for m in fields[sp.MODEL]] if rq.recs else []
+    for c, e in rq.pairs:
+        if own[e] is None:
+            own[e] = own[c]
+    for sv, e in rq.server_of:
+        if own[sv] is None:
+            own[sv] = own[e]
+    return [m if m is not None else _model(None, svc) for m, svc in zip(own, fields[sp.SERVICE])]
+
+
 def _status(s, code: int) -> str:
     if s in _STATUS_OK:
         return s
@@ -816,10 +830,7 @@ def record_batch(
         caller_span_id=caller,
         boundary=[sp.BOUNDARY_OF[c] for c in fields[sp.CODE]],
         request_id=request_id,
-        model=[
-            same.setdefault(m, m) if type(m) is str and m else _model(m, svc)
-            for m, svc in zip(fields[sp.MODEL], fields[sp.SERVICE])
-        ],
+        model=_models(rq, fields, same),
         service=[same.setdefault(v, v) if type(v) is str and v else None for v in fields[sp.SERVICE]],
         status=status,
         run_id=run_id,

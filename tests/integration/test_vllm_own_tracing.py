@@ -156,3 +156,7 @@ def test_vllm_own_spans_into_the_collector_agree_with_our_hooks(make_collector, 
         ln for ln in text.splitlines() if ln.startswith(prefix) and float(ln.rsplit(" ", 1)[1]) != 0
     ]
     assert nonzero("llm_stalls_total{") == [] and nonzero("llm_preemptions_total{") == []
+    # vLLM's span names no model: its records take the model their client asked for, in the store
+    # and on the metrics' label, not "unknown_service:python" (#46 item 6)
+    assert {t.model for t in theirs.values()} == {cl.model for cl in clients} == {tiny_model}
+    assert 'model="unknown_service' not in text

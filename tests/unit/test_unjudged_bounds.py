@@ -117,3 +117,37 @@ def test_stalls_and_preemptions_of_vllms_own_spans_are_unknown_not_0():
     reg = MetricsRegistry()
     reg.record(b, rm)
     assert sum(reg.stalls.series.values()) == 0 and sum(reg.preemptions.series.values()) == 0
+
+
+def test_an_engine_span_without_a_model_takes_its_clients():
+    """vLLM's own span names no model: paired, the engine record (and the metrics' model label)
+    take what the request asked for, not the service name (#46 item 6)."""
+    from support.otlp_helpers import body, records, span
+
+    from otel_llm import semconv as sc
+
+    t0, ms = 1_750_000_000_000_000_000, 1_000_000
+    client = span(
+        6, 1, sc.SPAN_CLIENT_REQUEST, t0, t0 + 100 * ms,
+        {sc.REQUEST_ID: "cmpl-2", sc.REQUEST_MODEL: "tiny-llama", sc.TOKEN_EVENT_OFFSETS: [50 * ms],
+         sc.TOKEN_EVENT_TOKENS: [1]},
+        kind=3,
+    )  # fmt: skip
+    vllm = span(
+        6, 2, "llm_request", t0 + 5 * ms, t0 + 95 * ms,
+        {"gen_ai.request.id": "cmpl-2", "gen_ai.latency.time_to_first_token": 0.04, "gen_ai.latency.e2e": 0.09,
+         "gen_ai.usage.completion_tokens": 1},
+        parent=1, kind=2,
+    )  # fmt: skip
+    alone = span(
+        7, 3, "llm_request", t0, t0 + 90 * ms,
+        {"gen_ai.request.id": "cmpl-3", "gen_ai.latency.time_to_first_token": 0.04, "gen_ai.latency.e2e": 0.09},
+        kind=2,
+    )  # fmt: skip
+    b, _ = records(body(client, service="app"), body(vllm, alone, service="unknown_service:python"))
+    models = {(r.boundary, r.request_id): r.model for r in b.records()}
+    assert models == {
+        ("client", "cmpl-2"): "tiny-llama",
+        ("engine", "cmpl-2"): "tiny-llama",
+        ("engine", "cmpl-3"): "unknown_service:python",  # unpaired: nothing said the model
+    }
