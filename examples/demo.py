@@ -132,6 +132,9 @@ def main() -> None:
             f"vLLM server starting on 127.0.0.1:{port} (log: {os.path.relpath(server_log.name, ROOT)})...", flush=True
         )
         wait_http(f"http://127.0.0.1:{port}/health", server, 240, "the vLLM server")
+        with open(server_log.name) as fh:  # what the server said of tracing (its log is at WARNING)
+            said = [ln.strip() for ln in fh if "otel-llm: tracing" in ln]
+        print(said[0] if said else "(the server's log does not say otel-llm traces it: is OTEL_LLM_ENABLE=1 set?)")
         otel_llm(
             "bench",
             "--base-url",

@@ -31,7 +31,9 @@ _announced = False
 
 def announce() -> None:
     """Say once, in the server's own log, that tracing is on and where the spans go (called when
-    the plugin hooks the first front end: the API server's process, not the engine core's)."""
+    the plugin hooks the first front end: the API server's process, not the engine core's): at INFO,
+    or at WARNING where vLLM logs no INFO (``VLLM_LOGGING_LEVEL=WARNING``), which would hide it and
+    leave vLLM's own "tracing is disabled" warning (about its own tracing) as the only word."""
     global _announced
     if _announced:
         return
@@ -39,8 +41,12 @@ def announce() -> None:
     from otel_llm.otlp.export import destination
 
     detail = environment.detail_level()
-    logging.getLogger("vllm.otel_llm").info(
-        "otel-llm: tracing this vLLM server (%s=1) at %s=%s: %s; to %s",
+    logger = logging.getLogger("vllm.otel_llm")
+    logger.log(
+        logging.INFO if logger.isEnabledFor(logging.INFO) else logging.WARNING,
+        "otel-llm: tracing this vLLM server (%s=1) at %s=%s: %s; to %s. (vLLM's own warning 'Received a "
+        "request with trace context but tracing is disabled' is about vLLM's tracing, --otlp-traces-endpoint, "
+        "which otel-llm does not need.)",
         ENV_ENABLE,
         environment.DETAIL,
         detail,
