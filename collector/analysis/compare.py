@@ -516,7 +516,7 @@ def ttft_share(rows: Sequence[RequestComparison]) -> dict[str, float | None] | N
     share: dict[str, float | None] = {
         k: sum(p.get(k) or 0.0 for p in rows_parts) / tot for k in TTFT_PARTS if any(k in p for p in rows_parts)
     }
-    if all(r.front_end is None for r in known):
+    if all(r.front_end is None for r in known) and any("front_end" in p for p in rows_parts):
         share["front_end"] = None
     return share
 

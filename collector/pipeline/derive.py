@@ -623,8 +623,9 @@ def boundary_metrics(
 #: The engine's columns a paired client record takes from its engine record (the P/D columns:
 #: disagg.FROM_ENGINE, copied once they are made).
 FROM_ENGINE = (
-    "front_end", "queue", "kv_transfer", "kv_ready", "prefill", "decode", "preemptions", "preemption_time",
-    "engine_delivery", "first_scheduled_ns", "first_generated_ns", "server_received_ns", "server_first_chunk_ns",
+    "front_end_queue", "front_end", "queue", "kv_transfer", "kv_ready", "prefill", "decode", "preemptions",
+    "preemption_time", "engine_delivery", "first_scheduled_ns", "first_generated_ns", "server_received_ns",
+    "server_first_chunk_ns",
 )  # fmt: skip
 
 
@@ -652,7 +653,14 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
     foreign = (rq.code == sp.ENGINE) & (
         rq.summarised | np.fromiter((type(v) is str for v in fields[sp.SGLANG_RID]), bool, n)
     )
+    # vLLM's own span: the queue's and the prefill's lengths, not where they start; what its TTFT holds
+    # besides the prefill is one part (front end, queue, the first token's hand-off), so that the
+    # parts sum to the TTFT exactly
+    merged = foreign & has & (ph.front_end == NO_NS) & (ph.first_scheduled == NO_NS) & (ph.prefill != NO_NS)
+    front_end_queue = np.full(n, np.nan)
+    front_end_queue[merged] = (first_event[merged] - events.submit[merged] - ph.prefill[merged]) / _NS
     out = {
+        "front_end_queue": front_end_queue,
         "front_end": seconds(ph.front_end),
         "queue": seconds(ph.queue),
         "kv_transfer": np.full(n, np.nan),  # a decode engine's KV fetch: its account joins later
@@ -681,6 +689,7 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
             out[name][ci] = v
         for name in FROM_ENGINE:
             out[name][ci] = out[name][ei]
+        out["queue"][ci[merged[ei]]] = np.nan  # in the client's parts, front_end_queue holds it
     return out
 
 

@@ -8,7 +8,9 @@ that says what it holds: a part's ``coarse`` is the part it is summed into there
 neighbour is known; the neighbour then holds its time (``client_send`` in ``network_in`` for a
 client that does not say when it began writing; ``front_end`` in ``queue`` for an engine that does
 not say when it queued the request; ``kv_transfer`` and ``kv_ready`` in ``queue`` for any request
-but a disaggregated one's on a decode engine that says when its KV fetch moved).
+but a disaggregated one's on a decode engine that says when its KV fetch moved; ``front_end`` and
+``queue`` both in ``front_end_queue`` for an engine span that gives the queue's length but not where
+it starts, vLLM's own).
 
 Everything that names, orders, explains, colours, merges or corrects the parts reads this table:
 the records' columns (``records.COLUMNS``: the store's), derivation's outer parts, ``compare`` (its
@@ -104,8 +106,19 @@ PARTS: tuple[Part, ...] = (
         "queue",
         "queued",
         "first scheduled (llm.queue); a P/D decode engine: its KV load started",
-        "waiting for the scheduler",
+        "waiting for the scheduler (in a client's parts, unknown where front_end_queue holds it)",
         "#e6a23c",
+        held_by="front_end_queue",
+    ),
+    Part(
+        "front_end_queue",
+        "engine arrival",
+        "first scheduled, placed as the engine's first output less its prefill",
+        "the front end and the scheduler's queue, not separable with this source (vLLM's own span gives the "
+        "queue's length, the engine record's queue, not where it starts), and the first token's hand-off back "
+        "to the front end (about a millisecond); unknown where the engine says them apart (otel-llm's hooks)",
+        "#d9b38c",
+        optional=True,
     ),
     Part(
         "kv_transfer",
@@ -208,11 +221,29 @@ def finest(values: Mapping[str, float | None]) -> dict[str, float | None] | None
                 return None
         elif p.coarse is None:
             v = values.get(p.name)
-            if v is None and p.held_by is None:
-                return None
-            if v is not None or not p.optional:
+            if v is not None:
                 out[p.name] = v
+                continue
+            if p.held_by is None:
+                if p.optional:  # a part only some requests have (a P/D one's, vLLM's own span's)
+                    continue
+                return None
+            holder = _holder(p.name, values)
+            if values.get(holder) is None:  # nothing holds it: this side is not known
+                return None
+            if not p.optional and not BY_NAME[holder].optional:
+                out[p.name] = None  # kept, unknown: its neighbour holds it (front_end in the queue)
+            # else inside a part only some requests have (front_end_queue): no part of its own here
     return {k: out[k] for k in NAMES if k in out}
+
+
+def _holder(name: str, values: Mapping[str, float | None]) -> str:
+    """The part that holds ``name`` where it is unknown: its ``held_by``, followed while that is
+    unknown too (``front_end`` -> ``queue`` -> ``front_end_queue``); ``name`` itself if none."""
+    h = BY_NAME[name].held_by
+    while h is not None and values.get(h) is None and BY_NAME[h].held_by is not None:
+        h = BY_NAME[h].held_by
+    return name if h is None else h
 
 
 def known_parts(values: Mapping[str, float | None]) -> dict[str, float]:

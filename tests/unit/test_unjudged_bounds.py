@@ -111,6 +111,13 @@ def test_stalls_and_preemptions_of_vllms_own_spans_are_unknown_not_0():
     e, c = got["engine"], got["client"]
     assert e.events_summarised and c.paired
     assert e.preemptions is None and e.preemption_time is None and c.preemptions is None
+    # the TTFT's parts sum exactly: what vLLM's span cannot place is one named part (#46 item 1)
+    assert e.queue == pytest.approx(0.001) and e.front_end_queue == pytest.approx(0.04 - 0.02)
+    assert c.queue is None and c.front_end is None and c.front_end_queue == e.front_end_queue
+    assert c.to_engine + c.front_end_queue + c.prefill + c.delivery == pytest.approx(c.ttft, abs=1e-9)
+    row = compare(b.records()).rows[0]
+    assert row.parts_sum_minus_ttft == pytest.approx(0.0, abs=1e-9)
+    assert list(row.parts) == ["to_engine", "front_end_queue", "prefill", "delivery"]
     cmp = compare(b.records(), stall_threshold=0.1)
     assert [r.stall for r in cmp.rows] == ["unknown"]  # the client's 240 ms gap: whose, vLLM's span cannot say
     assert summarize_comparison(cmp).stalls["unknown"] == 1

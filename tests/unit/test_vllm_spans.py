@@ -83,8 +83,9 @@ def test_a_trace_with_our_spans_is_derived_from_ours_alone():
 
 def test_vllm_span_under_a_client_span_pairs_and_decomposes_what_it_can():
     """A client that sent a traceparent (vLLM puts its span under it): the pair's TTFT parts are
-    to_engine, queue, prefill and delivery; front_end is unknown (the queue holds it) and the
-    client's ITL stays per token."""
+    to_engine, front_end_queue (vLLM's TTFT less its prefill: the front end and the queue, which
+    its span cannot place), prefill and delivery, summing exactly; the engine record keeps vLLM's
+    queue, and the client's ITL stays per token."""
     client = span(
         3,
         0x33,
@@ -103,7 +104,9 @@ def test_vllm_span_under_a_client_span_pairs_and_decomposes_what_it_can():
     assert (c.boundary, e.boundary) == ("client", "engine") and c.paired and e.paired
     assert c.peer_request_id == "cmpl-3-0"
     assert c.to_engine == pytest.approx(0.002) and c.delivery == pytest.approx(0.054 - 0.002 - 0.05, abs=1e-9)
-    assert c.queue == pytest.approx(0.01) and c.front_end is None
+    assert e.queue == pytest.approx(0.01) and c.queue is None and c.front_end is None
+    assert c.front_end_queue == e.front_end_queue == pytest.approx(0.05 - e.prefill, abs=1e-9)
+    assert c.to_engine + c.front_end_queue + c.prefill + c.delivery == pytest.approx(c.ttft, abs=1e-9)
     assert c.itl_max == pytest.approx(0.155) and not c.events_summarised
 
 
