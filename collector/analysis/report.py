@@ -28,6 +28,46 @@ COLORS = {
     "preemption": "#f56c6c",
 }
 PLOTLY_CONFIG = {"displaylogo": False, "responsive": True}
+#: the stall chart's bars, one colour per cause (the engine's in reds, the way out in purples)
+STALL_COLORS = {
+    "network/client": "#36cfc9",
+    "api_server": "#d3adf7",
+    "delivery": "#b37feb",
+    "engine:preemption": "#f56c6c",
+    "engine:prefill": "#409eff",
+    "engine:batch": "#e6a23c",
+    "engine:idle": "#c0c4cc",
+    "engine:other": "#fab6b6",
+    "unknown": "#909399",
+}
+
+
+def log_axis(values: np.ndarray) -> dict:
+    """A log axis over ``values`` (positive): its range a little past the data (never a decade
+    below it) and one label per 1, 2, 5 x 10^k inside it, fewer where that would crowd (Plotly's own
+    log ticks pile minor labels on a short range)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    if not len(v):
+        return {"type": "log"}
+    lo, hi = float(v.min()), float(v.max())
+    if hi <= lo:
+        lo, hi = lo / 2, hi * 2
+    pad = 0.04 * (np.log10(hi) - np.log10(lo))
+    rng = [np.log10(lo) - pad, np.log10(hi) + pad]
+    ticks = []
+    for steps in ((1, 2, 5), (1,)):
+        ticks = [
+            m * 10.0**k
+            for k in range(int(np.floor(rng[0])), int(np.ceil(rng[1])) + 1)
+            for m in steps
+            if rng[0] <= np.log10(m * 10.0**k) <= rng[1]
+        ]
+        if len(ticks) <= 8:
+            break
+    if len(ticks) < 2:  # a narrow range: its ends
+        ticks = [lo, hi]
+    return {"type": "log", "range": rng, "tickvals": ticks, "ticktext": [f"{t:.3g}" for t in ticks]}
 
 
 def _layout(title: str, **kw) -> dict:
@@ -52,13 +92,14 @@ def _share_figure(d: ReportData, go, make_subplots):
         if v is None:
             continue
         fig.add_bar(
-            name=part,
+            name=f"{part} {v * 100:.1f}%",  # the legend names every part with its share, small ones too
             y=["all paired requests"],
             x=[v * 100],
             orientation="h",
             marker_color=COLORS[part],
-            text=[f"{part} {v * 100:.1f}%"] if v >= 0.04 else None,
+            text=[f"{part} {v * 100:.1f}%"] if v >= 0.08 else None,  # inside where it fits, level
             textposition="inside",
+            textangle=0,
             hovertemplate=f"{part}: %{{x:.1f}}% of the summed TTFT<extra>{html.escape(PART_MEANING[part])}</extra>",
         )
     fig.update_layout(
@@ -243,7 +284,7 @@ def _itl_figure(d: ReportData, go, make_subplots):
     for side, (x, y) in d.itl_cdf.items():
         fig.add_scatter(x=x * 1e3, y=y, mode="lines", name=side, line={"color": COLORS[side], "shape": "hv"})
     fig.update_layout(_layout("Inter-token latency, CDF at each boundary (ms)"))
-    fig.update_xaxes(type="log", title="ms")
+    fig.update_xaxes(title="ms", **log_axis(np.concatenate([x for x, _ in d.itl_cdf.values()]) * 1e3))
     fig.update_yaxes(title="fraction of gaps", range=[0, 1.01])
     return fig
 
@@ -257,7 +298,7 @@ def _over_time_figure(d: ReportData, go, make_subplots):
         fig.add_scattergl(x=x, y=y, mode="markers", name=metric.upper(), marker={"size": 5})
     fig.update_layout(_layout("TTFT and E2E over the run (by send time, seconds)"))
     fig.update_xaxes(title="sent at (s)")
-    fig.update_yaxes(title="s", type="log")
+    fig.update_yaxes(title="s", **log_axis(np.concatenate([y for _, y in d.over_time.values()])))
     return fig
 
 
@@ -272,7 +313,7 @@ def _stalls_figure(d: ReportData, go, make_subplots):
         y=[d.stall_seconds[c] for c in causes],
         text=[f"{d.stall_requests[c]} requests" for c in causes],
         textposition="outside",
-        marker_color=[COLORS["delivery"], COLORS["preemption"], COLORS["prefill"]][: len(causes)],
+        marker_color=[STALL_COLORS.get(c, "#909399") for c in causes],
     )
     fig.update_layout(_layout("Stall seconds by cause (each request's longest client gap over the threshold)"))
     fig.update_yaxes(title="s", rangemode="tozero")

@@ -20,7 +20,7 @@ from otel_llm.metrics.timeline import BOUNDARIES
 from otel_llm.semconv import Boundary, RequestStatus
 
 from ..pipeline.records import RecordBatch, RequestRecord
-from ..pipeline.stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S
+from ..pipeline.stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S, STALL_CLASSES, UNKNOWN
 from ..pipeline.steps import StepBatch
 from ..pipeline.ttft_parts import MEANING
 from .compare import Comparison, TraceCalls, compare, traces_of_several_calls, ttft_share
@@ -203,6 +203,16 @@ def waterfall_rows(
     return rows
 
 
+def _steps_of_the_run(steps: StepBatch, records: list[RequestRecord]) -> StepBatch:
+    """The steps from the selected requests' first engine arrival to their last engine end (engine
+    clock): a run's warm-up requests are not drawn, so neither are the steps that served them."""
+    engine = [r for r in records if r.boundary == Boundary.ENGINE]
+    if not engine or not len(steps):
+        return steps
+    lo, hi = min(r.submit_ns for r in engine), max(r.end_ns for r in engine)
+    return steps.take(np.flatnonzero((steps.end_ns >= lo) & (steps.start_ns <= hi)))
+
+
 def step_series(steps: StepBatch, origin: int, theta_ns: int, limit: int = 20_000) -> StepSeries | None:
     """The steps on the shared axis; past ``limit``, every k-th step plus every step that is the
     longest of its stretch (so a slow step is never thinned away)."""
@@ -331,12 +341,10 @@ def build_report(
         v = np.array([np.nan if getattr(r, metric) is None else getattr(r, metric) for r in base])
         ok = np.isfinite(v)
         over[metric] = (sub[ok], v[ok])
-    stall_s = {k: 0.0 for k in ALL_CLASSES}
-    stall_n = {k: 0 for k in ALL_CLASSES}
-    for r in cmp.rows:
-        if r.stall in stall_s:
-            stall_s[r.stall] += r.stall_gap or 0.0
-            stall_n[r.stall] += 1
+    # the causes compare and /metrics count, and those the engine's steps refined engine:other into
+    stall_n = {k: sum(r.stall == k for r in cmp.rows) for k in (*ALL_CLASSES, UNKNOWN)}
+    stall_n = {k: n for k, n in stall_n.items() if n or k in STALL_CLASSES}
+    stall_s = {k: sum(r.stall_gap or 0.0 for r in cmp.rows if r.stall == k) for k in stall_n}
     run_counts: dict[str, int] = {}
     for r in client:
         run_counts[r.run_id or "-"] = run_counts.get(r.run_id or "-", 0) + 1
@@ -352,7 +360,7 @@ def build_report(
         paired=len(cmp.pairs),
         decomposition=decomposition(cmp, slowest),
         waterfall=waterfall_rows(units, origin, theta_ns, slowest, sample),
-        steps=step_series(steps, origin, theta_ns) if steps is not None else None,
+        steps=step_series(_steps_of_the_run(steps, records), origin, theta_ns) if steps is not None else None,
         itl_cdf=itl,
         over_time=over,
         stall_seconds=stall_s,

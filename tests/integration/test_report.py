@@ -119,6 +119,7 @@ def test_the_report_opens_offline_in_a_browser(rich_store, tmp_path):
     dom = chromium("--virtual-time-budget=30000", "--dump-dom", out.as_uri())
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert console_errors(dom.stderr) == []
+    drawn = {}
     for fid in figures:  # Plotly drew each: its div became a plot with an SVG and at least one trace
         m = re.search(
             rf'<div id="{fid}" class="plotly-graph-div js-plotly-plot".*?(?=<div class=.figure|</body>)',
@@ -129,6 +130,14 @@ def test_the_report_opens_offline_in_a_browser(rich_store, tmp_path):
         assert 'class="main-svg"' in m.group(0) and re.search(
             r'class="(trace|gl-container|scatterlayer)', m.group(0)
         ), fid
+        drawn[fid] = m.group(0)
+    # the layout as Chromium drew it (#46 item 11): every part of the share bar named in the legend
+    # with its share; the log axes' labels few and none twice
+    legend = re.findall(r'class="legendtext"[^>]*>([^<]+)<', drawn["fig-share"])
+    assert legend and all(re.fullmatch(r"\w+ \d+\.\d%", t) for t in legend), legend
+    for fid, tick in (("fig-itl", "xtick"), ("fig-over-time", "ytick")):
+        labels = re.findall(rf'<g class="{tick}"><text[^>]*>([^<]+)<', drawn[fid])
+        assert 2 <= len(labels) <= 8 and len(set(labels)) == len(labels), (fid, labels)
     shot = tmp_path / "shot.png"
     s = chromium("--virtual-time-budget=30000", "--window-size=1400,5000", f"--screenshot={shot}", out.as_uri())
     assert s.returncode == 0 and shot.exists() and not blank(shot)
@@ -170,10 +179,26 @@ def test_the_figures_hold_the_stores_numbers(rich_store):
     share = summarize_comparison(compare(batch.records())).ttft_share
     assert d.ttft_share == pytest.approx(share) and sum(v for v in d.ttft_share.values() if v) == pytest.approx(1)
     from collector.analysis.report import figures
+    from collector.pipeline.stalls import ALL_CLASSES, STALL_CLASSES
 
     figs = figures(d)
-    bars = {t.name: t.x[0] for t in figs["fig-share"].data}
+    bars = {t.name.split(" ")[0]: t.x[0] for t in figs["fig-share"].data}
     assert bars == pytest.approx({k: v * 100 for k, v in share.items() if v is not None})
+    # every part is named with its share in the legend, small ones too; a label inside a bar is level
+    assert all(t.name == f"{t.name.split(' ')[0]} {t.x[0]:.1f}%" for t in figs["fig-share"].data)
+    assert all(t.textangle == 0 for t in figs["fig-share"].data if t.text)
+    # log axes (#46 item 11): over the data, never a decade below it, a few labels, none twice
+    itl_x = np.concatenate([x for x, _ in d.itl_cdf.values()]) * 1e3
+    for axis, data in ((figs["fig-itl"].layout.xaxis, itl_x), (figs["fig-over-time"].layout.yaxis, None)):
+        lo, hi = axis.range
+        if data is not None:
+            assert np.log10(data.min()) - 0.2 < lo <= np.log10(data.min()) and hi >= np.log10(data.max())
+        assert 2 <= len(axis.tickvals) <= 8 and len(set(axis.ticktext)) == len(axis.ticktext)
+        assert all(lo <= np.log10(t) <= hi for t in axis.tickvals)
+    # the stall chart: the causes compare counts (and those steps refined), one colour each
+    stalls = figs["fig-stalls"].data[0]
+    assert set(STALL_CLASSES) <= set(stalls.x) <= set(ALL_CLASSES) | {"unknown"}
+    assert len(set(stalls.marker.color)) == len(stalls.x)
     # the waterfall: ms after each request's own start, so every row starts at 0
     wf = figs["fig-waterfall"]
     client_bar = next(t for t in wf.data if t.name.startswith("client"))
@@ -326,3 +351,18 @@ def test_a_report_without_engine_steps_says_why_they_are_missing(rich_store):
     assert "fig-steps" not in figs
     doc = render_html(without, figs)
     assert "data-note='no-steps'" in doc and "OTEL_LLM_DETAIL=steps" in NO_STEPS
+
+
+def test_the_steps_drawn_are_those_of_the_requests_drawn(rich_store):
+    """Warm-up requests (or any left out by the selection) are not drawn, so neither are the engine
+    steps before them: the steps' axis starts at the first request, not seconds before (#46 item 11)."""
+    from collector.analysis.report_data import build_report
+    from collector.storage.store import open_existing
+
+    s = open_existing(str(rich_store))
+    batch, steps = s.batch(), s.steps()
+    s.close()
+    late = np.flatnonzero(batch.submit_ns >= np.median(batch.submit_ns))
+    d = build_report(batch.take(late), steps, source="t", slowest=3, sample=5)
+    assert 0 < d.steps.total < len(steps)
+    assert d.steps.start.min() >= -0.040  # at most the one step in progress when the first arrived
