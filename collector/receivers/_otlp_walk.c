@@ -732,6 +732,23 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_otlp_walk", "Fast OTLP span walk (see decode.py).", -1, methods};
+/* Multi-phase initialisation (PEP 489). The message schema set_schema gives is kept in a static
+ * variable: the module is for the main interpreter only (from 3.12 it says so, and a subinterpreter
+ * that imports it gets an ImportError). */
+static PyModuleDef_Slot slots[] = {
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_MULTIPLE_INTERPRETERS_NOT_SUPPORTED},
+#endif
+    {0, NULL},
+};
 
-PyMODINIT_FUNC PyInit__otlp_walk(void) { return PyModule_Create(&module); }
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_otlp_walk",
+    .m_doc = "Fast OTLP span walk (see decode.py).",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
+};
+
+PyMODINIT_FUNC PyInit__otlp_walk(void) { return PyModuleDef_Init(&module); }

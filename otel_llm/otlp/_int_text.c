@@ -65,7 +65,21 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
-static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_int_text",
-                                    "Integer arrays as OTLP/JSON text, in C (see the source).", -1, methods};
+/* Multi-phase initialisation (PEP 489); no state of its own, so any interpreter may import it. */
+static PyModuleDef_Slot slots[] = {
+#if PY_VERSION_HEX >= 0x030C0000
+    {Py_mod_multiple_interpreters, Py_MOD_PER_INTERPRETER_GIL_SUPPORTED},
+#endif
+    {0, NULL},
+};
 
-PyMODINIT_FUNC PyInit__int_text(void) { return PyModule_Create(&module); }
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_int_text",
+    .m_doc = "Integer arrays as OTLP/JSON text, in C (see the source).",
+    .m_size = 0,
+    .m_methods = methods,
+    .m_slots = slots,
+};
+
+PyMODINIT_FUNC PyInit__int_text(void) { return PyModuleDef_Init(&module); }
