@@ -40,6 +40,11 @@ COUNTS: tuple[Series, ...] = (
         "assembly_spans_held_back",
         "spans kept past a trace's timeout release: an engine request still waiting for its client's span",
     ),
+    Series(
+        "assembly_spans_paired_by_id",
+        "GenAI client spans whose trace context did not reach the server, joined to their engine's trace by "
+        "gen_ai.response.id",
+    ),
     Series("assembly_spans_over_trace_limit", "spans dropped because their trace had --max-spans-per-trace"),
     Series("assembly_requests_refused_full", "export requests refused for want of room (--on-full refuse)"),
     Series("assembly_traces_released", "traces released to derivation"),
