@@ -311,19 +311,29 @@ def _late(blob: bytearray | dict, s: tuple) -> int:
 def _hold_back(spans: list[tuple], waiting: dict, since: float, once=()) -> tuple[list[tuple], list[tuple]]:
     """(released, held): the engine request spans in ``waiting`` that arrived after ``since`` and
     have no client span in the group (none above them, none with their request id), with their
-    phases and the server span above them, are held, unless held ``once`` already; the rest is
-    released."""
+    phases and the server span above them, are held, unless held ``once`` already; so are the GenAI
+    client spans in ``waiting`` (waiting for their engine's by response id) whose engine span is not
+    in the group; the rest is released."""
     by_id = {s[sp.SPAN_ID]: s for s in spans}
-    client_ids, client_rids = set(), set()
+    client_ids, client_rids, engine_rids = set(), set(), set()
     for s in spans:
-        if _request_bit(s) == _CLIENT_BIT:
+        bit = _request_bit(s)
+        if bit == _CLIENT_BIT:
             client_ids.add(s[sp.SPAN_ID])
             client_rids.add(_request_id(s, _CLIENT_BIT))
+        elif bit == _ENGINE_BIT:
+            engine_rids.add(_request_id(s, _ENGINE_BIT))
     hold: set[bytes] = set()
     for sid, at in waiting.items():
         e = by_id.get(sid)
-        rid = None if e is None else _request_id(e, _ENGINE_BIT)
-        if e is None or at <= since or sid in once or (rid is not None and rid in client_rids):
+        if e is None or at <= since or sid in once:
+            continue
+        if e[sp.CODE] == sp.GENAI_CLIENT:  # a call span waiting for its engine's
+            if e[sp.RESPONSE_ID] not in engine_rids:
+                hold.add(sid)
+            continue
+        rid = _request_id(e, _ENGINE_BIT)
+        if rid is not None and rid in client_rids:
             continue
         p, hops, found = e[sp.PARENT_ID], 0, False
         while p and hops < 64 and not found:
@@ -458,6 +468,9 @@ class TraceAssembler:
         if e.id_clients is None:
             e.id_clients = []
         e.id_clients.append((rid, s[sp.SPAN_ID]))
+        if e.waiting is None:
+            e.waiting = {}
+        e.waiting[s[sp.SPAN_ID]] = now  # a timeout release holds it back, as an engine span waiting
         e.id_until = e.ready_at = now + self._peer_wait()
         self._peer.append((e.ready_at, tid))
 
@@ -478,6 +491,8 @@ class TraceAssembler:
         ctid, sid = waiting
         if ce.id_clients and (rid, sid) in ce.id_clients:
             ce.id_clients.remove((rid, sid))
+        if ce.waiting:
+            ce.waiting.pop(sid, None)
         # its own trace (the trace context reached the server after all): paired by trace; else the
         # span moves to the engine's group
         span = None if ctid == tid else self.storage.take(ctid, sid)
@@ -584,7 +599,12 @@ class TraceAssembler:
         self._ring.append(tid)
         for s in held:
             self.storage.add(tid, s)
-            if s[sp.CODE] == sp.ENGINE and s[sp.SPAN_ID] in was.waiting:
+            if s[sp.CODE] == sp.GENAI_CLIENT and s[sp.SPAN_ID] in was.waiting:  # still waiting for its engine's
+                at = was.waiting[s[sp.SPAN_ID]]
+                e.held.add(s[sp.SPAN_ID])
+                e.clients += 1
+                self._client_waits(tid, e, s, at)
+            elif s[sp.CODE] == sp.ENGINE and s[sp.SPAN_ID] in was.waiting:
                 at = was.waiting[s[sp.SPAN_ID]]
                 e.held.add(s[sp.SPAN_ID])
                 if e.waiting is None:

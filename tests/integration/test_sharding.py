@@ -23,7 +23,6 @@ from conftest import ROOT, run_cli
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from support.otlp_helpers import Req, sample_request
 
-from otel_llm import semconv as sc
 from otel_llm.metrics.slo import SLO
 
 HISTOGRAMS = (
@@ -119,10 +118,10 @@ def test_three_shards_equal_one_collector(make_collector, prometheus_jobs):
     prom = prometheus_jobs(
         {"shards": [c.prometheus.address[1] for c in shards], "single": [single.prometheus.address[1]]}
     )
-    reqs = [sample_request([r]) for r in requests(240)]
+    specs = requests(240)
+    reqs = [sample_request([r]) for r in specs]
     split_req = reqs.pop()  # this trace reaches two shards: its client span one, its engine spans another
-    split_req_id = split_req.resource_spans[0].scope_spans[0].spans[0].attributes
-    split_req_id = next(kv.value.string_value for kv in split_req_id if kv.key == sc.REQUEST_ID)
+    split_req_id = specs[-1].id
     routed: list[list[ExportTraceServiceRequest]] = [[], [], []]
     for r in reqs:
         routed[shard_of(_trace_id(r), 3)].append(r)

@@ -269,8 +269,9 @@ def test_a_call_first_whose_engine_comes_in_its_own_trace_is_released_after_the_
 @given(
     st.lists(st.tuples(st.floats(0, 20), st.floats(0, 20), st.booleans(), st.booleans()), min_size=1, max_size=4),
     st.lists(st.floats(0, 25), max_size=6),
+    st.sampled_from([60.0, 2.0]),  # --trace-timeout: longer, or shorter than the peer wait
 )
-def test_any_order_and_retries_give_each_call_one_record_per_boundary_paired_only_with_its_own(calls, ticks):
+def test_any_order_and_retries_give_each_call_one_record_per_boundary_paired_only_with_its_own(calls, ticks, timeout):
     """Calls whose client and engine spans come at any times (some past the peer wait), some
     exported twice, with expiries in between: each call gives one record at each boundary, a pair
     is only ever a call with its own engine, and nothing is left in flight."""
@@ -283,7 +284,7 @@ def test_any_order_and_retries_give_each_call_one_record_per_boundary_paired_onl
             arrivals.append((at_client + 1.0, c))
         arrivals.append((at_engine, engine_spans(rid, trace=0xE00 + k, sid=sid)))
     arrivals += [(t, None) for t in ticks]
-    asm, recs = assembler(), []
+    asm, recs = TraceAssembler(AssemblyConfig(grace_s=GRACE, peer_wait_s=PEER, timeout_s=timeout)), []
     for at, spans in sorted(arrivals, key=lambda a: a[0]):
         if spans is None:
             recs += derived(asm, at)
@@ -300,3 +301,18 @@ def test_any_order_and_retries_give_each_call_one_record_per_boundary_paired_onl
             assert r.paired == (r.peer_request_id is not None)
             assert r.peer_request_id in (None, r.request_id)
             assert r.paired or ticks  # nothing released before the end: every call found its engine
+
+
+def test_a_call_waiting_for_its_engine_is_held_past_a_timeout_not_split_from_it():
+    """--trace-timeout shorter than the peer wait: the call's span (first, waiting for its engine's
+    by id) is kept back at the timeout release, as an engine span waiting for its caller is, and
+    pairs when the engine's comes, by trace or by id."""
+    for trace, parent in ((APP_TRACE, 0x21), (ENGINE_TRACE, 0)):
+        asm = TraceAssembler(AssemblyConfig(grace_s=GRACE, peer_wait_s=PEER, timeout_s=2.0))
+        asm.add(client_spans(), 0.0)
+        assert derived(asm, 2.5) == []  # the timeout released the application's span alone
+        assert asm.counters.spans_held_back == 1
+        asm.add(engine_spans(trace=trace, parent=parent, sid=0x30), 3.0)
+        got = by_boundary(derived(asm, 3.0 + GRACE + 0.1))
+        assert got["client"].paired and got["client"].paired_by == ("trace" if trace == APP_TRACE else "id")
+        assert derived(asm, 100.0) == [] and len(asm) == 0
