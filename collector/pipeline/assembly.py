@@ -363,8 +363,12 @@ class TraceAssembler:
         self._grace: deque[tuple[float, bytes]] = deque()  # (ready at, trace id), FIFO = deadline order
         self._peer: deque[tuple[float, bytes]] = deque()  # the same for traces waiting for their client span
         self._released = RecentRequests(self.config.remember_released)  # trace id -> what it released
-        self._engine_by_id: dict[str, bytes] = {}  # request id -> the group (trace id) holding its engine span
-        self._client_by_id: dict[str, tuple[bytes, bytes]] = {}  # response id -> a GenAI client span waiting
+        # request id -> the group (trace id) holding its engine span; a set where groups of several
+        # traces in flight hold one (an id a client reused, X-Request-Id: ambiguous, never joined by)
+        self._engine_by_id: dict[str, bytes | set] = {}
+        # response id -> the GenAI client spans waiting for its engine span: (trace id, span id); joined
+        # only while exactly one waits
+        self._client_by_id: dict[str, list[tuple[bytes, bytes]]] = {}
         self._lock = threading.Lock()
         self.bytes = 0  # memory held by the spans in flight, as estimated by the callers of add
 
@@ -438,7 +442,7 @@ class TraceAssembler:
         if type(rid) is not str or not rid or not is_genai_client_span(s):
             return None
         to = self._engine_by_id.get(rid)
-        return to if to is not None and to != tid and to in self._entries else None
+        return to if type(to) is bytes and to != tid and to in self._entries else None
 
     def _take_in(self, to: bytes, s: tuple, now: float, bytes_per_span: int) -> None:
         """A GenAI client span of another trace joins group ``to``, which holds its engine span."""
@@ -464,7 +468,7 @@ class TraceAssembler:
         rid = s[sp.RESPONSE_ID]
         if type(rid) is not str or not rid or (e.rids and rid in e.rids):
             return
-        self._client_by_id[rid] = (tid, s[sp.SPAN_ID])
+        self._client_by_id.setdefault(rid, []).append((tid, s[sp.SPAN_ID]))
         if e.id_clients is None:
             e.id_clients = []
         e.id_clients.append((rid, s[sp.SPAN_ID]))
@@ -480,15 +484,22 @@ class TraceAssembler:
         rid = _request_id(s, _ENGINE_BIT)
         if rid is None or s[sp.PD_ROLE] == PdRole.PREFILL:  # a prefill leg's id is its decode leg's too
             return
-        self._engine_by_id[rid] = tid
+        had = self._engine_by_id.get(rid)
+        if had is None or had == tid:
+            self._engine_by_id[rid] = tid
+        else:  # another trace's engine span in flight has this id too: nothing joins by it
+            self._engine_by_id[rid] = (had if type(had) is set else {had}) | {tid}
         if e.rids is None:
             e.rids = []
         e.rids.append(rid)
-        waiting = self._client_by_id.pop(rid, None)
-        ce = None if waiting is None else self._entries.get(waiting[0])
+        waiting = self._client_by_id.get(rid)
+        if type(self._engine_by_id[rid]) is set or not waiting or len(waiting) != 1:
+            return  # ambiguous: each is derived as it is
+        del self._client_by_id[rid]
+        ctid, sid = waiting[0]
+        ce = self._entries.get(ctid)
         if ce is None:
             return
-        ctid, sid = waiting
         if ce.id_clients and (rid, sid) in ce.id_clients:
             ce.id_clients.remove((rid, sid))
         if ce.waiting:
@@ -585,11 +596,19 @@ class TraceAssembler:
     def _forget_ids(self, tid: bytes, e: _Entry) -> None:
         """Group ``tid`` is released: its engine spans and waiting client spans leave the id indexes."""
         for rid in e.rids or ():
-            if self._engine_by_id.get(rid) == tid:
+            had = self._engine_by_id.get(rid)
+            if had == tid:
                 del self._engine_by_id[rid]
+            elif type(had) is set:
+                had.discard(tid)
+                if not had:
+                    del self._engine_by_id[rid]
         for rid, sid in e.id_clients or ():
-            if self._client_by_id.get(rid) == (tid, sid):
-                del self._client_by_id[rid]
+            waiting = self._client_by_id.get(rid)
+            if waiting and (tid, sid) in waiting:
+                waiting.remove((tid, sid))
+                if not waiting:
+                    del self._client_by_id[rid]
 
     def _hold(self, tid: bytes, held: list[tuple], was: _Entry, held_bytes: int, now: float) -> None:
         """Open ``tid``'s next group with the spans a timeout kept back, due when their peer wait ends

@@ -316,3 +316,18 @@ def test_a_call_waiting_for_its_engine_is_held_past_a_timeout_not_split_from_it(
         got = by_boundary(derived(asm, 3.0 + GRACE + 0.1))
         assert got["client"].paired and got["client"].paired_by == ("trace" if trace == APP_TRACE else "id")
         assert derived(asm, 100.0) == [] and len(asm) == 0
+
+
+def test_an_id_two_engine_traces_share_joins_nothing():
+    """A client that sets X-Request-Id to one value for every call makes vLLM give each the same
+    response id: the id says nothing of which call is which, so no call joins an engine by it."""
+    for order in ("engines first", "calls first"):
+        asm, recs = assembler(), []
+        engines = engine_spans(trace=0xE1, sid=0x10) + engine_spans(trace=0xE2, sid=0x40)
+        calls = client_spans(trace=0xC1) + client_spans(trace=0xC2)
+        for spans in (engines, calls) if order == "engines first" else (calls, engines):
+            asm.add(spans, 1.0)
+        recs = derived(asm, 100.0)
+        assert not any(r.paired for r in recs), order
+        assert sorted(r.boundary for r in recs) == ["client", "client", "engine", "engine", "server", "server"]
+        assert asm.counters.spans_paired_by_id == 0 and not asm._engine_by_id and not asm._client_by_id
