@@ -26,9 +26,9 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from support.otlp_helpers import store_records
 
 from collector.pipeline.assembly import AssemblyConfig
-from collector.storage.store import RequestStore
 from otel_llm.client.traced import instrument_openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -78,14 +78,6 @@ def wait_for(c, store: str, n: int, timeout: float = 60.0) -> None:
     while c.records_derived < n and time.monotonic() - t0 < timeout:
         time.sleep(0.1)
     c.store_writer.drain()
-
-
-def records_of(store: str) -> list:
-    s = RequestStore(store)
-    try:
-        return [r for b in ("client", "server", "engine") for r in s.batch(b).records()]
-    finally:
-        s.close()
 
 
 def by_trace(recs, trace_id: str) -> dict[str, list]:
@@ -163,7 +155,7 @@ def test_ten_calls_under_one_span_are_ten_requests_at_each_boundary(make_collect
         stop_cpu_server(server)
     wait_for(c, c.config.store, 6 * CALLS)
     assert took > TIMEOUT_S  # the calls of one trace spread over longer than --trace-timeout
-    recs = records_of(c.config.store)
+    recs = store_records(c.config.store)
     for trace_id, app_id, genai in ((ours_trace, ours_app, False), (theirs_trace, theirs_app, True)):
         got = by_trace(recs, trace_id)
         assert {b: len(v) for b, v in got.items()} == {"client": CALLS, "server": CALLS, "engine": CALLS}, trace_id
@@ -203,7 +195,7 @@ def test_vllm_own_tracing_under_one_callers_trace(make_collector, tiny_model, tm
     finally:
         stop_cpu_server(server)
     assert took > TIMEOUT_S
-    got = by_trace(records_of(c.config.store), f"{app.get_span_context().trace_id:032x}")
+    got = by_trace(store_records(c.config.store), f"{app.get_span_context().trace_id:032x}")
     assert len(got["engine"]) == CALLS and len({r.request_id for r in got["engine"]}) == CALLS
     assert {r.caller_span_id for r in got["engine"]} == {f"{app.get_span_context().span_id:016x}"}
     assert requests_total(c).get("engine") == CALLS

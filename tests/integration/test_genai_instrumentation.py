@@ -27,21 +27,13 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from support.otlp_helpers import store_records
 
 from collector.analysis.compare import compare
 from collector.pipeline.assembly import AssemblyConfig
-from collector.storage.store import RequestStore
 
 pytestmark = pytest.mark.slow
 openai = pytest.importorskip("openai")
-
-
-def records_of(store: str) -> list:
-    s = RequestStore(store)
-    try:
-        return [r for b in ("client", "server", "engine") for r in s.batch(b).records()]
-    finally:
-        s.close()
 
 
 def calls(client, model: str, prompt: str, tracer, stream: bool, usage: bool | None, n: int, under: str | None):
@@ -133,7 +125,7 @@ def test_the_official_openai_instrumentation_pairs_by_response_id_and_keeps_unkn
         inst.uninstrument()
         tp.shutdown()
         stop_cpu_server(server)
-    recs = records_of(c.config.store)
+    recs = store_records(c.config.store)
     clients = {r.request_id: r for r in recs if r.boundary == "client"}
     engines = {r.request_id: r for r in recs if r.boundary == "engine"}
     servers = {r.request_id: r for r in recs if r.boundary == "server"}

@@ -246,6 +246,17 @@ def metrics_text(c) -> str:
     return urllib.request.urlopen(f"http://{host}:{port}/metrics").read().decode()
 
 
+def store_records(path: str) -> list:
+    """Every record of the store at ``path``, client, server and engine in that order."""
+    from collector.storage.store import RequestStore
+
+    s = RequestStore(path)
+    try:
+        return [r for b in ("client", "server", "engine") for r in s.batch(b).records()]
+    finally:
+        s.close()
+
+
 def records_by(c, n, boundary=None):
     wait_for(lambda: c.store.count(boundary) >= n, what=f"{n} records")
     return {(r.boundary, r.request_id): r for r in c.store.records(boundary)}
