@@ -187,6 +187,18 @@ def start_collector(store: str, grace_s: float = 0.3):
     return c, env
 
 
+def traced_server_env(c, **extra: str) -> dict:
+    """The environment of a vLLM server traced by otel-llm's hooks that sends its spans to the
+    in-process collector ``c`` over OTLP/HTTP."""
+    return {
+        "OTEL_LLM_ENABLE": "1",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+        "OTEL_TRACES_EXPORTER": "otlp",
+        **extra,
+    }
+
+
 def start_vllm_server(model: str, env: dict, kv_bytes: int = 64 * 2**20, timeout: float = 180.0, extra_args=()):
     """Start vLLM's OpenAI-compatible server on a free loopback port (the CPU build); returns
     (process, base_url). The caller stops it. Its log: ``vllm-server-<port>.log`` beside the model."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import start_vllm_server
+from conftest import start_vllm_server, traced_server_env
 from opentelemetry import propagate
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
@@ -93,14 +93,7 @@ def test_ten_calls_under_one_span_are_ten_requests_at_each_boundary(make_collect
 
     c = make_collector(assembly=AssemblyConfig(grace_s=0.5, peer_wait_s=6.0, timeout_s=TIMEOUT_S))
     http_port = c.receivers[1].address[1]
-    env = {
-        "OTEL_LLM_ENABLE": "1",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{http_port}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_TRACES_EXPORTER": "otlp",
-        "OTEL_LLM_SCHEDULE_DELAY": "100",
-    }
-    server, base_url = start_vllm_server(tiny_model, env)
+    server, base_url = start_vllm_server(tiny_model, traced_server_env(c, OTEL_LLM_SCHEDULE_DELAY="100"))
     try:
         # otel-llm's own client, in an agent loop under one span
         tp, ours = provider(http_port, "agent")

@@ -22,7 +22,7 @@ import time
 
 import httpx
 import pytest
-from conftest import start_vllm_server
+from conftest import start_vllm_server, traced_server_env
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -73,13 +73,7 @@ def test_the_official_openai_instrumentation_pairs_by_response_id_and_keeps_unkn
 
     c = make_collector(assembly=AssemblyConfig(grace_s=0.5, peer_wait_s=8.0, timeout_s=30.0))
     http_port = c.receivers[1].address[1]
-    env = {
-        "OTEL_LLM_ENABLE": "1",
-        "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{http_port}",
-        "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
-        "OTEL_TRACES_EXPORTER": "otlp",
-    }
-    server, base_url = start_vllm_server(tiny_model, env)
+    server, base_url = start_vllm_server(tiny_model, traced_server_env(c))
     tp = TracerProvider(resource=Resource({"service.name": "chat-app"}))
     # the SDK's default export delay (5 s): the application's spans come after the engine's
     tp.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=f"http://127.0.0.1:{http_port}/v1/traces")))
