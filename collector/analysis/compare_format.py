@@ -134,7 +134,13 @@ def _traces_of_several_calls(rows: list[RequestComparison], top: int, markdown: 
         out += [
             "",
             f"trace {t.trace_id}: {len(t.calls)} calls over {t.span_s:.3f} s, in calls {t.in_calls_s:.3f} s "
-            f"({t.in_calls_s / t.span_s * 100 if t.span_s > 0 else 100:.0f}%), under span {t.caller_span_id or '-'}",
+            f"({t.in_calls_s / t.span_s * 100 if t.span_s > 0 else 100:.0f}%"
+            + (
+                "; the calls overlap: their times add up past the span, idle is negative"
+                if t.in_calls_s > t.span_s
+                else ""
+            )
+            + f"), under span {t.caller_span_id or '-'}",
         ]
         out += grid(
             ["call", "id", "at (s)", "idle", "client_ttft", *shown, "e2e"],

@@ -203,15 +203,21 @@ def bound_judged(rm: RequestMetrics, slo: SLO) -> dict[str, np.ndarray]:
     """For each bound of ``slo``, a boolean per request: can it be judged on that bound at all (its
     source says what the bound needs)? Not a ``tpot`` bound where the token count is unknown
     (``output_tokens`` -1), not an ``itl_max`` bound where only the first and last token are known
-    (``itl_unknown``: vLLM's own spans, a GenAI client span). An unjudged request is never good and
-    is left out of attainment (docs/metrics/spec.md, "Goodput")."""
+    (``itl_unknown``: vLLM's own spans, a GenAI client span), not a ``ttft`` bound where such a
+    source gave not even the first (a GenAI client span without ``time_to_first_chunk``: its request
+    had tokens, their time is not known; a request of another source without a token fails the
+    bound). An unjudged request is never good and is left out of attainment (docs/metrics/spec.md,
+    "Goodput")."""
     n = len(rm.e2e)
     out: dict[str, np.ndarray] = {}
+    summarised = np.zeros(n, bool) if rm.itl_unknown is None else np.asarray(rm.itl_unknown, bool)
     for name in slo.bounds:
         if name == "tpot":
             out[name] = rm.output_tokens >= 0
-        elif name == "itl_max" and rm.itl_unknown is not None:
-            out[name] = ~np.asarray(rm.itl_unknown, bool)
+        elif name == "itl_max":
+            out[name] = ~summarised
+        elif name == "ttft":
+            out[name] = ~(summarised & (rm.events == 0))
         else:
             out[name] = np.ones(n, bool)
     return out

@@ -118,7 +118,11 @@ def _goodput_lines(s: Summary, h, markdown: bool) -> list[str]:
     )
     out.append("per bound: " + ", ".join(f"{k} {_pct(v)}" for k, v in g.attainment_by_bound.items()))
     if g.unjudged:
-        why = {"tpot": "their token count is unknown", "itl_max": "their source gives the first and last token only"}
+        why = {
+            "tpot": "their token count is unknown",
+            "itl_max": "their source gives the first and last token only",
+            "ttft": "their source gives no first token's time",
+        }
         out.append(
             "cannot be judged (never good, left out of attainment): "
             + ", ".join(f"{k} {n} ({why.get(k, 'unknown')})" for k, n in g.unjudged_by_bound.items())

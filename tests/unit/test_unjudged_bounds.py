@@ -158,3 +158,15 @@ def test_an_engine_span_without_a_model_takes_its_clients():
         ("engine", "cmpl-2"): "tiny-llama",
         ("engine", "cmpl-3"): "unknown_service:python",  # unpaired: nothing said the model
     }
+
+
+def test_a_first_token_time_the_source_does_not_give_cannot_pass_or_fail_a_ttft_bound():
+    """A GenAI client span without time_to_first_chunk (2.4b0): no token event, its request had
+    tokens all the same: a TTFT bound cannot judge it (the review found it counted failed); a
+    request of our own with no token at all still fails the bound."""
+    tls = [Timeline("ours-none", 0.0, 0.1, "ok", ()), Timeline("theirs", 0.0, 0.1, "ok", ())]
+    b = replace(TimelineBatch.from_timelines(tls), summarised=np.array([False, True]))
+    g = summarize(b, slo=SLO(ttft=1.0)).goodput
+    assert g.unjudged_by_bound == {"ttft": 1} and g.good == 0 and g.attainment == 0.0  # ours: judged, failed
+    g = summarize(replace(b, summarised=np.array([True, True])), slo=SLO(ttft=1.0)).goodput
+    assert g.unjudged == 2 and g.attainment is None
