@@ -79,7 +79,9 @@ def _match_trace(
     """Match the client and engine records (indices into ``recs``) of one trace: by ancestry (the
     engine span descends from the client span through the injected traceparent, maybe through
     spans in between, at most 64 hops; among several, the one with the client's request id, else
-    with its choice index), then by request id, then by choice, then one to one.
+    with its choice index), then by request id, then by choice, then (a client span of a call with
+    several choices, one span for all: a GenAI instrumentation's) the first free choice of its id,
+    then one to one.
 
     Linear in the trace's spans: each engine span's ancestors are walked once, and the candidates
     by request id and by choice wait in queues (a trace of N clients and N engines once took
@@ -89,6 +91,7 @@ def _match_trace(
     below_of: dict[bytes, list[int]] = {}  # client span id -> the engines descending from it, in order
     by_id: dict[str, deque] = {}
     by_choice: dict[int, deque] = {}
+    by_call: dict[str, list] = {}  # an engine record of a choice: its call's request id -> (choice, record)
     for e in engines:
         p, hops, seen = recs[e][sp.PARENT_ID], 0, set()
         while p and hops < 64:
@@ -100,6 +103,10 @@ def _match_trace(
         ch = _choice(recs[e])
         if ch is not None:
             by_choice.setdefault(ch, deque()).append(e)
+            r = recs[e][sp.REQUEST_ID]
+            if type(r) is str and r:
+                by_call.setdefault(r, []).append((ch, e))
+    by_call_q = {k: deque(e for _, e in sorted(v)) for k, v in by_call.items()}
     taken: set[int] = set()
 
     def first_free(queue: deque | None) -> int | None:
@@ -121,6 +128,8 @@ def _match_trace(
             match = first_free(by_id.get(rid))
             if match is None and ch is not None:
                 match = first_free(by_choice.get(ch))
+            if match is None and ch is None:  # one span for a call of several choices: its first
+                match = first_free(by_call_q.get(rid))
         if match is None and len(clients) == 1 and len(engines) == 1:
             match = engines[0]
         if match is not None:

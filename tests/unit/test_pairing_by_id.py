@@ -331,3 +331,48 @@ def test_an_id_two_engine_traces_share_joins_nothing():
         assert not any(r.paired for r in recs), order
         assert sorted(r.boundary for r in recs) == ["client", "client", "engine", "engine", "server", "server"]
         assert asm.counters.spans_paired_by_id == 0 and not asm._engine_by_id and not asm._client_by_id
+
+
+def choice_engines(rid: str, trace: int, sid: int, parent: int = 0) -> list:
+    """A call with two choices (n = 2) as the hooks record it: one server span, an engine request
+    span per choice (llm.request.choice 0 and 1), under a parent the collector may not have."""
+    server = span(trace, sid, "POST /v1/chat/completions", T0 + 2 * MS, T0 + 296 * MS,
+                  {sc.HTTP_CHUNK_OFFSETS: [40 * MS, 293 * MS]}, parent=parent, kind=2)  # fmt: skip
+    out = [server]
+    for k in (0, 1):
+        out.append(
+            span(
+                trace,
+                sid + 1 + k,
+                sc.SPAN_REQUEST,
+                T0 + 5 * MS,
+                T0 + 290 * MS,
+                {
+                    sc.REQUEST_ID: rid,
+                    sc.REQUEST_CHOICE: k,
+                    sc.TOKEN_EVENT_OFFSETS: [35 * MS, 65 * MS],
+                    sc.TOKEN_EVENT_TOKENS: [1, 1],
+                },
+                parent=sid,
+                kind=2,
+            )
+        )
+    return decode_payload(body(*out, service="vllm")).spans
+
+
+@pytest.mark.parametrize("how", ["trace", "id"])
+def test_a_call_of_two_choices_pairs_with_its_first_choice(how):
+    """The review found n = 2 calls never paired: one call span, an engine record per choice
+    (<id>#0, <id>#1). The call pairs with its choice 0, by trace (its context reached the server
+    through an httpx span the collector never got) or by id."""
+    asm = assembler()
+    trace, parent = (APP_TRACE, 0x77) if how == "trace" else (ENGINE_TRACE, 0)
+    asm.add(choice_engines("chatcmpl-9", trace, 0x50, parent), 0.0)
+    asm.add(client_spans("chatcmpl-9"), 1.0)
+    recs = derived(asm, PEER + 0.1)  # two engine spans with a caller, one call span: the peer wait
+    (c,) = [r for r in recs if r.boundary == "client"]
+    assert c.paired and c.paired_by == how and c.peer_request_id == "chatcmpl-9#0"
+    assert sorted((r.request_id, r.paired) for r in recs if r.boundary == "engine") == [
+        ("chatcmpl-9#0", True),
+        ("chatcmpl-9#1", False),
+    ]
