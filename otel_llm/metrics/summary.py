@@ -319,8 +319,11 @@ def _goodput(rm: RequestMetrics, slo: SLO, completed: np.ndarray, wt: np.ndarray
         slo=slo.bounds,
         tpot_undefined=slo.tpot_undefined,
         good=int(good_mask.sum()),
-        requests_per_s=_rate(good_n, T),
-        output_tokens_per_s=_rate(weighted_sum(np.maximum(rm.output_tokens, 0), wt, good_mask), T),
+        # nothing judged (every completed request unjudged): goodput unknown, not 0
+        requests_per_s=_rate(good_n, T) if judged.any() or not completed.any() else None,
+        output_tokens_per_s=_rate(weighted_sum(np.maximum(rm.output_tokens, 0), wt, good_mask), T)
+        if judged.any() or not completed.any()
+        else None,
         attainment=good_n / judged_n if judged.any() else None,
         attainment_by_bound={
             k: (

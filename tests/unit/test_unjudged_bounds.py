@@ -54,6 +54,7 @@ def test_a_summarised_request_cannot_pass_an_itl_bound_and_is_left_out_of_attain
 def test_nothing_judged_gives_no_attainment_not_100_percent():
     g = summarize(batch(summarised=(0, 1, 2, 3)), slo=SLO(itl_max=0.001)).goodput
     assert g.good == 0 and g.attainment is None and g.unjudged == 4
+    assert g.requests_per_s is None and g.output_tokens_per_s is None  # unknown, not 0 requests/s
 
 
 def test_a_bound_the_source_can_tell_is_judged_as_usual_beside_one_it_cannot():
