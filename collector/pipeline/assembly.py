@@ -381,8 +381,7 @@ class TraceAssembler:
         :class:`AssemblyFull` (adding nothing) when ``on_full="refuse"`` and they do not fit."""
         cfg = self.config
         evicted: list[ReleasedTrace] = []
-        entries, released, store = self._entries, self._released, self.storage
-        span_cap = cfg.max_spans_per_trace
+        entries, released = self._entries, self._released
         with self._lock:
             c = self.counters
             if cfg.on_full == "refuse":
@@ -412,17 +411,8 @@ class TraceAssembler:
                         evicted.append(ev)
                     e = entries[tid] = _Entry(now, history, late=late == 2)
                     self._ring.append(tid)
-                if e.spans >= span_cap:
-                    c.spans_over_trace_limit += 1
+                if not self._keep(tid, e, s, bytes_per_span):
                     continue
-                if e.late:
-                    c.spans_late_derived += 1
-                if not store.add(tid, s):
-                    c.spans_duplicate += 1
-                    continue
-                e.spans += 1
-                e.bytes += bytes_per_span
-                self.bytes += bytes_per_span
                 code = s[sp.CODE]
                 bit = (code <= sp.ENGINE or code == sp.GENAI_CLIENT) and _request_bit(s)
                 if bit:
@@ -444,22 +434,32 @@ class TraceAssembler:
         to = self._engine_by_id.get(rid)
         return to if type(to) is bytes and to != tid and to in self._entries else None
 
-    def _take_in(self, to: bytes, s: tuple, now: float, bytes_per_span: int) -> None:
-        """A GenAI client span of another trace joins group ``to``, which holds its engine span."""
-        e, c = self._entries[to], self.counters
+    def _keep(self, tid: bytes, e: _Entry, s: tuple, bytes_per_span: int) -> bool:
+        """Store span ``s`` in group ``tid`` (``e``): False, counted, when the group is at
+        ``max_spans_per_trace`` or already holds it."""
+        c = self.counters
         if e.spans >= self.config.max_spans_per_trace:
             c.spans_over_trace_limit += 1
-            return
-        if not self.storage.add(to, s):
+            return False
+        if e.late:
+            c.spans_late_derived += 1
+        if not self.storage.add(tid, s):
             c.spans_duplicate += 1
-            return
+            return False
         e.spans += 1
         e.bytes += bytes_per_span
         self.bytes += bytes_per_span
+        return True
+
+    def _take_in(self, to: bytes, s: tuple, now: float, bytes_per_span: int) -> None:
+        """A GenAI client span of another trace joins group ``to``, which holds its engine span."""
+        e = self._entries[to]
+        if not self._keep(to, e, s, bytes_per_span):
+            return
         if e.moved_in is None:
             e.moved_in = []
         e.moved_in.append(s)
-        c.spans_paired_by_id += 1
+        self.counters.spans_paired_by_id += 1
         self._request_arrived(to, e, s, _CLIENT_BIT, False, now)
 
     def _client_waits(self, tid: bytes, e: _Entry, s: tuple, now: float) -> None:
