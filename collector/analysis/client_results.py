@@ -296,6 +296,10 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift
         [NO_NS if getattr(e, name) is None else getattr(e, name) for _, e, _ in matched], np.int64
     )
     e_submit = np.array([e.submit_ns for _, e, _ in matched], np.int64)
+    p_arrival = ns("prefill_arrival_ns")  # a disaggregated request's prefill leg
+    leg = np.array(
+        [np.nan if e.prefill_leg is None or e.prefill_arrival_ns is None else e.prefill_leg for _, e, _ in matched]
+    )
     e_first_out = np.array([NO_NS if e.first_event_ns is None else e.first_event_ns for _, e, _ in matched], np.int64)
     parts = pair_parts(
         submit,
@@ -306,7 +310,8 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift
         e_first_out,
         ns("server_received_ns"),
         ns("server_first_chunk_ns"),
-        np.array([e.pd_role == disagg.JOINED for _, e, _ in matched], bool),
+        p_arrival,
+        np.where(leg == leg, p_arrival + np.round(np.nan_to_num(leg) * 1e9).astype(np.int64), NO_NS),
     )
     out = []
     for j, (_, e, _) in enumerate(matched):

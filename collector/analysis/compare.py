@@ -262,10 +262,9 @@ RequestComparison = make_dataclass(
         ("accepted_tokens", int | None),
         ("acceptance_rate", float | None),
         ("mean_acceptance_length", float | None),
-        # disaggregated prefill/decode (None: not a P/D engine): the engine record's role and its
-        # prefill leg's time, which to_engine holds (docs/metrics/disaggregated.md)
+        # disaggregated prefill/decode (None: not a P/D engine): the engine record's role (its parts
+        # to_prefill, prefill_leg and pd_hop are among the TTFT's, docs/metrics/disaggregated.md)
         ("pd_role", str | None),
-        ("prefill_leg", float | None),
         # how the two records were paired: trace (one trace), id (the client's response id: its trace
         # context did not reach the server)
         ("paired_by", str | None),
@@ -395,7 +394,6 @@ def compare(
                 idle_before=None,
                 **_speculation(c, e),
                 pd_role=e.pd_role,
-                prefill_leg=e.prefill_leg,
                 paired_by=c.paired_by or PairedBy.TRACE,
             )
         )
@@ -549,11 +547,6 @@ def summarize_comparison(
         d["acceptance_rate"] = dist(
             "per-request acceptance rate (accepted / draft tokens) of paired ok requests that drafted",
             [r.acceptance_rate for r in ok],
-        )
-    if any(r.prefill_leg is not None for r in rows):  # disaggregated: the prefill engine's leg, in to_engine
-        d["prefill_leg"] = dist(
-            "per-request prefill leg (the prefill engine: arrival -> finish; inside to_engine) of paired ok requests",
-            [r.prefill_leg for r in ok],
         )
     d["client_itl_max"] = dist("per-request max client ITL", [r.client_itl_max for r in ok])
     d["engine_itl_max"] = dist("per-request max engine ITL", [r.engine_itl_max for r in ok])

@@ -26,7 +26,6 @@ def format_comparison(
         "client_ttft",
         *TTFT_PARTS,
         "engine_ttft",
-        "prefill_leg",
         "client_itl",
         "engine_itl",
         "client_itl_per_token",

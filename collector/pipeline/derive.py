@@ -541,7 +541,8 @@ def _status(s, code: int) -> str:
 
 
 #: The client TTFT's parts a (client, engine) pair gives beyond the engine's own phases.
-PAIR_PARTS = OUTER
+#: the outer parts computed from a pair (prefill_leg is the decode record's, :mod:`.disagg`)
+PAIR_PARTS = tuple(n for n in OUTER if n not in disagg.FROM_ENGINE)
 
 
 def pair_parts(
@@ -553,7 +554,8 @@ def pair_parts(
     e_first_out: np.ndarray,
     received: np.ndarray,
     first_chunk: np.ndarray,
-    through_prefill: np.ndarray | None = None,
+    p_arrival: np.ndarray | None = None,
+    p_finish: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The outer parts of the client TTFT (:data:`PAIR_PARTS`) of (client, engine) pairs, in
     seconds, NaN where unknown. Arrays aligned by pair, times in Unix ns (``NO_NS`` unknown): the
@@ -561,9 +563,10 @@ def pair_parts(
     engine's arrival, first token generated and first output handed out (engine clock); the HTTP
     server's first byte read and the first body chunk it wrote once the engine had a token out
     (server clock). Parts across two clocks are uncorrected (:mod:`collector.analysis.compare` corrects
-    them); without a send time, ``network_in`` starts at the call. ``through_prefill`` (bool per
-    pair): a disaggregated request, whose way to the decode server went through a proxy and the
-    whole prefill leg: not network, so no ``network_in`` (``to_engine`` holds it)."""
+    them); without a send time, ``network_in`` starts at the call. ``p_arrival``, ``p_finish``: a
+    disaggregated request's prefill leg, its arrival and finish (prefill engine clock; ``NO_NS``
+    for another request): its way to the decode server went through a proxy and the whole prefill
+    leg, not network, so no ``network_in``; ``to_prefill`` and ``pd_hop`` instead."""
     k = len(c_submit)
     out = {name: np.full(k, np.nan) for name in PAIR_PARTS}
     out["to_engine"][:] = (e_submit - c_submit) / _NS
@@ -573,8 +576,11 @@ def pair_parts(
     srv = received != NO_NS
     out["network_in"][srv] = (received[srv] - sent[srv]) / _NS
     out["api_in"][srv] = (e_submit[srv] - received[srv]) / _NS
-    if through_prefill is not None:
-        out["network_in"][through_prefill] = np.nan
+    if p_arrival is not None and p_finish is not None:
+        leg = (p_arrival != NO_NS) & (p_finish != NO_NS)
+        out["network_in"][leg] = np.nan
+        out["to_prefill"][leg] = (p_arrival[leg] - c_submit[leg]) / _NS
+        out["pd_hop"][leg] = (e_submit[leg] - p_finish[leg]) / _NS
     engine_first = np.where(e_first_generated != NO_NS, e_first_generated, e_first_out)
     ok = (c_first != NO_NS) & (engine_first != NO_NS)
     out["delivery"][ok] = (c_first[ok] - engine_first[ok]) / _NS
@@ -693,7 +699,7 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
         sent = np.where((off >= 0) & (off <= end - submit), submit + off, NO_NS)
         for name, v in pair_parts(
             submit[ci], sent[ci], first_event[ci], submit[ei], ph.first_generated[ei], first_event[ei],
-            server.received[ei], server_first[ei], rq.legs.joined[ei],
+            server.received[ei], server_first[ei], rq.legs.arrival[ei], rq.legs.finish()[ei],
         ).items():  # fmt: skip
             out[name][ci] = v
         for name in FROM_ENGINE:

@@ -71,15 +71,21 @@ class PrefillLegs:
     joined: np.ndarray  # bool: this record has a prefill leg
     engine_id: list  # the prefill leg's llm.pd.engine_id
     request_id: list  # the prefill engine's own id for the request
+    arrival: np.ndarray  # its arrival, Unix ns on its clock
     leg: np.ndarray  # its arrival -> its finish
     queue: np.ndarray  # its llm.queue
     prefill: np.ndarray  # its llm.prefill
     tokens: np.ndarray  # tokens it generated (-1 unknown)
 
+    def finish(self) -> np.ndarray:
+        """Each leg's finish, Unix ns on its engine's clock (``NO_NS`` unknown)."""
+        known = (self.arrival != NO_NS) & (self.leg != NO_NS)
+        return np.where(known, self.arrival + np.where(known, self.leg, 0), NO_NS)
+
     @classmethod
     def none(cls, n: int) -> PrefillLegs:
         ns = lambda: np.full(n, NO_NS, np.int64)
-        return cls(np.zeros(n, bool), [None] * n, [None] * n, ns(), ns(), ns(), np.full(n, -1, np.int64))
+        return cls(np.zeros(n, bool), [None] * n, [None] * n, ns(), ns(), ns(), ns(), np.full(n, -1, np.int64))
 
     def take(self, keep: np.ndarray) -> PrefillLegs:
         """The legs of the records where ``keep``."""
@@ -117,6 +123,7 @@ def legs_of(recs: list[tuple], queue: np.ndarray, prefill: np.ndarray, joined: l
         out.joined[d] = True
         out.engine_id[d] = _text(s[sp.PD_ENGINE_ID])
         out.request_id[d] = _text(s[sp.INTERNAL_ID]) or _text(s[sp.REQUEST_ID])
+        out.arrival[d] = s[sp.START]
         out.leg[d] = s[sp.END] - s[sp.START]
         out.queue[d] = queue[p]
         out.prefill[d] = prefill[p]
@@ -142,6 +149,7 @@ def columns(recs: list[tuple], code: np.ndarray, legs: PrefillLegs) -> dict[str,
         "pd_connector": connector,
         "prefill_engine_id": legs.engine_id,
         "prefill_request_id": legs.request_id,
+        "prefill_arrival_ns": legs.arrival,
         "prefill_leg": seconds(legs.leg),
         "prefill_leg_queue": seconds(legs.queue),
         "prefill_leg_prefill": seconds(legs.prefill),
@@ -161,6 +169,6 @@ def stranded_legs_fail(status: list[str], recs: list[tuple], pairs: list[tuple[i
 
 #: the columns a paired client record takes from its engine record
 FROM_ENGINE = (
-    "pd_role", "pd_connector", "prefill_engine_id", "prefill_request_id", "prefill_leg", "prefill_leg_queue",
-    "prefill_leg_prefill", "prefill_leg_tokens",
+    "pd_role", "pd_connector", "prefill_engine_id", "prefill_request_id", "prefill_arrival_ns", "prefill_leg",
+    "prefill_leg_queue", "prefill_leg_prefill", "prefill_leg_tokens",
 )  # fmt: skip

@@ -230,13 +230,8 @@ COLUMNS: tuple[Column, ...] = (
     Column("pd_connector", TEXT, "", "the KV connector that moved the request's KV cache (vLLM: NixlConnector, ...)"),
     Column("prefill_engine_id", TEXT, "", "the prefill leg's engine (llm.pd.engine_id)"),
     Column("prefill_request_id", TEXT, "", "the prefill engine's own id for the request (its internal id)"),
-    Column(
-        "prefill_leg",
-        SECONDS,
-        "s",
-        "the prefill engine's leg, arrival -> finish on its clock: its front end, queue, the prompt's "
-        "computation and its one token",
-    ),
+    Column("prefill_arrival_ns", NS, "ns", "Unix ns, the prefill engine's clock: its leg's arrival"),
+    # prefill_leg (its arrival -> its finish) is a part of the client TTFT, among them above
     Column("prefill_leg_queue", SECONDS, "s", "the prefill leg's llm.queue (its scheduler's queue)"),
     Column("prefill_leg_prefill", SECONDS, "s", "the prefill leg's llm.prefill: the prompt computed there"),
     Column(

@@ -4,13 +4,15 @@ Each part is an interval between two moments of one request; in the order they h
 exactly to the client's TTFT. Where a boundary is missing, finer parts give way to a coarser one
 that says what it holds: a part's ``coarse`` is the part it is summed into there (``to_engine`` =
 ``client_send`` + ``network_in`` + ``api_in`` without the HTTP server span; ``delivery`` =
-``api_out`` + ``network_out``). A part with ``held_by`` may be unknown on its own while its
-neighbour is known; the neighbour then holds its time (``client_send`` in ``network_in`` for a
-client that does not say when it began writing; ``front_end`` in ``queue`` for an engine that does
-not say when it queued the request; ``kv_transfer`` and ``kv_ready`` in ``queue`` for any request
-but a disaggregated one's on a decode engine that says when its KV fetch moved; ``front_end`` and
-``queue`` both in ``front_end_queue`` for an engine span that gives the queue's length but not where
-it starts, vLLM's own).
+``api_out`` + ``network_out``). A disaggregated request's way to its decode engine went through a
+proxy and a whole prefill leg, which is not network: its ``to_engine`` is ``to_prefill`` +
+``prefill_leg`` + ``pd_hop`` (the parts marked ``disagg``) in place of the usual three. A part with
+``held_by`` may be unknown on its own while its neighbour is known; the neighbour then holds its
+time (``client_send`` in ``network_in`` for a client that does not say when it began writing;
+``front_end`` in ``queue`` for an engine that does not say when it queued the request;
+``kv_transfer`` and ``kv_ready`` in ``queue`` for any request but a disaggregated one's on a decode
+engine that says when its KV fetch moved; ``front_end`` and ``queue`` both in ``front_end_queue``
+for an engine span that gives the queue's length but not where it starts, vLLM's own).
 
 Everything that names, orders, explains, colours, merges or corrects the parts reads this table:
 the records' columns (``records.COLUMNS``: the store's), derivation's outer parts, ``compare`` (its
@@ -40,6 +42,9 @@ class Part:
     held_by: str | None = None  # the neighbour that holds it where it alone is unknown
     outer: bool = False  # computed from the pair of records (client and engine), not the engine's own spans
     optional: bool = False  # only some requests have it (a disaggregated one's): left out where unknown
+    #: one of a disaggregated request's parts of its ``coarse`` part, in place of the usual ones: its way
+    #: to the decode engine went through a proxy and a whole prefill leg, which is not network
+    disagg: bool = False
     #: the clocks it spans: -1 from the client's to the server's or the engine's, +1 back, 0 one clock.
     #: ``compare`` adds ``clock_shift`` x the estimated offset (engine - client) to correct it.
     clock_shift: int = 0
@@ -83,12 +88,49 @@ PARTS: tuple[Part, ...] = (
         outer=True,
     ),
     Part(
+        "to_prefill",
+        "client call",
+        "the prefill engine's arrival",
+        "a disaggregated request: the client library, the network, the proxy and the prefill server's HTTP in, "
+        "not told apart (two clocks: the client's and the prefill engine's)",
+        "#7c8c3c",
+        coarse="to_engine",
+        outer=True,
+        optional=True,
+        disagg=True,
+        clock_shift=-1,
+    ),
+    Part(
+        "prefill_leg",
+        "the prefill engine's arrival",
+        "its finish",
+        "the prefill engine's leg, on its clock: its front end, its queue, the prompt's computation and the "
+        "one token the proxy discards",
+        "#2f54eb",
+        coarse="to_engine",
+        outer=True,
+        optional=True,
+        disagg=True,
+    ),
+    Part(
+        "pd_hop",
+        "the prefill engine's finish",
+        "the decode engine's arrival",
+        "the prefill server's answer to the proxy, the proxy, and the decode server's HTTP in (two clocks: the "
+        "prefill engine's and the decode engine's)",
+        "#a0d911",
+        coarse="to_engine",
+        outer=True,
+        optional=True,
+        disagg=True,
+    ),
+    Part(
         "to_engine",
         "client call",
         "engine arrival",
         "the client library, the network and the HTTP server in (two clocks); = client_send + network_in + api_in; "
-        "a disaggregated request (pd_role): also the proxy, the prefill leg (prefill_leg) and the hop to the "
-        "decode engine, whose arrival it ends at",
+        "a disaggregated request (pd_role): = to_prefill + prefill_leg + pd_hop, ending at the decode engine's "
+        "arrival",
         "#8c8c8c",
         outer=True,
         clock_shift=-1,
@@ -186,15 +228,24 @@ ENGINE: tuple[str, ...] = tuple(p.name for p in PARTS if not p.outer)
 
 
 def _fine(coarse: str) -> tuple[Part, ...]:
-    return tuple(p for p in PARTS if p.coarse == coarse)
+    return tuple(p for p in PARTS if p.coarse == coarse and not p.disagg)
+
+
+def _split(coarse: str) -> tuple[Part, ...]:
+    """A disaggregated request's parts of ``coarse`` (to_engine: to_prefill, prefill_leg, pd_hop)."""
+    return tuple(p for p in PARTS if p.coarse == coarse and p.disagg)
 
 
 _COARSE = tuple(dict.fromkeys(p.coarse for p in PARTS if p.coarse))  # to_engine, delivery
 #: The parts the HTTP server span gives (the finest level), and those that stand for them without it.
-FINE: tuple[str, ...] = tuple(p.name for p in PARTS if p.name not in _COARSE)
+FINE: tuple[str, ...] = tuple(p.name for p in PARTS if p.name not in _COARSE and not p.disagg)
 COARSE: tuple[str, ...] = _COARSE
+#: A disaggregated request's parts in place of the usual ones of a coarse part.
+DISAGG: tuple[str, ...] = tuple(p.name for p in PARTS if p.disagg)
 #: The outer parts, each coarse part followed by the fine ones it holds (the store's column order).
-OUTER_BY_COARSE: tuple[str, ...] = tuple(n for c in _COARSE for n in (c, *(f.name for f in _fine(c))))
+OUTER_BY_COARSE: tuple[str, ...] = tuple(
+    n for c in _COARSE for n in (c, *(f.name for f in _fine(c)), *(f.name for f in _split(c)))
+)
 TWO_CLOCKS: tuple[str, ...] = tuple(p.name for p in PARTS if p.clock_shift)
 
 
@@ -206,14 +257,17 @@ def sum_text(names: tuple[str, ...] = FINE) -> str:
 
 def finest(values: Mapping[str, float | None]) -> dict[str, float | None] | None:
     """One request's parts (name -> seconds) at the finest level known, in order: each coarse part's
-    fine parts where all those not held by a neighbour are known (a fine part held by one is left
-    out where unknown), else the coarse part; every other part as it is (None where unknown and
-    held by a neighbour). None when a side is not known at all."""
+    disaggregated parts where all are known (a disaggregated request's), else its fine parts where
+    all those not held by a neighbour are known (a fine part held by one is left out where unknown),
+    else the coarse part; every other part as it is (None where unknown and held by a neighbour).
+    None when a side is not known at all."""
     out: dict[str, float | None] = {}
     for p in PARTS:
         if p.name in _COARSE:
-            fine = _fine(p.name)
-            if all(values.get(f.name) is not None for f in fine if f.held_by is None):
+            fine, split = _fine(p.name), _split(p.name)
+            if split and all(values.get(f.name) is not None for f in split):
+                out.update({f.name: values[f.name] for f in split})
+            elif all(values.get(f.name) is not None for f in fine if f.held_by is None):
                 out.update({f.name: values[f.name] for f in fine if values.get(f.name) is not None})
             elif values.get(p.name) is not None:
                 out[p.name] = values[p.name]
@@ -260,9 +314,11 @@ def shown(columns: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     known = {n: np.isfinite(np.asarray(columns[n], dtype=float)) for n in NAMES}
     out = {}
     for c in _COARSE:
-        fine = _fine(c)
-        at_fine = np.logical_and.reduce([known[f.name] for f in fine if f.held_by is None])
+        fine, split = _fine(c), _split(c)
+        at_split = np.logical_and.reduce([known[f.name] for f in split]) if split else np.zeros_like(known[c])
+        at_fine = ~at_split & np.logical_and.reduce([known[f.name] for f in fine if f.held_by is None])
+        out.update({f.name: at_split for f in split})
         out.update({f.name: at_fine & known[f.name] for f in fine})
-        out[c] = ~at_fine & known[c]
+        out[c] = ~at_split & ~at_fine & known[c]
     out.update({n: known[n] for n in NAMES if n not in out})
     return out

@@ -88,10 +88,18 @@ def test_each_request_is_one_record_with_both_legs(pd, tiny_model):
         parts += (cl.network_out,)
         assert None not in parts and abs(sum(parts) - cl.ttft) < 1e-6
         assert cl.to_engine > en.prefill_leg
+        # to_engine at the prefill engine: the way there (the proxy in it), its leg, the hop to decode
+        assert cl.to_prefill > 0 and cl.pd_hop > 0 and cl.prefill_leg == en.prefill_leg
+        assert abs(cl.to_prefill + cl.prefill_leg + cl.pd_hop - cl.to_engine) < 1e-6
+        assert en.prefill_arrival_ns > cl.submit_ns
     out = json.loads(run_cli("compare", "--store", c.config.store, "--run", "pd-bench", "--format", "json").stdout)
     assert out["summary"]["requests_paired"] == N
     assert {r["pd_role"] for r in out["requests"]} == {"disaggregated"}
     assert all(r["prefill_leg"] > 0 and r["kv_transfer"] > 0 for r in out["requests"])
+    fine = ("to_prefill", "prefill_leg", "pd_hop", "front_end", "queue", "kv_transfer", "kv_ready", "prefill")
+    for r in out["requests"]:
+        assert abs(sum(r[p] for p in (*fine, "api_out", "network_out")) - r["client_ttft"]) < 1e-6
+    assert {"to_prefill", "prefill_leg", "pd_hop", "kv_transfer"} <= set(out["summary"]["ttft_share"])
     text = run_cli("compare", "--store", c.config.store, "--run", "pd-bench").stdout
     assert "kv_transfer" in text and "prefill_leg" in text  # what a user reads
 
@@ -127,6 +135,7 @@ def test_vllms_benchmark_client_through_the_proxy(pd, tiny_model, tmp_path):
         parts = [r[p] for p in ("to_engine", "front_end", "queue", "kv_transfer", "kv_ready", "prefill", "api_out")]
         parts.append(r["network_out"])
         assert None not in parts and abs(sum(parts) - ttft) < 1e-6
+        assert abs(r["to_prefill"] + r["prefill_leg"] + r["pd_hop"] - r["to_engine"]) < 1e-6  # the tool's too
         en = engines[f"cmpl-PD{i}-0"]
         diffs.append((ttft, en.ttft, en.prefill_leg, en.kv_transfer, en.kv_ready, en.queue))
     d = np.median(np.array(diffs) * 1e3, axis=0)

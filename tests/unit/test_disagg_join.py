@@ -168,6 +168,32 @@ def test_the_client_ttft_of_a_joined_request_is_not_called_network():
     assert c.network_in is None and c.to_engine == pytest.approx(0.031)
     parts = (c.to_engine, c.front_end, c.queue, c.prefill, c.api_out, c.network_out)
     assert None not in parts and sum(parts) == pytest.approx(c.ttft, abs=1e-9)
+    # to_engine split at the prefill engine: the call -> its arrival (the proxy in it), its leg, the hop
+    assert (c.to_prefill, c.prefill_leg, c.pd_hop) == pytest.approx((0.003, 0.016, 0.012))
+    assert c.to_prefill + c.prefill_leg + c.pd_hop == pytest.approx(c.to_engine, abs=1e-12)
+    (e,) = [r for r in recs if r.boundary == "engine"]
+    assert e.prefill_arrival_ns - e.submit_ns == -28 * MS  # the prefill engine's arrival, on its clock
+    assert e.to_prefill is None and e.pd_hop is None  # the client's parts: on the client record
+
+
+def test_compare_shows_a_disaggregated_requests_to_engine_in_its_three_parts():
+    """What a user reads: compare's parts, their sum, their shares, and its text table naming them."""
+    from collector.analysis.compare import compare, summarize_comparison
+    from collector.analysis.compare_format import format_comparison
+
+    _, _, recs = derived([pd_call(k, 500 * k) for k in range(3)])
+    cmp = compare(recs)
+    assert len(cmp.rows) == 3
+    for row in cmp.rows:
+        assert row.pd_role == "disaggregated"
+        assert list(row.parts)[:4] == ["to_prefill", "prefill_leg", "pd_hop", "front_end"]
+        assert sum(row.parts.values()) == pytest.approx(row.client_ttft, abs=1e-9)
+    summary = summarize_comparison(cmp)
+    assert {"to_prefill", "prefill_leg", "pd_hop"} <= set(summary.ttft_share)
+    assert "network_in" not in summary.ttft_share and "to_engine" not in summary.ttft_share
+    assert summary.ttft_share["prefill_leg"] == pytest.approx(0.016 / 0.062)
+    text = format_comparison(cmp.rows, summary)
+    assert all(f"\n{n} " in text for n in ("to_prefill", "prefill_leg", "pd_hop"))
 
 
 def test_each_engine_says_its_leg_from_the_requests_kv_transfer_params():

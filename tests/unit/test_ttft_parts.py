@@ -13,13 +13,33 @@ import pytest
 from collector.pipeline.ttft_parts import BY_NAME, NAMES, PARTS, finest, shown
 
 ROOT = Path(__file__).resolve().parents[2]
-FINE = [p.name for p in PARTS if p.name not in {q.coarse for q in PARTS}]  # what a request with every boundary has
-COARSE = {c: [p.name for p in PARTS if p.coarse == c] for c in dict.fromkeys(p.coarse for p in PARTS if p.coarse)}
+DISAGG = [p.name for p in PARTS if p.disagg]  # a disaggregated request's to_engine
+# what a request with every boundary has (not disaggregated)
+FINE = [p.name for p in PARTS if p.name not in {q.coarse for q in PARTS} and not p.disagg]
+COARSE = {
+    c: [p.name for p in PARTS if p.coarse == c and not p.disagg]
+    for c in dict.fromkeys(p.coarse for p in PARTS if p.coarse)
+}
 
 
 def test_every_boundary_known_gives_the_fine_parts_in_order():
-    values = {n: 0.001 * (i + 1) for i, n in enumerate(NAMES)}
+    values = {n: None if n in DISAGG else 0.001 * (i + 1) for i, n in enumerate(NAMES)}
     assert list(finest(values)) == FINE
+
+
+def test_a_disaggregated_request_splits_to_engine_at_its_prefill_leg():
+    """Its way to the decode engine: the proxy, the whole prefill leg and the hop, not network."""
+    assert DISAGG == ["to_prefill", "prefill_leg", "pd_hop"]
+    assert all(BY_NAME[n].coarse == "to_engine" for n in DISAGG)
+    # the clock shifts add up to to_engine's: the client's clock to the decode engine's
+    assert sum(BY_NAME[n].clock_shift for n in DISAGG) == BY_NAME["to_engine"].clock_shift
+    values = {n: 0.001 for n in NAMES} | {"network_in": None, "api_in": None}
+    got = finest(values)
+    assert list(got) == [*DISAGG, *FINE[FINE.index("front_end") :]]
+    # the split wins over the usual parts where both are known (the decode server's api_in is known)
+    assert list(finest({n: 0.001 for n in NAMES})) == list(got)
+    # a leg not known: to_engine whole, never a partial split
+    assert list(finest(values | {"pd_hop": None})) == ["to_engine", *FINE[FINE.index("front_end") :]]
 
 
 @pytest.mark.parametrize(
@@ -38,7 +58,7 @@ def test_every_boundary_known_gives_the_fine_parts_in_order():
     ],
 )
 def test_a_missing_boundary_gives_way_to_the_part_that_holds_it(unknown, expect):
-    values = {n: None if n in unknown else 0.001 for n in NAMES}
+    values = {n: None if n in unknown or n in DISAGG else 0.001 for n in NAMES}
     got = finest(values)
     assert (None if got is None else list(got)) == expect
     if got is not None and "front_end" in unknown and "front_end" in expect:
@@ -69,6 +89,7 @@ def test_the_breakdown_table_lists_the_parts_and_how_they_merge():
         r"^\| `(\w+)` \| (.+?) \| (.+?) \|$", section[: section.index("\n\n", section.index("| part |"))], re.M
     )
     assert [r[0] for r in rows] == FINE
+    assert f"`to_engine` (= {' + '.join(DISAGG)})" in section  # a disaggregated request's
     for coarse, fine in COARSE.items():  # "`to_engine` (= client_send + network_in + api_in)"
         assert f"`{coarse}` (= {' + '.join(fine)})" in section
 
