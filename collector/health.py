@@ -67,6 +67,19 @@ COUNTS: tuple[Series, ...] = (
     Series("kv_fetch_accounts_joined", "KV fetch accounts joined to their engine records"),
     Series("kv_fetch_accounts_evicted", "KV fetch accounts dropped unjoined to stay within --max-traces"),
     Series("kv_fetch_accounts_malformed", "KV fetch accounts left out: no internal id, or times out of order"),
+    # a prefill engine's KV hold accounts (collector.pipeline.kv_fetch)
+    Series("kv_hold_accounts_received", "prefill engines' KV hold accounts received (llm.engine.kv_hold)"),
+    Series("kv_hold_accounts_joined", "KV hold accounts joined to the records of their prefill legs"),
+    Series("kv_hold_accounts_evicted", "KV hold accounts dropped unjoined to stay within --max-traces"),
+    Series("kv_hold_accounts_malformed", "KV hold accounts left out: no internal id, or times out of order"),
+    # a P/D engine's connector worker's transfer accounts (collector.pipeline.kv_fetch)
+    Series("kv_transport_accounts_received", "connector workers' transfer accounts received (llm.engine.kv_transport)"),
+    Series("kv_transport_accounts_joined", "transfer accounts joined to their engine records"),
+    Series("kv_transport_accounts_evicted", "transfer accounts dropped unjoined to stay within --max-traces"),
+    Series(
+        "kv_transport_accounts_malformed",
+        "transfer accounts left out: no internal id, bytes or time not said, incomplete, times out of order",
+    ),
     # store (--store)
     Series("store_records", "records written to the store"),
     Series("store_engine_steps", "engine steps written to the store"),
@@ -95,6 +108,8 @@ LEVELS: tuple[Series, ...] = (
     Series("assembly_traces_limit", "--max-traces", True),
     Series("speculation_accounts_waiting", "accounts waiting for their records (at most --max-traces)", True),
     Series("kv_fetch_accounts_waiting", "KV fetch accounts waiting for their records (at most --max-traces)", True),
+    Series("kv_hold_accounts_waiting", "KV hold accounts waiting for their records (at most --max-traces)", True),
+    Series("kv_transport_accounts_waiting", "transfer accounts waiting for their records (at most --max-traces)", True),
     Series("derivation_backlog_traces", "released traces waiting for derivation", True),
     Series("derivation_backlog_limit", "--max-backlog", True),
     Series("inflight_bytes", "bytes of export requests held in memory now", True),

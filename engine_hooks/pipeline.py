@@ -230,14 +230,15 @@ class TracingPipeline:
         finished, steps = self.tracker.take()
         preemptions = self.tracker.take_preemptions()
         speculations = self.tracker.speculation.take()
-        kv_fetches = self.tracker.kv_fetches.take()
+        t = self.tracker
+        kv_accounts = t.kv_fetches.take() + t.kv_holds.take() + t.kv_transports.take()
         http = self.tracker.take_http()
         c = self.counters
         c.requests_traced += len(finished)
         c.steps_traced += len(steps)
         c.requests_evicted = self.tracker.evicted
         c.events_dropped = self.recorder.dropped + self._lost_to_span_process
-        n = self.builder.build(finished, steps, preemptions, http, self.anchor.wall_ns, speculations, kv_fetches)
+        n = self.builder.build(finished, steps, preemptions, http, self.anchor.wall_ns, speculations, kv_accounts)
         c.requests_unsampled = self.factory.unsampled
         if self.exporter is not None:
             c.spans_exported = self.exporter.exported

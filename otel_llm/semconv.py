@@ -62,6 +62,12 @@ SPAN_ENGINE_PREEMPTION = "llm.engine.preemption"
 #: (vLLM's engine core), named by llm.request.internal_id (engine_hooks/spans/speculation.py)
 SPAN_ENGINE_SPECULATION = "llm.engine.speculation"
 SPAN_ENGINE_KV_TRANSFER = "llm.engine.kv_transfer"  # a decode engine's KV fetch of one request (P/D)
+#: a prefill engine's hold of one request's KV blocks for its decode engine: the request finished ->
+#: the blocks freed (P/D; llm.kv_transfer.blocks, llm.kv_transfer.incomplete on it too)
+SPAN_ENGINE_KV_HOLD = "llm.engine.kv_hold"
+#: what a P/D engine's KV connector's transport said of one request's transfers (NIXL's telemetry per
+#: transfer handle, summed: llm.kv_transfer.bytes, .wire_ns), from the connector's worker process
+SPAN_ENGINE_KV_TRANSPORT = "llm.engine.kv_transport"
 
 SPAN_BENCH_RUN = "llm.bench.run"
 
@@ -220,6 +226,8 @@ PD_PEER_ENGINE_ID = "llm.pd.peer.engine_id"
 KV_LOAD_OFFSET = "llm.kv_transfer.load_start_offset_ns"
 KV_RECEIVED_OFFSET = "llm.kv_transfer.received_offset_ns"
 KV_BLOCKS = "llm.kv_transfer.blocks"
+KV_BYTES = "llm.kv_transfer.bytes"  # bytes moved, as the transport says (NIXL's telemetry), summed
+KV_WIRE = "llm.kv_transfer.wire_ns"  # the transport's own time for the request's transfers (NIXL xferDuration)
 KV_INCOMPLETE = "llm.kv_transfer.incomplete"  # still in the fetch at shutdown, or evicted
 REQUEST_INCOMPLETE = "llm.request.incomplete"  # exported at shutdown before it finished
 QUEUE_INCOMPLETE = "llm.queue.incomplete"  # on llm.queue: the engine never saw the request scheduled

@@ -292,27 +292,7 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift
     has = np.diff(event_start) > 0
     first = np.full(k, NO_NS, np.int64)
     first[has] = submit[has] + offsets[event_start[:-1][has]]
-    ns = lambda name: np.array(
-        [NO_NS if getattr(e, name) is None else getattr(e, name) for _, e, _ in matched], np.int64
-    )
-    e_submit = np.array([e.submit_ns for _, e, _ in matched], np.int64)
-    p_arrival = ns("prefill_arrival_ns")  # a disaggregated request's prefill leg
-    leg = np.array(
-        [np.nan if e.prefill_leg is None or e.prefill_arrival_ns is None else e.prefill_leg for _, e, _ in matched]
-    )
-    e_first_out = np.array([NO_NS if e.first_event_ns is None else e.first_event_ns for _, e, _ in matched], np.int64)
-    parts = pair_parts(
-        submit,
-        np.full(k, NO_NS, np.int64),  # the tool does not say when it began writing
-        first,
-        e_submit,
-        ns("first_generated_ns"),
-        e_first_out,
-        ns("server_received_ns"),
-        ns("server_first_chunk_ns"),
-        p_arrival,
-        np.where(leg == leg, p_arrival + np.round(np.nan_to_num(leg) * 1e9).astype(np.int64), NO_NS),
-    )
+    parts = _parts_of(matched, submit, first)
     out = []
     for j, (_, e, _) in enumerate(matched):
         a, b = int(event_start[j]), int(event_start[j + 1])
@@ -347,6 +327,33 @@ def _client_records(matched: list[tuple[ToolRequest, RequestRecord, str]], shift
             )
         )
     return out
+
+
+def _parts_of(matched: list[tuple[ToolRequest, RequestRecord, str]], submit: np.ndarray, first: np.ndarray) -> dict:
+    """The outer TTFT parts of the tool's requests (``submit``, ``first``: their call and first
+    token, Unix ns) against their engine records, as for otel-llm's own client."""
+    k = len(matched)
+    ns = lambda name: np.array(
+        [NO_NS if getattr(e, name) is None else getattr(e, name) for _, e, _ in matched], np.int64
+    )
+    e_submit = np.array([e.submit_ns for _, e, _ in matched], np.int64)
+    e_first_out = np.array([NO_NS if e.first_event_ns is None else e.first_event_ns for _, e, _ in matched], np.int64)
+    p_arrival = ns("prefill_arrival_ns")  # a disaggregated request's prefill leg
+    leg = np.array(
+        [np.nan if e.prefill_leg is None or e.prefill_arrival_ns is None else e.prefill_leg for _, e, _ in matched]
+    )
+    return pair_parts(
+        submit,
+        np.full(k, NO_NS, np.int64),  # the tool does not say when it began writing
+        first,
+        e_submit,
+        ns("first_generated_ns"),
+        e_first_out,
+        ns("server_received_ns"),
+        ns("server_first_chunk_ns"),
+        p_arrival,
+        np.where(leg == leg, p_arrival + np.round(np.nan_to_num(leg) * 1e9).astype(np.int64), NO_NS),
+    )
 
 
 def _f(v) -> float | None:

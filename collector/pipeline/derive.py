@@ -638,9 +638,9 @@ def boundary_metrics(
 #: The engine's columns a paired client record takes from its engine record (the P/D columns:
 #: disagg.FROM_ENGINE, copied once they are made).
 FROM_ENGINE = (
-    "front_end_queue", "front_end", "queue", "kv_transfer", "kv_ready", "prefill", "decode", "preemptions",
-    "preemption_time", "engine_delivery", "first_scheduled_ns", "first_generated_ns", "server_received_ns",
-    "server_first_chunk_ns",
+    "front_end_queue", "front_end", "queue", "kv_transfer", "kv_ready", "kv_blocks", "kv_bytes", "kv_wire",
+    "prefill", "decode", "preemptions", "preemption_time", "engine_delivery", "first_scheduled_ns",
+    "first_generated_ns", "server_received_ns", "server_first_chunk_ns",
 )  # fmt: skip
 
 
@@ -681,6 +681,8 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
         "kv_transfer": np.full(n, np.nan),  # a decode engine's KV fetch: its account joins later
         "kv_ready": np.full(n, np.nan),  # (collector/pipeline/kv_fetch.py)
         "kv_blocks": np.full(n, -1, np.int64),
+        "kv_bytes": np.full(n, -1, np.int64),
+        "kv_wire": np.full(n, np.nan),
         "prefill": seconds(ph.prefill),
         "decode": seconds(ph.decode),
         "preemptions": np.where(foreign, -1, ph.preemptions),

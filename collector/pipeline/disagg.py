@@ -154,6 +154,7 @@ def columns(recs: list[tuple], code: np.ndarray, legs: PrefillLegs) -> dict[str,
         "prefill_leg_queue": seconds(legs.queue),
         "prefill_leg_prefill": seconds(legs.prefill),
         "prefill_leg_tokens": legs.tokens,
+        "prefill_kv_hold": np.full(n, np.nan),  # the prefill engine's account joins later (kv_fetch.py)
     }
 
 
@@ -170,5 +171,5 @@ def stranded_legs_fail(status: list[str], recs: list[tuple], pairs: list[tuple[i
 #: the columns a paired client record takes from its engine record
 FROM_ENGINE = (
     "pd_role", "pd_connector", "prefill_engine_id", "prefill_request_id", "prefill_arrival_ns", "prefill_leg",
-    "prefill_leg_queue", "prefill_leg_prefill", "prefill_leg_tokens",
+    "prefill_leg_queue", "prefill_leg_prefill", "prefill_leg_tokens", "prefill_kv_hold",
 )  # fmt: skip

@@ -45,6 +45,10 @@ class AccountIndex:
     def fill(self, batch: RecordBatch, found: list[tuple[int, Any]]) -> None:
         raise NotImplementedError
 
+    def keys(self, batch: RecordBatch) -> list:
+        """Each record's key into this index (None: none): its engine's internal id."""
+        return batch.internal_id
+
     def add(self, spans: list[tuple]) -> None:
         """Take walked spans of this kind."""
         read = [(s[sp.INTERNAL_ID], self.read(s)) for s in spans]
@@ -62,9 +66,9 @@ class AccountIndex:
 
     def join(self, batch: RecordBatch) -> RecordBatch:
         """Fill the columns of ``batch``'s engine records whose account is here (in place; returned
-        for chaining). Keyed by the internal id alone: an engine's ids are unique to it (vLLM's
-        carry a random suffix)."""
-        ids = batch.internal_id
+        for chaining). Keyed by an internal id alone (:meth:`keys`): an engine's ids are unique to
+        it (vLLM's carry a random suffix)."""
+        ids = self.keys(batch)
         if not len(self._accounts) or not any(ids):
             return batch
         with self._lock:

@@ -18,6 +18,18 @@ Where a moment is missing (a fetch that never started a load: the connector had 
 the request is recomputed), the parts it bounds stay unknown and the queue keeps their time.
 The account leaves the engine when the request leaves the fetch (it is scheduled): well before
 its ``llm.request`` span, which ends when the request finishes.
+
+The prefill engine's account of the same request (``llm.engine.kv_hold``, named by its own
+internal id) says how long it held the request's KV blocks for the decode engine: from its finish
+to the blocks freed. It joins the prefill leg: the decode record that took it in
+(``prefill_request_id``) and its client's, or a prefill leg left on its own. It leaves the prefill
+engine once the decode side has read the blocks, before the decode leg ends; where it comes after
+the record was derived, ``prefill_kv_hold`` is unknown.
+
+The decode engine's connector worker's account (``llm.engine.kv_transport``, named by the same
+internal id as the fetch; from the worker's process, which may be another than the scheduler's)
+says what its transport moved for the request and in how long (NIXL's telemetry): ``kv_bytes`` and
+``kv_wire``, inside ``kv_transfer``.
 """
 
 from __future__ import annotations
@@ -25,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from otel_llm.semconv import Boundary, PdRole
 
 from . import walked_span as sp
 from .engine_accounts import AccountIndex
@@ -80,9 +94,7 @@ class KvFetchIndex(AccountIndex):
         ``kv_transfer`` (load started -> seen complete, one clock), ``kv_ready`` (seen complete ->
         first scheduled, the engine's own SCHEDULED event) and ``kv_blocks``; its ``queue`` gives
         up their time and keeps queued -> load started."""
-        client_of = {}
-        if batch.pairs is not None:
-            client_of = dict(zip(batch.pairs[1].tolist(), batch.pairs[0].tolist()))
+        client_of = _client_of(batch)
         for i, f in found:
             scheduled = int(batch.first_scheduled_ns[i])
             q = batch.queue[i]
@@ -94,3 +106,85 @@ class KvFetchIndex(AccountIndex):
                     batch.kv_transfer[r], batch.kv_ready[r] = transfer, ready
                     batch.kv_blocks[r] = -1 if f.blocks is None else f.blocks
                     batch.queue[r] = q - transfer - ready
+
+
+@dataclass(frozen=True)
+class KvHold:
+    """One request's KV blocks held by its prefill engine: finished -> freed (ns, its clock)."""
+
+    start_ns: int
+    end_ns: int
+    incomplete: bool
+
+    @classmethod
+    def from_walked(cls, s: tuple) -> KvHold | None:
+        start, end = s[sp.START], s[sp.END]
+        if type(start) is not int or type(end) is not int or end < start:
+            return None
+        return cls(start, end, s[sp.KV_INCOMPLETE] is True)
+
+
+class KvHoldIndex(AccountIndex):
+    """KV hold accounts by the prefill engine's internal id."""
+
+    kind, code = "kv_hold", sp.KV_HOLD
+
+    def keys(self, batch: RecordBatch) -> list:
+        """An engine record's: a joined one's prefill leg's id, a prefill leg alone its own (its
+        client's record names the same leg, and takes the hold from its engine record's)."""
+        return [
+            None if b != Boundary.ENGINE else p if p else (i if role == PdRole.PREFILL else None)
+            for b, p, i, role in zip(batch.boundary, batch.prefill_request_id, batch.internal_id, batch.pd_role)
+        ]
+
+    def read(self, span: tuple) -> KvHold | None:
+        return KvHold.from_walked(span)
+
+    def fill(self, batch: RecordBatch, found: list[tuple[int, KvHold]]) -> None:
+        """``prefill_kv_hold`` on the record and on its client's; unknown where the hold did not end
+        (the engine shut down first, or its book was full)."""
+        client_of = _client_of(batch)
+        for i, h in found:
+            if h.incomplete:
+                continue
+            for r in (i, client_of.get(i)):
+                if r is not None:
+                    batch.prefill_kv_hold[r] = (h.end_ns - h.start_ns) / _NS
+
+
+def _client_of(batch: RecordBatch) -> dict[int, int]:
+    return dict(zip(batch.pairs[1].tolist(), batch.pairs[0].tolist())) if batch.pairs is not None else {}
+
+
+@dataclass(frozen=True)
+class KvTransport:
+    """What the transport moved for one request, and its own time for it (ns)."""
+
+    nbytes: int
+    wire_ns: int
+
+    @classmethod
+    def from_walked(cls, s: tuple) -> KvTransport | None:
+        start, end, nbytes, wire = s[sp.START], s[sp.END], s[sp.KV_BYTES], s[sp.KV_WIRE]
+        if type(start) is not int or type(end) is not int or end < start or s[sp.KV_INCOMPLETE] is True:
+            return None
+        if type(nbytes) is not int or not 0 <= nbytes < 2**50 or type(wire) is not int or not 0 <= wire <= end - start:
+            return None
+        return cls(nbytes, wire)
+
+
+class KvTransportIndex(AccountIndex):
+    """KV transport accounts by the decode engine's internal id."""
+
+    kind, code = "kv_transport", sp.KV_TRANSPORT
+
+    def read(self, span: tuple) -> KvTransport | None:
+        return KvTransport.from_walked(span)
+
+    def fill(self, batch: RecordBatch, found: list[tuple[int, KvTransport]]) -> None:
+        """``kv_bytes`` and ``kv_wire`` on the record and on its client's."""
+        client_of = _client_of(batch)
+        for i, t in found:
+            for r in (i, client_of.get(i)):
+                if r is not None:
+                    batch.kv_bytes[r], batch.kv_wire[r] = t.nbytes, t.wire_ns / _NS

@@ -122,8 +122,9 @@ class Counter:
 BM = ("boundary", "model")
 #: The model label of the records past the registry's limit of distinct models.
 OTHER_MODEL = "_other"
-#: Distinct speculative-decoding methods labelled (ngram, draft_model, eagle, eagle3, mtp, medusa, suffix, ...)
-MAX_SPEC_METHODS = 16
+#: Distinct values labelled of a label that engines name (speculative-decoding methods: ngram,
+#: draft_model, eagle, ...; KV connectors: NixlConnector, ...); past it, a new one folds into _other
+MAX_SPEC_METHODS = MAX_NAMED = 16
 #: Longest model label kept (a longer name is cut, so one request cannot make a scrape huge).
 MAX_LABEL_CHARS = 128
 
@@ -312,6 +313,49 @@ FAMILIES: tuple[Family, ...] = (
         ACCEPTANCE_BUCKETS,
         labels=("method",),
     ),
+    # disaggregated prefill/decode (docs/metrics/disaggregated.md): the decode engine's KV fetch
+    # (collector/pipeline/kv_fetch.py) and the prefill engine's hold, by KV connector; completed requests
+    Family(
+        "kv_transfer",
+        "llm.kv_transfer.duration",
+        "s",
+        "P/D: the decode engine's KV transfer, its load started -> its scheduler saw it complete (the "
+        "kv_transfer part), engine boundary, by connector",
+        TTFT_BUCKETS,
+        labels=("connector",),
+    ),
+    Family(
+        "kv_blocks",
+        "llm.kv_transfer.blocks",
+        "{block}",
+        "P/D: KV blocks the decode engines' loads asked for, engine boundary, by connector",
+        labels=("connector",),
+    ),
+    Family(
+        "kv_bytes",
+        "llm.kv_transfer.bytes",
+        "By",
+        "P/D: bytes the decode engines' loads moved, as the transport says (NIXL's telemetry), engine boundary, "
+        "by connector",
+        labels=("connector",),
+    ),
+    Family(
+        "kv_share",
+        "llm.kv_transfer.ttft_share",
+        "1",
+        "P/D: each request's KV transfer / its client TTFT, client boundary, by connector",
+        ACCEPTANCE_BUCKETS,
+        labels=("connector",),
+    ),
+    Family(
+        "kv_hold",
+        "llm.kv_hold.duration",
+        "s",
+        "P/D: how long the prefill engine held the request's KV blocks for the decode engine, its finish -> "
+        "the blocks freed, engine boundary, by connector",
+        DURATION_BUCKETS,
+        labels=("connector",),
+    ),
     Family(
         "fluidity_index",
         "llm.fluidity.index",
@@ -354,7 +398,7 @@ class MetricsRegistry:
         self.max_models = max_models
         self._models: set[str] = set()
         self.records_folded = 0
-        self._spec_methods: set[str] = set()
+        self._named: dict[str, set[str]] = {}  # label -> the values seen (at most MAX_NAMED each)
         self.start_time_ns = time.time_ns()
         self._lock = threading.Lock()
         for f in FAMILIES:
@@ -438,6 +482,8 @@ class MetricsRegistry:
                     self.unread.add_from_zero(labels, total(np.maximum(batch.tokens_unread, 0), idx))
                     self.after_abort.add_from_zero(labels, total(np.maximum(batch.tokens_after_abort, 0), idx))
                     self._record_speculation(labels, batch, idx, total)
+                if labels[0] != Boundary.SERVER and any(batch.pd_connector):
+                    self._record_kv(labels, batch, sel, rm)
                 if index is not None:
                     x = index[sel]
                     x = x[np.isfinite(x)]
@@ -458,20 +504,39 @@ class MetricsRegistry:
     def _record_speculation(self, labels: tuple, batch: RecordBatch, idx: np.ndarray, total) -> None:
         """The drafts and acceptances of the engine records ``idx`` that carry their account."""
         said = idx[batch.draft_tokens[idx] >= 0]
-        if not len(said):
-            return
-        seen = self._spec_methods  # a bounded label: past MAX_SPEC_METHODS, a new method folds into _other
-        methods = []
-        for i in said.tolist():
-            m = batch.spec_method[i] or "unknown"
-            if m not in seen and len(seen) < MAX_SPEC_METHODS:
-                seen.add(m)
-            methods.append(m if m in seen else OTHER_MODEL)
-        for m in sorted(set(methods)):
-            sel = said[[x == m for x in methods]]
+        for m, sel in self._by_named("method", batch.spec_method, said):
             self.spec_draft_tokens.add_from_zero(labels + (m,), total(batch.draft_tokens, sel))
             self.spec_accepted_tokens.add_from_zero(labels + (m,), total(batch.accepted_tokens, sel))
             self.spec_acceptance.observe(labels + (m,), batch.acceptance_rate[sel])
+
+    def _by_named(self, label: str, values: list, idx: np.ndarray) -> list[tuple[str, np.ndarray]]:
+        """The records ``idx`` grouped by ``values[i]`` (None: ``unknown``), a bounded label: past
+        :data:`MAX_NAMED` distinct values, a new one folds into ``_other``."""
+        if not len(idx):
+            return []
+        seen = self._named.setdefault(label, set())
+        names = []
+        for i in idx.tolist():
+            v = values[i] or "unknown"
+            if v not in seen and len(seen) < MAX_NAMED:
+                seen.add(v)
+            names.append(v if v in seen else OTHER_MODEL)
+        return [(v, idx[[x == v for x in names]]) for v in sorted(set(names))]
+
+    def _record_kv(self, labels: tuple, batch: RecordBatch, sel: np.ndarray, rm: RequestMetrics) -> None:
+        """The KV transfers and holds of the completed records ``sel`` of a P/D engine, by connector."""
+        pd = sel[[batch.pd_connector[i] is not None for i in sel.tolist()]]
+        for conn, ix in self._by_named("connector", batch.pd_connector, pd):
+            lab = labels + (conn,)
+            if labels[0] == Boundary.ENGINE:
+                self.kv_transfer.observe(lab, batch.kv_transfer[ix])
+                self.kv_hold.observe(lab, batch.prefill_kv_hold[ix])
+                self.kv_blocks.add(lab, int(np.maximum(batch.kv_blocks[ix], 0).sum()))
+                self.kv_bytes.add(lab, int(np.maximum(batch.kv_bytes[ix], 0).sum()))
+            elif labels[0] == Boundary.CLIENT:
+                ttft = rm.ttft[ix]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    self.kv_share.observe(lab, np.where(ttft > 0, batch.kv_transfer[ix] / ttft, np.nan))
 
     def _record_pairs(self, batch: RecordBatch, ok: np.ndarray) -> None:
         """The client TTFT parts and the stalls of the requests paired in this batch (both of a

@@ -242,6 +242,27 @@ COLUMNS: tuple[Column, ...] = (
         unknown=-1,
     ),
     Column(
+        "kv_bytes",
+        INT,
+        "bytes",
+        "a P/D decode engine: the bytes its load of the request moved, as the transport says (NIXL's "
+        "telemetry, summed over the request's transfers; unknown for a connector that does not say)",
+        unknown=-1,
+    ),
+    Column(
+        "kv_wire",
+        SECONDS,
+        "s",
+        "the transport's own time for those transfers (NIXL: xferDuration, summed), inside kv_transfer",
+    ),
+    Column(
+        "prefill_kv_hold",
+        SECONDS,
+        "s",
+        "the prefill engine held the request's KV blocks for the decode engine: its finish -> the blocks freed "
+        "(the decode side read them, or the connector's timeout passed; llm.engine.kv_hold)",
+    ),
+    Column(
         "prefill_leg_tokens",
         INT,
         "tokens",

@@ -30,6 +30,8 @@ SG_CHUNKED_PREFILL, SG_DECODE_LOOP = range(15, 17)
 GENAI_CLIENT = 17  # a GenAI client instrumentation's span (collector/pipeline/genai_client_spans.py)
 SPECULATION = 18  # an engine's account of one request's speculative decoding (collector/pipeline/speculation.py)
 KV_FETCH = 19  # a decode engine's account of one request's KV fetch (collector/pipeline/kv_fetch.py)
+KV_HOLD = 20  # a prefill engine's account of one request's KV blocks held for the decode side (likewise)
+KV_TRANSPORT = 21  # a P/D engine's connector worker's account of one request's transfers (likewise)
 CODES = {
     sc.SPAN_CLIENT_REQUEST: CLIENT,
     sc.SPAN_REQUEST: ENGINE,
@@ -41,6 +43,8 @@ CODES = {
     sc.SPAN_STEP: STEP,
     sc.SPAN_ENGINE_SPECULATION: SPECULATION,
     sc.SPAN_ENGINE_KV_TRANSFER: KV_FETCH,
+    sc.SPAN_ENGINE_KV_HOLD: KV_HOLD,
+    sc.SPAN_ENGINE_KV_TRANSPORT: KV_TRANSPORT,
     sc.SPAN_FRONTEND: FRONTEND,
     **dict.fromkeys(sc.SERVER_SPAN_NAMES, SERVER),  # the HTTP server span ("POST /v1/completions", ...)
     sc.VLLM_SPAN_REQUEST: ENGINE,  # vLLM's own request span: an engine request span (collector/pipeline/vllm_spans.py)
@@ -143,6 +147,8 @@ _ATTRIBUTES = (
     ("kv_received_offset", sc.KV_RECEIVED_OFFSET),
     ("kv_blocks", sc.KV_BLOCKS),
     ("kv_incomplete", sc.KV_INCOMPLETE),
+    ("kv_bytes", sc.KV_BYTES),
+    ("kv_wire", sc.KV_WIRE),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -211,6 +217,8 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     KV_RECEIVED_OFFSET,
     KV_BLOCKS,
     KV_INCOMPLETE,
+    KV_BYTES,
+    KV_WIRE,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

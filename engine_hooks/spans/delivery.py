@@ -22,12 +22,12 @@ class SpanBuilder:
         self.exporter = exporter  # a SafeSpanExporter, or None (export off)
         self.batch_size = batch_size
 
-    def build(self, finished, steps, preemptions, http, wall_ns, speculations=(), kv_fetches=()) -> int:
+    def build(self, finished, steps, preemptions, http, wall_ns, speculations=(), kv_accounts=()) -> int:
         """Build and export; returns the number of spans handed to the exporter. ``wall_ns`` turns
-        the HTTP records' monotonic times into wall-clock ns; ``speculations`` and ``kv_fetches``:
-        the speculative decoding and the KV fetches of requests traced elsewhere
-        (:class:`~engine_hooks.spans.speculation.SpeculationRecord`,
-        :class:`~engine_hooks.spans.kv_fetch.KvFetchRecord`)."""
+        the HTTP records' monotonic times into wall-clock ns; ``speculations`` and ``kv_accounts``:
+        the speculative decoding and the KV connector's accounts of requests traced elsewhere
+        (:class:`~engine_hooks.spans.speculation.SpeculationRecord`;
+        :class:`~engine_hooks.spans.kv_fetch.KvFetchRecord`, ``KvHoldRecord``)."""
         f = self.factory
         spans = []
         for r in finished:
@@ -37,7 +37,7 @@ class SpanBuilder:
         if f.detail != Detail.REQUEST:
             spans.extend(f.preemption_spans(preemptions))
             spans.extend(f.speculation_spans(speculations))
-            spans.extend(f.kv_fetch_spans(kv_fetches))
+            spans.extend(f.kv_spans(kv_accounts))
         for h in http:
             span = f.http_span(h, wall_ns)
             if span is not None:

@@ -1,5 +1,5 @@
-"""The decode side of a disaggregated request: its KV fetch, stage by stage, as the engine's
-scheduler saw it.
+"""The KV connector's accounts of a disaggregated request, as each engine's scheduler saw them: the
+decode side's KV fetch, stage by stage, and the prefill side's hold of the blocks it computed.
 
 A decode engine (vLLM with a KV connector, ``kv_transfer_params.do_remote_prefill``) does not
 compute the prompt: its scheduler has the request's KV cache loaded from the prefill engine first.
@@ -7,8 +7,15 @@ compute the prompt: its scheduler has the request's KV cache loaded from the pre
 fetch's stages (vLLM's own: ``waiting_to_start``, ``in_progress``, ``completed_waiting``, then out
 of the fetch when it is scheduled, finishes or is aborted), and the KV blocks the load asked for.
 The account leaves as an ``llm.engine.kv_transfer`` span named by ``llm.request.internal_id``
-(:meth:`SpanFactory.kv_fetch_spans`) once the request left the fetch; the collector splits the
+(:meth:`SpanFactory.kv_spans`) once the request left the fetch; the collector splits the
 decode engine's queue with it (collector/pipeline/kv_fetch.py).
+
+A prefill engine (``kv_transfer_params.do_remote_decode``) finishes the request with its one token
+and keeps its KV blocks for the decode engine to read: its connector says so when the request
+finishes (vLLM: ``request_finished`` asks to delay freeing the blocks), and the scheduler frees
+them once the connector's worker says the decode side has read them (or its timeout passed).
+:class:`KvHoldBook` keeps those moments; the account leaves as ``llm.engine.kv_hold``
+(:meth:`SpanFactory.kv_spans`), which the collector joins to the request's prefill leg.
 """
 
 from __future__ import annotations
@@ -34,6 +41,70 @@ class KvFetchRecord:
     incomplete: bool = False  # still in the fetch at shutdown, or evicted
 
 
+@dataclass
+class KvHoldRecord:
+    """One request's KV blocks held for the decode side; wall-clock ns."""
+
+    request_id: str
+    start_ns: int  # the request finished, its blocks kept for the decode engine
+    end_ns: int  # the blocks freed
+    blocks: int | None = None  # the KV blocks the decode engine is to read
+    incomplete: bool = False  # still held at shutdown, or evicted
+
+
+class KvHoldBook(OpenBook[KvHoldRecord]):
+    """The KV blocks held for decode engines, bounded like :class:`KvFetchBook`."""
+
+    def held(self, wall_ns: int, request_id: str, blocks: int | None) -> None:
+        """``request_id`` finished at ``wall_ns`` and its blocks are kept for the decode engine."""
+        if request_id not in self._open:
+            self.make_room()
+            self._open[request_id] = KvHoldRecord(request_id, wall_ns, wall_ns, blocks)
+
+    def freed(self, wall_ns: int, request_id: str) -> None:
+        """The scheduler freed ``request_id``'s blocks (any request's: those not held are not here)."""
+        rec = self._open.pop(request_id, None)
+        if rec is not None:
+            rec.end_ns = wall_ns
+            self.done.append(rec)
+
+
+@dataclass
+class KvTransportRecord:
+    """What the connector's transport said of one request's transfers (NIXL's telemetry per
+    transfer handle, summed): ``end_ns`` when its worker saw the last one done, wall-clock ns;
+    ``start_ns`` that less their transfer time."""
+
+    request_id: str
+    start_ns: int
+    end_ns: int
+    nbytes: int = 0  # bytes moved
+    wire_ns: int = 0  # the transport's own time for them (NIXL: xferDuration)
+    incomplete: bool = False  # a transfer still open at shutdown, or evicted
+
+
+class KvTransportBook(OpenBook[KvTransportRecord]):
+    """The transfers of requests in flight in this process's connector worker, bounded."""
+
+    def transfer(self, wall_ns: int, request_id: str, nbytes: int, xfer_ns: int) -> None:
+        """One of ``request_id``'s transfers done: ``nbytes`` moved in ``xfer_ns``."""
+        rec = self._open.get(request_id)
+        if rec is None:
+            self.make_room()
+            rec = self._open[request_id] = KvTransportRecord(request_id, wall_ns, wall_ns)
+        rec.nbytes += nbytes
+        rec.wire_ns += xfer_ns
+        rec.end_ns = wall_ns
+        rec.start_ns = wall_ns - rec.wire_ns
+
+    def finished(self, request_ids) -> None:
+        """The worker has no transfer left for ``request_ids``: their accounts leave."""
+        for rid in request_ids:
+            rec = self._open.pop(rid, None)
+            if rec is not None:
+                self.done.append(rec)
+
+
 class KvFetchBook(OpenBook[KvFetchRecord]):
     """The KV fetches in flight, bounded: beyond ``max_in_flight`` the oldest leaves, marked
     incomplete (``evicted`` counts them)."""
@@ -54,11 +125,3 @@ class KvFetchBook(OpenBook[KvFetchRecord]):
             rec.blocks = blocks
         elif stage == COMPLETED_WAITING and rec.received_ns is None:
             rec.received_ns = wall_ns
-
-    def close_all(self, wall_ns: int) -> None:
-        """Shutdown: every fetch still open leaves, marked incomplete."""
-        for rec in self._open.values():
-            rec.end_ns = max(rec.end_ns, wall_ns)
-            rec.incomplete = True
-            self.done.append(rec)
-        self._open.clear()

@@ -1,5 +1,5 @@
 """What the books of per-request accounts share (:mod:`~engine_hooks.spans.speculation`,
-:mod:`~engine_hooks.spans.kv_fetch`): the accounts of the requests in flight, bounded, and those
+:mod:`~engine_hooks.spans.kv_fetch`'s fetches and holds): the accounts of the requests in flight, bounded, and those
 done, waiting to leave as spans."""
 
 from __future__ import annotations
@@ -29,6 +29,16 @@ class OpenBook(Generic[R]):
             old.incomplete = True
             self.evicted += 1
             self.done.append(old)
+
+    def close_all(self, wall_ns: int | None = None) -> None:
+        """Shutdown: every account still open leaves, marked incomplete; one that has an end
+        (``end_ns``) ends no earlier than ``wall_ns``."""
+        for rec in self._open.values():
+            if wall_ns is not None and hasattr(rec, "end_ns"):
+                rec.end_ns = max(rec.end_ns, wall_ns)
+            rec.incomplete = True
+            self.done.append(rec)
+        self._open.clear()
 
     def take(self) -> list[R]:
         done, self.done = self.done, []

@@ -28,6 +28,7 @@ from otel_llm.environment import Detail
 from otel_llm.otlp.sdk_internals import configured_sampler, sampler_shortcut, sampling_probability, shortcut_decision
 from otel_llm.semconv import Boundary, RequestStatus
 
+from .kv_fetch import KvFetchRecord, KvTransportRecord
 from .tracker import FinishedRequest, PreemptionRecord, StepRecord
 
 _SCOPE = InstrumentationScope("engine_hooks", "0.1.0")
@@ -317,26 +318,35 @@ class SpanFactory:
             out.append(self._span(sc.SPAN_ENGINE_SPECULATION, ctx, None, r.start_ns, r.end_ns, a))
         return out
 
-    def kv_fetch_spans(self, records) -> list[ReadableSpan]:
-        """One ``llm.engine.kv_transfer`` span (a trace of its own) per
-        :class:`~engine_hooks.spans.kv_fetch.KvFetchRecord` of a request traced in another process:
-        the scheduler took it -> it left the fetch, with when the load started and when the
-        transfer was seen complete."""
+    def kv_spans(self, records) -> list[ReadableSpan]:
+        """One span (a trace of its own) per KV connector account of a request traced in another
+        process: a :class:`~engine_hooks.spans.kv_fetch.KvFetchRecord` as ``llm.engine.kv_transfer``
+        (the scheduler took it -> it left the fetch, with when the load started and when the
+        transfer was seen complete), a ``KvHoldRecord`` as ``llm.engine.kv_hold`` (the request
+        finished -> its blocks freed), a ``KvTransportRecord`` as ``llm.engine.kv_transport`` (the
+        bytes and the transport's time)."""
         out = []
         for r in records:
             a = {sc.BOUNDARY: self.boundary, sc.REQUEST_INTERNAL_ID: r.request_id}
             if self.engine:
                 a[sc.ENGINE_NAME] = self.engine
-            if r.load_ns is not None:
-                a[sc.KV_LOAD_OFFSET] = r.load_ns - r.start_ns
-            if r.received_ns is not None:
-                a[sc.KV_RECEIVED_OFFSET] = r.received_ns - r.start_ns
-            if r.blocks is not None:
+            if isinstance(r, KvFetchRecord):
+                name = sc.SPAN_ENGINE_KV_TRANSFER
+                if r.load_ns is not None:
+                    a[sc.KV_LOAD_OFFSET] = r.load_ns - r.start_ns
+                if r.received_ns is not None:
+                    a[sc.KV_RECEIVED_OFFSET] = r.received_ns - r.start_ns
+            elif isinstance(r, KvTransportRecord):
+                name = sc.SPAN_ENGINE_KV_TRANSPORT
+                a[sc.KV_BYTES], a[sc.KV_WIRE] = int(r.nbytes), int(r.wire_ns)
+            else:
+                name = sc.SPAN_ENGINE_KV_HOLD
+            if getattr(r, "blocks", None) is not None:
                 a[sc.KV_BLOCKS] = int(r.blocks)
             if r.incomplete:
                 a[sc.KV_INCOMPLETE] = True
             ctx = self._ctx(self._ids.generate_trace_id())
-            out.append(self._span(sc.SPAN_ENGINE_KV_TRANSFER, ctx, None, r.start_ns, r.end_ns, a))
+            out.append(self._span(name, ctx, None, r.start_ns, r.end_ns, a))
         return out
 
     def step_spans(self, steps: list[StepRecord]) -> list[ReadableSpan]:

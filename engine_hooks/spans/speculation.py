@@ -81,10 +81,3 @@ class SpeculationBook(OpenBook[SpeculationRecord]):
             rec = self._open.pop(rid, None)
             if rec is not None:
                 self.done.append(rec)
-
-    def close_all(self) -> None:
-        """Shutdown: every account still open leaves, marked incomplete."""
-        for rec in self._open.values():
-            rec.incomplete = True
-            self.done.append(rec)
-        self._open.clear()

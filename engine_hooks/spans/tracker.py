@@ -33,7 +33,7 @@ from otel_llm.clock import WallAnchor
 from otel_llm.semconv import RequestStatus
 
 from ..hot_path.hook_events import EVENTS
-from .kv_fetch import KvFetchBook
+from .kv_fetch import KvFetchBook, KvHoldBook, KvTransportBook
 from .speculation import SpeculationBook
 
 log = logging.getLogger("engine_hooks")
@@ -221,6 +221,8 @@ class RequestTracker:
         self.preemptions: list[PreemptionRecord] = []  # of requests not traced here (bounded)
         self.speculation = SpeculationBook(max_in_flight)  # speculative decoding, request by request
         self.kv_fetches = KvFetchBook(max_in_flight)  # a decode engine's KV fetches (disaggregated P/D)
+        self.kv_holds = KvHoldBook(max_in_flight)  # a prefill engine's KV blocks held for the decode side
+        self.kv_transports = KvTransportBook(max_in_flight)  # what the connector's transport said, per request
         self.pending_gpu: list[tuple[StepRecord, object]] = []
         self.evicted = 0
         self.unknown_events = 0
@@ -570,6 +572,8 @@ class RequestTracker:
         self.release_aborted()
         self.speculation.close_all()
         self.kv_fetches.close_all(wall_ns)
+        self.kv_holds.close_all(wall_ns)
+        self.kv_transports.close_all()
 
     # -- steps --------------------------------------------------------------------------------------
     def step(

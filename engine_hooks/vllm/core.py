@@ -37,6 +37,7 @@ from otel_llm.environment import Detail
 from ..api import EngineHooks, hooked, mark_hooked
 from ..hot_path.gpu_timer import CudaEventTimer
 from .kv_fetch import hook_kv_fetch
+from .kv_fetch import instrument_nixl_worker as _nixl_worker_with
 from .spec_decode import hook_speculation, step_speculation
 
 log = logging.getLogger("engine_hooks")
@@ -118,6 +119,26 @@ def hook_each_scheduler(scheduler_cls, hooks: EngineHooks, hookers) -> bool:
     return True
 
 
+def process_hooks(detail: str | None = None) -> EngineHooks:
+    """The hooks of vLLM's engine side in this process, from the environment: the same settings give
+    the same pipeline (:func:`engine_hooks.pipeline.default_pipeline`), so the scheduler's and a
+    connector worker's in one process share it."""
+    detail = detail or environment.detail_level()
+    return EngineHooks(
+        engine="vllm",
+        service_name="vllm",
+        gpu_timer=CudaEventTimer.if_available() if detail == Detail.STEPS else None,
+        detail=detail,
+    )
+
+
+def instrument_nixl_worker(detail: str | None = None) -> None:
+    """Hook vLLM's NIXL connector worker in this process, once loaded, for its transfers' bytes and
+    times (``llm.engine.kv_transport``; from the ``phases`` detail on)."""
+    if (detail or environment.detail_level()) != Detail.REQUEST:
+        _nixl_worker_with(lambda: process_hooks(detail))
+
+
 def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = None, detail: str | None = None) -> bool:
     """Patch vLLM's Scheduler class in this process for ``detail`` (default ``OTEL_LLM_DETAIL``);
     returns False when already patched."""
@@ -126,12 +147,7 @@ def instrument_scheduler_class(scheduler_cls=None, hooks: EngineHooks | None = N
     if hooked(scheduler_cls.shutdown):
         return False
     detail = detail or (hooks.detail if hooks is not None else environment.detail_level())
-    hooks = hooks or EngineHooks(
-        engine="vllm",
-        service_name="vllm",
-        gpu_timer=CudaEventTimer.if_available() if detail == Detail.STEPS else None,
-        detail=detail,
-    )
+    hooks = hooks or process_hooks(detail)
     if environment.env_bool(environment.STATS_FOR_TRACING):
         events_only_stats(scheduler_cls)
     if detail == Detail.STEPS:

@@ -76,9 +76,10 @@ def register() -> None:
         return
     log_with_vllm()
     try:
-        from .core import instrument_scheduler_class
+        from .core import instrument_nixl_worker, instrument_scheduler_class
 
         instrument_scheduler_class()
+        instrument_nixl_worker()  # where this process loads vLLM's NIXL worker (a P/D engine's)
         if environment.env_bool(ENV_FRONTEND, True):
             from . import install_http_middleware, instrument_frontend_classes
 

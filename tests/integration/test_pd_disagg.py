@@ -16,9 +16,15 @@ from conftest import run_cli, start_collector
 from support.pd_servers import start_pd
 from support.third_party_clients import vllm_bench_serve
 
+from engine_hooks.tiny_model import SPEC as TINY
+
 pytestmark = pytest.mark.slow
 
 N = 8
+#: the tiny model's KV block in bytes, as vLLM lays it out on CPU: 128 tokens a block, K and V, per
+#: layer, per KV head, head_dim bfloat16 values (engine_hooks/tiny_model.py's SPEC)
+BLOCK_BYTES = 128 * 2 * TINY["num_hidden_layers"] * TINY["num_key_value_heads"] * 2
+BLOCK_BYTES *= TINY["hidden_size"] // TINY["num_attention_heads"]
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +98,13 @@ def test_each_request_is_one_record_with_both_legs(pd, tiny_model):
         assert cl.to_prefill > 0 and cl.pd_hop > 0 and cl.prefill_leg == en.prefill_leg
         assert abs(cl.to_prefill + cl.prefill_leg + cl.pd_hop - cl.to_engine) < 1e-6
         assert en.prefill_arrival_ns > cl.submit_ns
+        # the prefill engine held the blocks from its finish until the decode engine had read them:
+        # past the decode engine's arrival (one host's clock)
+        finish_ns = en.prefill_arrival_ns + en.prefill_leg * 1e9
+        assert en.prefill_kv_hold > 0 and finish_ns + en.prefill_kv_hold * 1e9 > en.submit_ns
+        assert cl.prefill_kv_hold == en.prefill_kv_hold
+        # the bytes NIXL says it moved are the blocks the load asked for, whole
+        assert en.kv_bytes == en.kv_blocks * BLOCK_BYTES and 0 < en.kv_wire < en.kv_transfer
     out = json.loads(run_cli("compare", "--store", c.config.store, "--run", "pd-bench", "--format", "json").stdout)
     assert out["summary"]["requests_paired"] == N
     assert {r["pd_role"] for r in out["requests"]} == {"disaggregated"}

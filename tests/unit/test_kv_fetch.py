@@ -33,6 +33,15 @@ def scheduler_class():
         def _set_kv_fetch_stage(self, request, stage):
             return None
 
+        def _connector_finished(self, request):  # a prefill leg's blocks are kept for the decode side
+            params = request.kv_transfer_params or {}
+            if params.get("do_remote_decode"):
+                return True, {"do_remote_prefill": True, "remote_block_ids": [7, 8], "remote_request_id": "p"}
+            return False, None
+
+        def _free_blocks(self, request):
+            return None
+
         def shutdown(self):
             return None
 
@@ -78,11 +87,165 @@ def test_each_fetch_is_booked_stage_by_stage(tmp_path):
     assert sc.KV_LOAD_OFFSET not in sc_ and sc.KV_BLOCKS not in sc_
 
 
+def test_nixls_telemetry_of_each_handle_is_booked_by_its_request(tmp_path):
+    """vLLM's NIXL worker polls its transfer handles by request (_pop_done_transfers) and reads each
+    completed one's telemetry: the bytes and the transfer time are booked by request, summed over
+    its handles, and leave once it has none left; what the worker returns is unchanged. The class is
+    hooked once its module is imported, in whichever process imports it."""
+    import sys
+    import types
+
+    from engine_hooks.vllm import kv_fetch
+
+    class Telemetry:
+        def __init__(self, nbytes, xfer_us):
+            self.totalBytes, self.xferDuration, self.postDuration, self.descCount = nbytes, xfer_us, 5, 1
+
+    class Agent:
+        def __init__(self):
+            self.done: dict = {}
+
+        def get_xfer_telemetry(self, handle):
+            return self.done[handle]
+
+    class Worker:  # vLLM 0.32's NixlBaseConnectorWorker, as far as this goes
+        def __init__(self):
+            self.nixl_wrapper = Agent()
+
+        def _pop_done_transfers(self, transfers):
+            done = set()
+            for rid, handles in list(transfers.items()):
+                for h in handles:
+                    if h in self.nixl_wrapper.done:
+                        self.nixl_wrapper.get_xfer_telemetry(h)
+                left = [h for h in handles if h not in self.nixl_wrapper.done]
+                if not left:
+                    done.add(rid)
+                    del transfers[rid]
+                else:
+                    transfers[rid] = left
+            return done, set()
+
+    path = tmp_path / "spans.jsonl"
+    pipeline = TracingPipeline(FileSpanExporter(str(path)), service_name="core", interval_s=60, detail="phases")
+    hooks = EngineHooks(pipeline)
+    name = "otel_llm_test_nixl_worker"
+    kv_fetch.NIXL_WORKER_MODULE, before = name, kv_fetch.NIXL_WORKER_MODULE
+    try:
+        kv_fetch.instrument_nixl_worker(lambda: hooks)
+        assert not kv_fetch.hooked(Worker._pop_done_transfers)  # not imported: not touched
+        module = types.ModuleType(name)
+        module.NixlBaseConnectorWorker = Worker
+        sys.modules[name] = module  # as if imported before: hooked at once
+        kv_fetch.instrument_nixl_worker(lambda: hooks)
+    finally:
+        kv_fetch.NIXL_WORKER_MODULE = before
+        sys.modules.pop(name, None)
+    assert kv_fetch.hooked(Worker._pop_done_transfers)
+    w = Worker()
+    h1, h2, h3 = object(), object(), object()
+    transfers = {"a": [h1, h2], "b": [h3]}
+    assert w._pop_done_transfers(transfers) == (set(), set())  # nothing done yet
+    w.nixl_wrapper.done[h1] = Telemetry(4096, 700)
+    assert w._pop_done_transfers(transfers) == (set(), set()) and transfers == {"a": [h2], "b": [h3]}
+    w.nixl_wrapper.done.update({h2: Telemetry(4096, 300), h3: Telemetry(2048, 250)})
+    assert w._pop_done_transfers(transfers) == ({"a", "b"}, set()) and transfers == {}
+    assert w._pop_done_transfers({}) == (set(), set())
+    pipeline.shutdown()
+    spans = {x.attributes[sc.REQUEST_INTERNAL_ID]: x for x in read_trace_file(path)}
+    assert {x.name for x in spans.values()} == {sc.SPAN_ENGINE_KV_TRANSPORT}
+    assert (spans["a"].attributes[sc.KV_BYTES], spans["a"].attributes[sc.KV_WIRE]) == (8192, 1_000_000)
+    assert (spans["b"].attributes[sc.KV_BYTES], spans["b"].attributes[sc.KV_WIRE]) == (2048, 250_000)
+    assert spans["a"].end_ns - spans["a"].start_ns == 1_000_000
+
+
+def test_a_module_imported_later_is_hooked_as_it_loads(tmp_path):
+    """after_import: the hook runs once the module's own code has run, without importing it first."""
+    from engine_hooks.after_import import after_import
+
+    (tmp_path / "late_module_for_hooks.py").write_text("class NixlBaseConnectorWorker:\n    pass\n")
+    seen = []
+    import sys
+
+    sys.path.insert(0, str(tmp_path))
+    try:
+        after_import("late_module_for_hooks", lambda m: seen.append(m.NixlBaseConnectorWorker.__name__))
+        assert seen == []
+        import late_module_for_hooks  # noqa: F401
+
+        assert seen == ["NixlBaseConnectorWorker"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("late_module_for_hooks", None)
+
+
+def test_a_prefill_engine_books_how_long_it_held_the_blocks(tmp_path):
+    """The finish -> the blocks freed, for a request whose connector kept its blocks; any other
+    request's blocks freed are not an account; a hold still open at shutdown leaves incomplete."""
+    path = tmp_path / "spans.jsonl"
+    pipeline = TracingPipeline(FileSpanExporter(str(path)), service_name="core", interval_s=60, detail="phases")
+    cls = scheduler_class()
+    assert instrument_scheduler_class(cls, EngineHooks(pipeline))
+    s = cls()
+    held = NS(request_id="h", kv_transfer_params={"do_remote_decode": True})
+    still = NS(request_id="s", kv_transfer_params={"do_remote_decode": True})
+    whole = NS(request_id="w", kv_transfer_params=None)
+    assert s._connector_finished(held)[0] is True  # what vLLM's scheduler gets is unchanged
+    s._connector_finished(still)
+    assert s._connector_finished(whole) == (False, None)
+    s._free_blocks(whole)  # freed at once: no hold
+    time.sleep(0.004)
+    s._free_blocks(held)  # the decode side read them
+    pipeline.shutdown()
+    spans = {x.attributes[sc.REQUEST_INTERNAL_ID]: x for x in read_trace_file(path) if x.name == sc.SPAN_ENGINE_KV_HOLD}
+    assert set(spans) == {"h", "s"}
+    h = spans["h"]
+    assert h.end_ns - h.start_ns >= 4 * MS and h.attributes[sc.KV_BLOCKS] == 2 and sc.KV_INCOMPLETE not in h.attributes
+    assert spans["s"].attributes[sc.KV_INCOMPLETE] is True
+
+
+def hold(rid: str, start_ms: int, end_ms: int, **kw):
+    return make_span(
+        "ef" * 16, f"{abs(hash(rid)) % 2**60:016x}", sc.SPAN_ENGINE_KV_HOLD, start=start_ms * MS, end=end_ms * MS,
+        internal_id=rid, kv_blocks=2, **kw,
+    )  # fmt: skip
+
+
+def test_the_prefill_legs_hold_joins_the_request_it_served():
+    """pd_call: the prefill leg (internal id cmpl-0-p) finished at 19 ms; its blocks freed at 36 ms
+    (the decode engine read them). A hold named by no leg joins nothing; one incomplete says nothing."""
+    _, released, _ = derived([pd_call(0)])
+    accounts = every_kind(10)
+    _, said = accounts.split([hold("cmpl-0-p", 19, 36), hold("cmpl-9-p", 19, 40)])
+    accounts.add(said)
+    import numpy as np
+
+    batch = derive(released)[0]
+    batch = accounts.join(batch.take(np.arange(len(batch))[::-1]))  # the client's record first: it names the leg too
+    recs = {r.boundary: r for r in batch.records()}
+    assert recs["engine"].prefill_kv_hold == pytest.approx(0.017) == recs["client"].prefill_kv_hold
+    assert accounts.counters()["kv_hold_accounts_joined"] == 1 and accounts.waiting()["kv_hold_accounts_waiting"] == 1
+    # a prefill leg alone (its decode server down): its own hold, by its own id
+    _, released, _ = derived([pd_call(1, decode=False)], peer_wait_s=1.0)
+    _, said = accounts.split([hold("cmpl-1-p", 19, 5019), hold("cmpl-2-p", 19, 30, kv_incomplete=True)])
+    accounts.add(said)
+    (alone,) = [r for r in accounts.join(derive(released)[0]).records() if r.boundary == "engine"]
+    assert alone.pd_role == "prefill" and alone.prefill_kv_hold == pytest.approx(5.0)
+
+
 def account(rid: str, start_ms: int, load_ms: int | None, seen_ms: int | None, end_ms: int, **kw):
     return make_span(
         "ee" * 16, f"{abs(hash(rid)) % 2**60:016x}", sc.SPAN_ENGINE_KV_TRANSFER, start=start_ms * MS,
         end=end_ms * MS, internal_id=rid, kv_load_offset=None if load_ms is None else (load_ms - start_ms) * MS,
         kv_received_offset=None if seen_ms is None else (seen_ms - start_ms) * MS, kv_blocks=3, **kw,
+    )  # fmt: skip
+
+
+def transport(rid: str, end_ms: int, nbytes: int = 3 * 65536, wire_ms: int = 4, **kw):
+    return make_span(
+        "ed" * 16, f"{abs(hash(rid + 't')) % 2**60:016x}", sc.SPAN_ENGINE_KV_TRANSPORT,
+        start=(end_ms - wire_ms) * MS, end=end_ms * MS, internal_id=rid, kv_bytes=nbytes,
+        **{"kv_wire": wire_ms * MS, **kw},
     )  # fmt: skip
 
 
@@ -94,13 +257,14 @@ def test_the_decode_queue_gives_up_the_transfer_and_the_parts_still_sum():
     accounts = every_kind(10)
     span = list(account("cmpl-0-d", 32, 35, 50, 55))
     span[sp.END] += 200_000
-    _, said = accounts.split([tuple(span)])
+    _, said = accounts.split([tuple(span), transport("cmpl-0-d", 49)])
     accounts.add(said)
     batch = accounts.join(derive(released)[0])
     recs = {r.boundary: r for r in batch.records()}
     en, cl = recs["engine"], recs["client"]
     assert en.queue == pytest.approx(0.003) and en.kv_transfer == pytest.approx(0.015)
     assert en.kv_ready == pytest.approx(0.005) and en.kv_blocks == 3
+    assert en.kv_bytes == cl.kv_bytes == 3 * 65536 and en.kv_wire == cl.kv_wire == pytest.approx(0.004)
     assert (cl.queue, cl.kv_transfer, cl.kv_ready) == (en.queue, en.kv_transfer, en.kv_ready)
     parts = (cl.to_engine, cl.front_end, cl.queue, cl.kv_transfer, cl.kv_ready, cl.prefill, cl.api_out, cl.network_out)
     assert sum(parts) == pytest.approx(cl.ttft, abs=1e-9)
@@ -124,3 +288,53 @@ def test_a_fetch_that_says_less_splits_nothing(bad):
     batch = accounts.join(derive(released)[0])
     en = next(r for r in batch.records() if r.boundary == "engine")
     assert en.queue == pytest.approx(0.023) and en.kv_transfer is None and en.kv_ready is None
+
+
+def test_the_metrics_say_the_transfer_and_the_hold_by_connector():
+    """llm.kv_transfer.* and llm.kv_hold.duration: the decode engine's transfer and blocks and the
+    prefill engine's hold at the engine boundary, the transfer's share of the client's TTFT at the
+    client's; a request not P/D adds no series."""
+    from collector.pipeline.metrics_registry import MetricsRegistry
+
+    _, released, _ = derived([pd_call(0), pd_call(1, 500)])
+    accounts = every_kind(10)
+    spans = [account("cmpl-0-d", 32, 35, 50, 55), account("cmpl-1-d", 532, 535, 550, 555)]
+    spans += [
+        hold("cmpl-0-p", 19, 36),
+        hold("cmpl-1-p", 519, 540),
+        transport("cmpl-0-d", 49),
+        transport("cmpl-1-d", 549),
+    ]
+    _, said = accounts.split(spans)
+    accounts.add(said)
+    batch, rm = derive(released)
+    accounts.join(batch)
+    reg = MetricsRegistry()
+    reg.record(batch, rm)
+    model = {r.boundary: r.model for r in batch.records()}
+    eng, cli = ("engine", model["engine"], "NixlConnector"), ("client", model["client"], "NixlConnector")
+    t = reg.kv_transfer.series[eng]
+    assert t.count == 2 and t.sum == pytest.approx(0.030)
+    assert reg.kv_blocks.series[eng] == 6 and reg.kv_bytes.series[eng] == 6 * 65536
+    assert reg.kv_hold.series[eng].sum == pytest.approx(0.017 + 0.021)
+    assert reg.kv_share.series[cli].sum == pytest.approx(2 * 0.015 / 0.062)
+    assert set(reg.kv_transfer.series) == {eng} and set(reg.kv_share.series) == {cli}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(nbytes=None),  # bytes not said
+        dict(nbytes=-1),
+        dict(kv_incomplete=True),  # a transfer still open at shutdown: not what moved
+        dict(kv_wire=80 * MS),  # longer than the account itself
+    ],
+)
+def test_a_transport_account_that_says_less_fills_nothing(bad):
+    _, released, _ = derived([pd_call(0)])
+    accounts = every_kind(10)
+    _, said = accounts.split([transport("cmpl-0-d", **{"end_ms": 49, **bad})])
+    accounts.add(said)
+    en = next(r for r in accounts.join(derive(released)[0]).records() if r.boundary == "engine")
+    assert en.kv_bytes is None and en.kv_wire is None
+    assert accounts.counters()["kv_transport_accounts_malformed"] == 1
