@@ -79,20 +79,30 @@ def start_proxy(prefill_url: str, decode_url: str, env: dict, log_path: str, tra
     raise RuntimeError(f"the P/D proxy {why}; see {log_path}")
 
 
-def start_pd(model: str, env: dict, log_dir: str, connector: str = "NixlConnector", trace_proxy: bool = True) -> PD:
+def start_pd(
+    model: str,
+    env: dict,
+    log_dir: str,
+    connector: str = "NixlConnector",
+    trace_proxy: bool = True,
+    connector_config: dict | None = None,
+) -> PD:
     """Start the prefill server, the decode server and the proxy (``env``: for all three, e.g.
-    the OTLP endpoint and ``OTEL_LLM_ENABLE``); the caller stops them with :meth:`PD.stop`."""
+    the OTLP endpoint and ``OTEL_LLM_ENABLE``); the caller stops them with :meth:`PD.stop`.
+    ``connector_config``: the connector's ``kv_connector_extra_config`` (the disk connector,
+    ``ExampleConnector``: ``{"shared_storage_path": DIR}``, one directory for both)."""
     import importlib.util
 
     if connector == "NixlConnector" and importlib.util.find_spec("nixl") is None:
         raise RuntimeError("NIXL is not installed in this venv: `make pd` installs it (make test does)")
+    extra = {"kv_connector_extra_config": connector_config} if connector_config else {}
     started: list = []
     try:
         urls = []
         for role in ("kv_producer", "kv_consumer"):
             log = os.path.join(log_dir, f"pd-{role}-{{port}}.log")
             proc, url = start_cpu_server(
-                model, server_env(env), log, extra_args=("--kv-transfer-config", kv_config(role, connector))
+                model, server_env(env), log, extra_args=("--kv-transfer-config", kv_config(role, connector, **extra))
             )
             started.append(proc)
             urls.append(url)

@@ -538,7 +538,8 @@ class TraceAssembler:
                     e.callers -= 2
                 else:  # a P/D request's first leg: its decode leg, and the caller, follow
                     e.pd_legs += 1
-            elif role == PdRole.DECODE and s[sp.PD_PEER_REQUEST_ID]:
+            elif (role == PdRole.DECODE and s[sp.PD_PEER_REQUEST_ID]) or (role == PdRole.BOTH and e.pd_legs > 0):
+                # (a connector that names no peer, the disk connector's: its decode leg says both)
                 if e.pd_legs > 0:  # its prefill leg is here: one caller for both legs
                     e.pd_legs -= 1
                     e.callers -= 1

@@ -458,7 +458,7 @@ def join_legs(rs: RequestSpans, phases: EnginePhases) -> tuple[RequestSpans, Eng
     """Stage 2b: a disaggregated request's prefill leg joined to its decode leg
     (:mod:`~collector.pipeline.disagg`) and taken out of the records: counted once, its account
     kept as the decode record's."""
-    joined = disagg.join(rs.recs, rs.code, rs.trace)
+    joined = disagg.join(rs.recs, rs.code, rs.trace, rs.spans, rs.span_trace)
     if not joined:
         return rs, phases, PrefillLegs.none(len(rs.recs))
     legs = disagg.legs_of(rs.recs, phases.queue, phases.prefill, joined)

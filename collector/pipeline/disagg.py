@@ -28,7 +28,7 @@ from otel_llm.semconv import PdRole, RequestStatus
 from . import walked_span as sp
 from .records import NO_NS, seconds
 
-PREFILL, DECODE = PdRole.PREFILL, PdRole.DECODE
+PREFILL, DECODE, BOTH = PdRole.PREFILL, PdRole.DECODE, PdRole.BOTH
 JOINED = "disaggregated"  # a record's pd_role: both legs joined
 _ROLE = operator.itemgetter(sp.PD_ROLE)
 
@@ -37,13 +37,25 @@ def _text(v) -> str | None:
     return v if type(v) is str and v else None
 
 
-def join(recs: list[tuple], code: np.ndarray, trace: np.ndarray) -> list[tuple[int, int]]:
+def join(
+    recs: list[tuple],
+    code: np.ndarray,
+    trace: np.ndarray,
+    spans: list[tuple] | None = None,
+    span_trace: np.ndarray | None = None,
+) -> list[tuple[int, int]]:
     """(decode record, prefill record) of each request whose two legs are both in ``recs``: the
     decode leg's peer request id and engine id are the prefill leg's internal id and engine id, in
-    the same trace. Each prefill leg joins one decode leg at most."""
+    the same trace. Each prefill leg joins one decode leg at most. A connector that names no peer
+    (the disk connector: the prefill engine answers no ``kv_transfer_params``, so the decode leg
+    says ``both``) is joined by the trace's shape instead, with ``spans`` (every span of the batch,
+    ``span_trace`` their traces): the one prefill leg and the one other engine leg under the same
+    proxy span (each under its HTTP server span, both under the proxy's)."""
     roles = set(map(_ROLE, recs))  # iterated in C: most batches hold no P/D engine
-    if PREFILL not in roles or DECODE not in roles:
+    if PREFILL not in roles:
         return []
+    if DECODE not in roles:
+        return _join_by_proxy(recs, code, trace, spans, span_trace, []) if BOTH in roles else []
     prefill: dict[tuple, int] = {}
     for r, s in enumerate(recs):
         if s[sp.PD_ROLE] == PREFILL and code[r] == sp.ENGINE:
@@ -60,7 +72,39 @@ def join(recs: list[tuple], code: np.ndarray, trace: np.ndarray) -> list[tuple[i
         p = prefill.pop((int(trace[r]), peer, _text(s[sp.PD_PEER_ENGINE_ID])), None)
         if p is not None:
             joined.append((r, p))
-    return joined
+    return _join_by_proxy(recs, code, trace, spans, span_trace, joined) if BOTH in roles else joined
+
+
+def _join_by_proxy(recs, code, trace, spans, span_trace, joined: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``joined`` and the legs joined by the trace's shape (:func:`join`): for each proxy span with
+    exactly one prefill leg not joined yet and one ``both`` leg under it, that pair."""
+    if spans is None or span_trace is None:
+        return joined
+    taken = {i for pair in joined for i in pair}
+    legs = [
+        r for r, s in enumerate(recs)
+        if code[r] == sp.ENGINE and r not in taken and s[sp.PD_ROLE] in (PREFILL, BOTH) and s[sp.PARENT_ID]
+    ]  # fmt: skip
+    if not legs:
+        return joined
+    wanted = {(int(trace[r]), recs[r][sp.PARENT_ID]) for r in legs}
+    proxy_of = {  # (trace, an engine leg's HTTP server span) -> that span's parent: the proxy's span
+        (int(t), x[sp.SPAN_ID]): x[sp.PARENT_ID]
+        for x, t in zip(spans, span_trace.tolist())
+        if x[sp.CODE] == sp.SERVER and (int(t), x[sp.SPAN_ID]) in wanted and x[sp.PARENT_ID]
+    }
+    under: dict[tuple, dict[str, list[int]]] = {}
+    for r in legs:
+        t = int(trace[r])
+        proxy = proxy_of.get((t, recs[r][sp.PARENT_ID]))
+        if proxy is not None:
+            under.setdefault((t, proxy), {}).setdefault(recs[r][sp.PD_ROLE], []).append(r)
+    out = list(joined)
+    for by_role in under.values():
+        p, d = by_role.get(PREFILL, ()), by_role.get(BOTH, ())
+        if len(p) == 1 and len(d) == 1:
+            out.append((d[0], p[0]))
+    return out
 
 
 @dataclass

@@ -179,3 +179,46 @@ def test_the_decode_server_down(pd, tiny_model):
     for en in engines:  # the prefill leg alone, paired with its client: not a success
         assert en.pd_role == "prefill" and en.status == "error" and en.paired
         assert en.prefill_leg is None
+
+
+def test_the_disk_connector_whose_legs_name_no_peer(tiny_model, tmp_path):
+    """vLLM's disk connector (ExampleConnector): the prefill engine saves the prompt's KV blocks in a
+    shared directory and answers no kv_transfer_params, so the decode leg names no prefill leg (it
+    says both) and loads what whole blocks it finds there, recomputing the rest. Still one request
+    per client request, both legs joined by the proxy span above them, the parts summing to the
+    client's TTFT; no KV fetch to split (the load runs inside the decode engine's prefill), so the
+    KV parts and bytes are unknown, not 0."""
+    c, otlp = start_collector(str(tmp_path / "store.db"), grace_s=0.5)
+    otlp = {**otlp, "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_LLM_SCHEDULE_DELAY": "100"}
+    kv_dir = tmp_path / "kv"
+    try:
+        deployment = start_pd(
+            tiny_model, {**otlp, "OTEL_LLM_ENABLE": "1"}, str(tmp_path), connector="ExampleConnector",
+            connector_config={"shared_storage_path": str(kv_dir)},
+        )  # fmt: skip
+    except BaseException:
+        c.stop()
+        raise
+    try:
+        for tokens in (48, 300):  # under one 128-token block: recomputed; two whole blocks and a tail
+            run = run_cli(
+                "bench", "--base-url", deployment.proxy_url, "--model", tiny_model, "--input-tokens", str(tokens),
+                "--output-tokens", "8", "--concurrency", "1", "--num-requests", "3", "--seed", "6",
+                "--run-id", f"disk-{tokens}", "--format", "json", env=otlp,
+            )  # fmt: skip
+            assert json.loads(run.stdout)["conditions"]["statuses"]["ok"] == 3
+        records = _stored(c, 3 * 6)
+    finally:
+        deployment.stop()
+        c.stop()
+    engines = [r for r in records if r.boundary == "engine"]
+    clients = {r.peer_request_id: r for r in records if r.boundary == "client"}
+    assert len(engines) == 6, sorted((r.pd_role, r.internal_id) for r in engines)  # not 12: one per request
+    for en in engines:
+        cl = clients[en.request_id]
+        assert en.pd_role == cl.pd_role == "disaggregated" and en.pd_connector == "ExampleConnector"
+        assert en.prefill_request_id and en.prefill_leg_tokens == 1 and cl.output_tokens == en.output_tokens == 8
+        assert en.kv_transfer is None and en.kv_bytes is None and en.kv_blocks is None
+        parts = (cl.to_prefill, cl.prefill_leg, cl.pd_hop, cl.front_end, cl.queue, cl.prefill, cl.api_out)
+        assert None not in parts and abs(sum(parts) + cl.network_out - cl.ttft) < 1e-6
+    assert any(kv_dir.rglob("*.safetensors"))  # what the prefill engine saved for the decode engine

@@ -29,6 +29,7 @@ def pd_call(
     peer_engine: str = "engine-P",
     trace: str = TRACE,
     same_id: bool = True,
+    disk: bool = False,
 ) -> dict[str, list[tuple]]:
     """One P/D call's spans by sender: the client, the proxy (its server span), the prefill engine
     (its server span, llm.request with role prefill, queue and prefill) and the decode engine (the
@@ -59,8 +60,10 @@ def pd_call(
                       chunk_offsets=[31 * MS, 39 * MS, 49 * MS]),
             make_span(trace, de, sc.SPAN_REQUEST, parent=ds, start=b + 31 * MS, end=b + 87 * MS, kind=2,
                       request_id=f"cmpl-{k}", internal_id=f"cmpl-{k}-d", offsets=[29 * MS, 37 * MS, 47 * MS],
-                      tokens=[1, 1, 1], pd_role="decode", pd_connector="NixlConnector", pd_engine_id="engine-D",
-                      pd_peer_request_id=peer or f"cmpl-{k}-p", pd_peer_engine_id=peer_engine),
+                      tokens=[1, 1, 1], pd_role="both" if disk else "decode",
+                      pd_connector="ExampleConnector" if disk else "NixlConnector", pd_engine_id="engine-D",
+                      pd_peer_request_id=None if disk else peer or f"cmpl-{k}-p",
+                      pd_peer_engine_id=None if disk else peer_engine),
             make_span(trace, f"f5{k:014x}", sc.SPAN_FRONTEND, parent=de, start=b + 31 * MS, end=b + 32 * MS),
             make_span(trace, f"f3{k:014x}", sc.SPAN_QUEUE, parent=de, start=b + 32 * MS, end=b + 55 * MS),
             make_span(trace, f"f4{k:014x}", sc.SPAN_PREFILL, parent=de, start=b + 55 * MS, end=b + 60 * MS),
@@ -244,3 +247,30 @@ def test_a_prefill_leg_whose_span_comes_last_still_joins():
         released += asm.expire(t * 0.1)
     recs = derive(released)[0].records()
     assert [r.pd_role for r in recs if r.boundary == "engine"] == ["disaggregated"]
+
+
+def test_a_connector_that_names_no_peer_joins_by_the_proxy_span_both_legs_are_under():
+    """The disk connector: the decode leg says both and names no prefill leg; the two legs under one
+    proxy span are one request, released by the grace (not after the peer wait)."""
+    calls = [pd_call(k, 500 * k, disk=True) for k in range(3)]
+    _, released, recs = derived(calls)
+    assert {r.reason for r in released} == {"grace"}
+    engine = [r for r in recs if r.boundary == "engine"]
+    client = {r.peer_request_id: r for r in recs if r.boundary == "client"}  # three calls in one trace
+    assert len(engine) == 3 and all(r.pd_role == "disaggregated" and r.internal_id.endswith("-d") for r in engine)
+    for e in engine:
+        c = client[e.request_id]
+        assert e.prefill_request_id == e.internal_id[:-2] + "-p" and e.prefill_leg == pytest.approx(0.016)
+        assert (c.to_prefill, c.prefill_leg, c.pd_hop) == pytest.approx((0.003, 0.016, 0.012))
+
+
+def test_a_leg_that_says_both_without_a_prefill_leg_beside_it_is_its_own_request():
+    """An engine with a KV connector that served a request whole, and a prefill leg under another
+    proxy span of the same trace: neither joins the other."""
+    a = pd_call(0, disk=True)
+    b = pd_call(1, 200, disk=True, decode=False, client=False)
+    a["prefill"] = []  # a's decode leg served whole: no prefill leg under its proxy span
+    a["proxy"] = a["proxy"] + b["prefill"] + b["proxy"]
+    _, _, recs = derived([a], peer_wait_s=1.0)
+    roles = sorted(r.pd_role for r in recs if r.boundary == "engine")
+    assert roles == ["both", "prefill"]
