@@ -227,6 +227,7 @@ KV_LOAD_OFFSET = "llm.kv_transfer.load_start_offset_ns"
 KV_RECEIVED_OFFSET = "llm.kv_transfer.received_offset_ns"
 KV_BLOCKS = "llm.kv_transfer.blocks"
 KV_BYTES = "llm.kv_transfer.bytes"  # bytes moved, as the transport says (NIXL's telemetry), summed
+KV_HANDSHAKE = "llm.kv_transfer.handshake_ns"  # its wait for the worker's handshake with a new peer
 KV_WIRE = "llm.kv_transfer.wire_ns"  # the transport's own time for the request's transfers (NIXL xferDuration)
 KV_INCOMPLETE = "llm.kv_transfer.incomplete"  # still in the fetch at shutdown, or evicted
 REQUEST_INCOMPLETE = "llm.request.incomplete"  # exported at shutdown before it finished

@@ -639,7 +639,7 @@ def boundary_metrics(
 #: disagg.FROM_ENGINE, copied once they are made).
 FROM_ENGINE = (
     "front_end_queue", "front_end", "queue", "kv_transfer", "kv_ready", "kv_blocks", "kv_bytes", "kv_wire",
-    "prefill", "decode", "preemptions", "preemption_time", "engine_delivery", "first_scheduled_ns",
+    "kv_handshake", "prefill", "decode", "preemptions", "preemption_time", "engine_delivery", "first_scheduled_ns",
     "first_generated_ns", "server_received_ns", "server_first_chunk_ns",
 )  # fmt: skip
 
@@ -683,6 +683,7 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
         "kv_blocks": np.full(n, -1, np.int64),
         "kv_bytes": np.full(n, -1, np.int64),
         "kv_wire": np.full(n, np.nan),
+        "kv_handshake": np.full(n, np.nan),
         "prefill": seconds(ph.prefill),
         "decode": seconds(ph.decode),
         "preemptions": np.where(foreign, -1, ph.preemptions),

@@ -29,7 +29,8 @@ the record was derived, ``prefill_kv_hold`` is unknown.
 The decode engine's connector worker's account (``llm.engine.kv_transport``, named by the same
 internal id as the fetch; from the worker's process, which may be another than the scheduler's)
 says what its transport moved for the request and in how long (NIXL's telemetry): ``kv_bytes`` and
-``kv_wire``, inside ``kv_transfer``.
+``kv_wire``, and its wait for the worker's handshake with a new peer, ``kv_handshake``: inside
+``kv_transfer``.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ class KvTransport:
 
     nbytes: int
     wire_ns: int
+    handshake_ns: int | None = None  # its wait for a handshake with a new peer
 
     @classmethod
     def from_walked(cls, s: tuple) -> KvTransport | None:
@@ -170,7 +172,10 @@ class KvTransport:
             return None
         if type(nbytes) is not int or not 0 <= nbytes < 2**50 or type(wire) is not int or not 0 <= wire <= end - start:
             return None
-        return cls(nbytes, wire)
+        hs = s[sp.KV_HANDSHAKE]
+        if hs is not None and (type(hs) is not int or not 0 <= hs <= end - start):
+            return None
+        return cls(nbytes, wire, hs)
 
 
 class KvTransportIndex(AccountIndex):
@@ -188,3 +193,5 @@ class KvTransportIndex(AccountIndex):
             for r in (i, client_of.get(i)):
                 if r is not None:
                     batch.kv_bytes[r], batch.kv_wire[r] = t.nbytes, t.wire_ns / _NS
+                    if t.handshake_ns is not None:
+                        batch.kv_handshake[r] = t.handshake_ns / _NS

@@ -256,6 +256,14 @@ COLUMNS: tuple[Column, ...] = (
         "the transport's own time for those transfers (NIXL: xferDuration, summed), inside kv_transfer",
     ),
     Column(
+        "kv_handshake",
+        SECONDS,
+        "s",
+        "inside kv_transfer: the request's wait for its decode engine's handshake with a new prefill engine "
+        "(NIXL: its metadata exchange, on the first requests from that peer), to the step that started its "
+        "read; unknown for a request that waited for none",
+    ),
+    Column(
         "prefill_kv_hold",
         SECONDS,
         "s",

@@ -149,6 +149,7 @@ _ATTRIBUTES = (
     ("kv_incomplete", sc.KV_INCOMPLETE),
     ("kv_bytes", sc.KV_BYTES),
     ("kv_wire", sc.KV_WIRE),
+    ("kv_handshake", sc.KV_HANDSHAKE),
 )
 ATTRIBUTE_SLOTS = {key: i for i, (_, key) in enumerate(_ATTRIBUTES)}
 RESOURCE_KEY = "service.name"
@@ -219,6 +220,7 @@ TRACE_ID, SPAN_ID, PARENT_ID, CODE, KIND, START, END, STATUS_CODE, SERVICE = ran
     KV_INCOMPLETE,
     KV_BYTES,
     KV_WIRE,
+    KV_HANDSHAKE,
 ) = range(9, 9 + len(ATTRIBUTE_SLOTS))
 WIDTH = 9 + len(ATTRIBUTE_SLOTS)
 

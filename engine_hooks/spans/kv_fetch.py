@@ -81,21 +81,37 @@ class KvTransportRecord:
     nbytes: int = 0  # bytes moved
     wire_ns: int = 0  # the transport's own time for them (NIXL: xferDuration)
     incomplete: bool = False  # a transfer still open at shutdown, or evicted
+    handshake_ns: int | None = None  # its wait for the worker's handshake with a new peer (None: none)
+    handshake_from: int | None = None  # while it waits: when it began
 
 
 class KvTransportBook(OpenBook[KvTransportRecord]):
     """The transfers of requests in flight in this process's connector worker, bounded."""
 
-    def transfer(self, wall_ns: int, request_id: str, nbytes: int, xfer_ns: int) -> None:
-        """One of ``request_id``'s transfers done: ``nbytes`` moved in ``xfer_ns``."""
+    def _record(self, wall_ns: int, request_id: str) -> KvTransportRecord:
         rec = self._open.get(request_id)
         if rec is None:
             self.make_room()
             rec = self._open[request_id] = KvTransportRecord(request_id, wall_ns, wall_ns)
+        return rec
+
+    def handshake(self, wall_ns: int, request_id: str, done: bool) -> None:
+        """``request_id`` began (``done`` False) or ended its wait for a handshake with its peer."""
+        rec = self._record(wall_ns, request_id)
+        if not done:
+            rec.handshake_from = wall_ns
+        elif rec.handshake_from is not None:
+            rec.handshake_ns, rec.handshake_from = wall_ns - rec.handshake_from, None
+            rec.end_ns = max(rec.end_ns, wall_ns)
+
+    def transfer(self, wall_ns: int, request_id: str, nbytes: int, xfer_ns: int) -> None:
+        """One of ``request_id``'s transfers done: ``nbytes`` moved in ``xfer_ns``."""
+        rec = self._record(wall_ns, request_id)
         rec.nbytes += nbytes
         rec.wire_ns += xfer_ns
         rec.end_ns = wall_ns
-        rec.start_ns = wall_ns - rec.wire_ns
+        start = wall_ns - rec.wire_ns
+        rec.start_ns = start if rec.handshake_ns is None else min(rec.start_ns, start)
 
     def finished(self, request_ids) -> None:
         """The worker has no transfer left for ``request_ids``: their accounts leave."""

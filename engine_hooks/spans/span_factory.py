@@ -339,6 +339,8 @@ class SpanFactory:
             elif isinstance(r, KvTransportRecord):
                 name = sc.SPAN_ENGINE_KV_TRANSPORT
                 a[sc.KV_BYTES], a[sc.KV_WIRE] = int(r.nbytes), int(r.wire_ns)
+                if r.handshake_ns is not None:
+                    a[sc.KV_HANDSHAKE] = int(r.handshake_ns)
             else:
                 name = sc.SPAN_ENGINE_KV_HOLD
             if getattr(r, "blocks", None) is not None:

@@ -25,7 +25,9 @@ bytes, the transfer's duration in microseconds), and vLLM's connector worker rea
 it as each of a request's handles completes (``_pop_done_transfers``) into interval aggregates
 without the request. :func:`hook_nixl_telemetry` maps handle to request there and books each
 request's bytes and NIXL's own transfer time (:class:`~engine_hooks.spans.kv_fetch.KvTransportBook`),
-which leave as ``llm.engine.kv_transport`` once the worker has no transfer left for the request.
+which leave as ``llm.engine.kv_transport`` once the worker has no transfer left for the request;
+a request whose peer is new waits for the worker's handshake with it first
+(``_background_nixl_handshake``, a future completed on the handshake's thread), booked too.
 The worker runs in a process of its own (vLLM's multiprocess executor) or in the engine core's:
 :func:`instrument_nixl_worker` hooks its class in whichever process imports it, with that
 process's hooks.
@@ -159,7 +161,41 @@ def hook_nixl_telemetry(hooks: EngineHooks, worker_cls) -> bool:
         return res
 
     worker_cls._pop_done_transfers = mark_hooked(pop_done_transfers)
+    handshake = getattr(worker_cls, "_background_nixl_handshake", None)
+    if handshake is not None and not hooked(handshake):
+        began = hooks.raw(_handshake_began, expand_kv_handshake)(_tell_handshake)
+        ended = hooks.raw(_handshake_ended, expand_kv_handshake)(_tell_handshake)
+
+        def background_nixl_handshake(self, req_id, remote_engine_id, *a, **k):
+            res = handshake(self, req_id, remote_engine_id, *a, **k)
+            try:  # the handshake this request waits for, if one is under way (else it was ready)
+                fut = getattr(self, "_handshake_futures", {}).get(remote_engine_id)
+                if fut is not None and not fut.done():
+                    began(req_id)
+                    fut.add_done_callback(lambda f, rid=req_id: ended(rid))  # on the handshake's thread
+            except Exception as exc:
+                hooks._hook_failed(exc)
+            return res
+
+        worker_cls._background_nixl_handshake = mark_hooked(background_nixl_handshake)
     return True
+
+
+def _tell_handshake(request_id: str) -> None:
+    return None
+
+
+def _handshake_began(res, request_id: str) -> tuple:
+    return request_id, False
+
+
+def _handshake_ended(res, request_id: str) -> tuple:
+    return request_id, True
+
+
+@plain_already
+def expand_kv_handshake(tracker: RequestTracker, mono_ns: int, payload: tuple) -> None:
+    tracker.kv_transports.handshake(tracker.anchor.wall_ns(mono_ns), *payload)
 
 
 def instrument_nixl_worker(hooks_for) -> None:

@@ -105,6 +105,10 @@ def test_each_request_is_one_record_with_both_legs(pd, tiny_model):
         assert cl.prefill_kv_hold == en.prefill_kv_hold
         # the bytes NIXL says it moved are the blocks the load asked for, whole
         assert en.kv_bytes == en.kv_blocks * BLOCK_BYTES and 0 < en.kv_wire < en.kv_transfer
+        assert en.kv_handshake is None or 0 < en.kv_handshake < en.kv_transfer
+    # the first requests from the prefill engine waited for the decode engine's handshake with it
+    waited = [en.kv_handshake is not None for en in sorted(engines, key=lambda r: r.submit_ns)]
+    assert waited[0] and not any(waited[2:]), waited
     out = json.loads(run_cli("compare", "--store", c.config.store, "--run", "pd-bench", "--format", "json").stdout)
     assert out["summary"]["requests_paired"] == N
     assert {r["pd_role"] for r in out["requests"]} == {"disaggregated"}

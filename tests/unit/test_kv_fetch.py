@@ -93,7 +93,9 @@ def test_nixls_telemetry_of_each_handle_is_booked_by_its_request(tmp_path):
     its handles, and leave once it has none left; what the worker returns is unchanged. The class is
     hooked once its module is imported, in whichever process imports it."""
     import sys
+    import threading
     import types
+    from concurrent.futures import Future
 
     from engine_hooks.vllm import kv_fetch
 
@@ -111,6 +113,11 @@ def test_nixls_telemetry_of_each_handle_is_booked_by_its_request(tmp_path):
     class Worker:  # vLLM 0.32's NixlBaseConnectorWorker, as far as this goes
         def __init__(self):
             self.nixl_wrapper = Agent()
+            self._handshake_futures: dict = {}
+
+        def _background_nixl_handshake(self, req_id, remote_engine_id, meta):
+            fut = self._handshake_futures.setdefault(remote_engine_id, Future())
+            fut.add_done_callback(lambda f: self._handshake_futures.pop(remote_engine_id, None))
 
         def _pop_done_transfers(self, transfers):
             done = set()
@@ -143,6 +150,12 @@ def test_nixls_telemetry_of_each_handle_is_booked_by_its_request(tmp_path):
         sys.modules.pop(name, None)
     assert kv_fetch.hooked(Worker._pop_done_transfers)
     w = Worker()
+    w._background_nixl_handshake("a", "engine-P", None)  # a new peer: a waits for the handshake
+    fut = w._handshake_futures["engine-P"]
+    t = threading.Thread(target=lambda: (time.sleep(0.005), fut.set_result(None)))  # the handshake's thread
+    t.start()
+    t.join()
+    w._background_nixl_handshake("c", "engine-P", None)  # the peer known by now: no wait
     h1, h2, h3 = object(), object(), object()
     transfers = {"a": [h1, h2], "b": [h3]}
     assert w._pop_done_transfers(transfers) == (set(), set())  # nothing done yet
@@ -156,7 +169,9 @@ def test_nixls_telemetry_of_each_handle_is_booked_by_its_request(tmp_path):
     assert {x.name for x in spans.values()} == {sc.SPAN_ENGINE_KV_TRANSPORT}
     assert (spans["a"].attributes[sc.KV_BYTES], spans["a"].attributes[sc.KV_WIRE]) == (8192, 1_000_000)
     assert (spans["b"].attributes[sc.KV_BYTES], spans["b"].attributes[sc.KV_WIRE]) == (2048, 250_000)
-    assert spans["a"].end_ns - spans["a"].start_ns == 1_000_000
+    assert spans["a"].attributes[sc.KV_HANDSHAKE] >= 5 * MS  # ended on the handshake's thread
+    assert sc.KV_HANDSHAKE not in spans["b"].attributes
+    assert spans["a"].end_ns - spans["a"].start_ns >= spans["a"].attributes[sc.KV_HANDSHAKE]
 
 
 def test_a_module_imported_later_is_hooked_as_it_loads(tmp_path):
@@ -244,8 +259,8 @@ def account(rid: str, start_ms: int, load_ms: int | None, seen_ms: int | None, e
 def transport(rid: str, end_ms: int, nbytes: int = 3 * 65536, wire_ms: int = 4, **kw):
     return make_span(
         "ed" * 16, f"{abs(hash(rid + 't')) % 2**60:016x}", sc.SPAN_ENGINE_KV_TRANSPORT,
-        start=(end_ms - wire_ms) * MS, end=end_ms * MS, internal_id=rid, kv_bytes=nbytes,
-        **{"kv_wire": wire_ms * MS, **kw},
+        start=(end_ms - wire_ms - 2) * MS, end=end_ms * MS, internal_id=rid, kv_bytes=nbytes,
+        **{"kv_wire": wire_ms * MS, "kv_handshake": 2 * MS, **kw},
     )  # fmt: skip
 
 
@@ -265,6 +280,7 @@ def test_the_decode_queue_gives_up_the_transfer_and_the_parts_still_sum():
     assert en.queue == pytest.approx(0.003) and en.kv_transfer == pytest.approx(0.015)
     assert en.kv_ready == pytest.approx(0.005) and en.kv_blocks == 3
     assert en.kv_bytes == cl.kv_bytes == 3 * 65536 and en.kv_wire == cl.kv_wire == pytest.approx(0.004)
+    assert en.kv_handshake == cl.kv_handshake == pytest.approx(0.002)
     assert (cl.queue, cl.kv_transfer, cl.kv_ready) == (en.queue, en.kv_transfer, en.kv_ready)
     parts = (cl.to_engine, cl.front_end, cl.queue, cl.kv_transfer, cl.kv_ready, cl.prefill, cl.api_out, cl.network_out)
     assert sum(parts) == pytest.approx(cl.ttft, abs=1e-9)
