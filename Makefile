@@ -9,7 +9,7 @@ EXT := $(VENV)/.accelerator
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo pd-demo test test-pure test-quick lint bench soak venv pd loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels valgrind cost
+.PHONY: demo pd-demo test test-pure test-quick lint bench soak venv pd loadgen prometheus clang chromium fuzz model clean gpu-check gpu-wheels valgrind cost cost-pd
 
 venv: $(STAMP) $(EXT)
 
@@ -124,6 +124,10 @@ bench: venv
 COST_ARGS ?= --variants all --mode both
 cost: venv valgrind
 	$(PY) benchmarks/cost_count.py $(COST_ARGS)
+
+# the P/D hooks (KV fetch, hold, NIXL telemetry) per request on each engine, in instructions
+cost-pd: venv valgrind
+	$(PY) benchmarks/pd_hooks_cost.py
 
 # transformers continuous batching plain vs instrumented, CUDA step times (CPU path without CUDA).
 # On a GPU machine without network and without this venv (the lent H200): `make gpu-wheels` here,

@@ -275,3 +275,19 @@ def test_the_vllm_hooks_of_one_batch_cost_less_than_the_budget_a_token():
     assert set(rows) == {"engine thread", "round to the span process", "both"}, rows
     assert rows["engine thread"] > 0 and rows["round to the span process"] > 0
     assert rows["both"] < 1500, rows
+
+
+@pytest.mark.slow
+@pytest.mark.parallel_safe  # instructions counted, not time
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="valgrind is not installed (make valgrind)")
+def test_the_pd_hooks_add_a_bounded_count_a_request_on_each_engine():
+    """benchmarks/pd_hooks_cost.py: the P/D hooks replayed on stand-ins of vLLM's scheduler and NIXL
+    worker, plain and hooked. Each side's hooks add work, the decode engine's (seven calls a request)
+    more than the prefill engine's (two); the decode side's stays under 100 k instructions a request
+    (47.6 k on 2026-12-06): a regression guard, counted, not timed."""
+    added = {}
+    for row in _table(ROOT / "benchmarks" / "pd_hooks_cost.py", "--requests", "64"):
+        if row[0] in ("decode", "prefill"):
+            added[row[0]] = float(row[3].removesuffix(" k")) * 1000
+    assert set(added) == {"decode", "prefill"}, added
+    assert 0 < added["prefill"] < added["decode"] < 100_000, added
