@@ -1,13 +1,15 @@
 """``otel-llm export --format perfetto``: a run as Chrome trace event JSON, which ui.perfetto.dev and
 chrome://tracing open.
 
-Process 1, "requests": one track (thread) per request, named by its request id, holding its
-client span (send -> stream closed), its HTTP server span (first bytes read -> last chunk written),
-its engine phases (front end, queue, prefill, decode) and its token events at each boundary as
-instants; a request preempted is marked with an instant at its
-end carrying the count and the time. Process 2, "engine steps": one track per engine process
-(``service.name``) with a slice per step (its batch size, tokens, KV usage and preemptions as
-arguments) and counters for the batch size and the KV cache in use.
+Process 1, "requests": one track (thread) per request, named by its request id, holding its client
+span (send -> stream closed), its HTTP server span (first bytes read -> last chunk written), its
+engine phases (front end, queue, prefill, decode) and its token events at each boundary as instants;
+a disaggregated request's prefill engine's leg (category ``prefill engine``) before its decode
+engine's phases, which then include its KV transfer and the step that took it up; a request
+preempted is marked with an instant at its end carrying the count and the time. Process 2, "engine
+steps": one track per engine process (``service.name``) with a slice per step (its batch size,
+tokens, KV usage and preemptions as arguments) and counters for the batch size and the KV cache in
+use.
 
 Times are microseconds after the run's origin (the earliest client send), server and engine times
 (one host) moved onto the client's clock by the clock offset ``compare`` estimates, as in the
@@ -57,8 +59,11 @@ def _request_events(rows: list) -> list[dict]:
 
         slice_("client request", r.client_submit, r.client_end, "client", {"status": r.status})
         slice_("HTTP server", r.server_received, r.server_end, "server")
+        slice_("prefill engine's leg", r.prefill_leg_start, r.prefill_leg_end, "prefill engine")
         slice_("front end", r.engine_arrival, r.queue_start, "engine")
-        slice_("queue", r.queue_start, r.first_scheduled, "engine")
+        slice_("queue", r.queue_start, r.kv_start if r.kv_start is not None else r.first_scheduled, "engine")
+        slice_("KV transfer", r.kv_start, r.kv_end, "engine")
+        slice_("KV ready", r.kv_end, r.first_scheduled if r.kv_end is not None else None, "engine")
         slice_("prefill", r.first_scheduled, r.first_generated, "engine")
         slice_("decode", r.first_generated, r.engine_end, "engine")
         tokens = (("token (client)", r.client_tokens), ("token (server)", r.server_tokens))

@@ -204,7 +204,13 @@ def _waterfall_figure(d: ReportData, go, make_subplots):
         [(r.engine_arrival, r.queue_start) for r in rows],
         0.5,
     )
+    if any(r.prefill_leg_start is not None for r in rows):  # disaggregated: the other engine's lane
+        seg(
+            "prefill engine's leg", COLORS["prefill_leg"], [(r.prefill_leg_start, r.prefill_leg_end) for r in rows], 0.5
+        )
     seg("queue", COLORS["queue"], [(r.queue_start, r.first_scheduled) for r in rows], 0.5)
+    if any(r.kv_start is not None for r in rows):
+        seg("KV transfer", COLORS["kv_transfer"], [(r.kv_start, r.kv_end) for r in rows], 0.3)
     seg("prefill", COLORS["prefill"], [(r.first_scheduled, r.first_generated) for r in rows], 0.5)
     seg("decode", COLORS["decode"], [(r.first_generated, r.engine_end) for r in rows], 0.5)
     for side, key, color in (
@@ -394,6 +400,7 @@ def _from_own_start(r: WaterfallRow) -> WaterfallRow:
     t0 = next((t for t in (r.client_submit, r.engine_arrival, r.server_received) if t is not None), 0.0)
     ms = lambda t: None if t is None else (t - t0) * 1e3
     times = ("client_submit", "client_end", "engine_arrival", "queue_start", "first_scheduled", "first_generated")
+    times += ("prefill_leg_start", "prefill_leg_end", "kv_start", "kv_end")
     return replace(
         r,
         **{k: ms(getattr(r, k)) for k in (*times, "engine_end", "server_received", "server_end")},

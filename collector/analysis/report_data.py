@@ -51,6 +51,12 @@ class WaterfallRow:
     server_received: float | None = None  # the HTTP server read the request (same host as the engine)
     server_end: float | None = None  # its last body chunk written
     server_tokens: list[float] = field(default_factory=list)  # the chunks that carried tokens
+    # disaggregated prefill/decode: the prefill engine's leg (its clock, taken as the engine host's),
+    # and the decode engine's KV transfer (its load started -> seen complete), inside its wait
+    prefill_leg_start: float | None = None
+    prefill_leg_end: float | None = None
+    kv_start: float | None = None
+    kv_end: float | None = None
 
 
 Unit = tuple  # (client, engine, server) records of one request, None where that boundary is missing
@@ -192,8 +198,15 @@ def waterfall_rows(
                 row.engine_end = _s(e.end_ns, sh)
                 row.first_scheduled = _s(e.first_scheduled_ns, sh)
                 row.first_generated = _s(e.first_generated_ns, sh)
+                kv = (e.kv_transfer or 0.0) + (e.kv_ready or 0.0)  # a P/D decode engine's queue ends at its load
                 if row.first_scheduled is not None and e.queue is not None:
-                    row.queue_start = row.first_scheduled - e.queue
+                    row.queue_start = row.first_scheduled - kv - e.queue
+                if row.first_scheduled is not None and e.kv_transfer is not None and e.kv_ready is not None:
+                    row.kv_end = row.first_scheduled - e.kv_ready
+                    row.kv_start = row.kv_end - e.kv_transfer
+                if e.prefill_arrival_ns is not None and e.prefill_leg is not None:
+                    row.prefill_leg_start = _s(e.prefill_arrival_ns, sh)
+                    row.prefill_leg_end = row.prefill_leg_start + e.prefill_leg
                 row.engine_tokens = _events(e, origin, theta_ns)
             if s is not None:  # the server runs on the engine's host: the engine's clock shift
                 row.server_received = _s(s.submit_ns, origin + theta_ns)

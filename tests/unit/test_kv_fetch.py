@@ -354,3 +354,22 @@ def test_a_transport_account_that_says_less_fills_nothing(bad):
     en = next(r for r in accounts.join(derive(released)[0]).records() if r.boundary == "engine")
     assert en.kv_bytes is None and en.kv_wire is None
     assert accounts.counters()["kv_transport_accounts_malformed"] == 1
+
+
+def test_the_perfetto_export_draws_both_engines_and_the_transfer_between_them():
+    """pd_call on one clock: the prefill engine's leg 3 -> 19 ms, the decode engine queued at 32 ms,
+    its load 35 -> 50 ms, scheduled at 55 ms. Each on the request's track, one after the other,
+    the decode queue ending where its load starts."""
+    from collector.analysis.perfetto import trace_events
+
+    _, released, _ = derived([pd_call(0)])
+    accounts = every_kind(10)
+    _, said = accounts.split([account("cmpl-0-d", 32, 35, 50, 55)])
+    accounts.add(said)
+    batch = accounts.join(derive(released)[0])
+    ev = [e for e in trace_events(batch, None)["traceEvents"] if e.get("ph") == "X"]
+    at = {e["name"]: (e["ts"] / 1e3, (e["ts"] + e["dur"]) / 1e3) for e in ev}  # ms after the client's call
+    assert at["prefill engine's leg"] == pytest.approx((3, 19))
+    assert at["queue"] == pytest.approx((32, 35)) and at["KV transfer"] == pytest.approx((35, 50))
+    assert at["KV ready"] == pytest.approx((50, 55)) and at["prefill"] == pytest.approx((55, 60))
+    assert {e["cat"] for e in ev if e["name"] == "prefill engine's leg"} == {"prefill engine"}
