@@ -87,6 +87,44 @@ def panel(
     )
 
 
+def _by_connector(metric: str, qs=(0.5, 0.9)) -> list[tuple[str, str]]:
+    return [
+        (
+            f"histogram_quantile({q}, sum by (le, connector) (rate({metric}_bucket{{{M}}}[{R}])))",
+            f"p{int(q * 100)} {{{{connector}}}}",
+        )
+        for q in qs
+    ]
+
+
+def _pd_row() -> None:
+    """Disaggregated prefill/decode (docs/metrics/disaggregated.md): the KV transfer, its share of
+    the client's TTFT, what it moved and how long the prefill engine held the blocks."""
+    panel(
+        "P/D: KV transfer (decode engine) and KV hold (prefill engine)",
+        [(q, f"transfer {leg}") for q, leg in _by_connector(N["kv_transfer"])]
+        + [(q, f"hold {leg}") for q, leg in _by_connector(N["kv_hold"])],
+        "s",
+        description="kv_transfer: the decode engine's load started -> its scheduler saw the transfer complete; "
+        "hold: the prefill engine's finish -> the blocks freed once the decode side had read them",
+    )
+    panel(
+        "P/D: KV transfer's share of the client TTFT",
+        _by_connector(N["kv_share"]),
+        "percentunit",
+        description="each disaggregated request's kv_transfer / its client TTFT",
+    )
+    panel(
+        "P/D: KV moved",
+        [
+            (f"sum by (connector) (rate({N['kv_bytes']}{{{M}}}[{R}]))", "bytes/s {{connector}}"),
+            (f"sum by (connector) (rate({N['kv_blocks']}{{{M}}}[{R}]))", "blocks/s {{connector}}"),
+        ],
+        "Bps",
+        description="the bytes NIXL's telemetry says it moved, and the KV blocks the decode engines' loads asked for",
+    )
+
+
 def build() -> dict:
     _panels.clear()
     global _y
@@ -155,6 +193,7 @@ def build() -> dict:
         [(f"sum by (boundary) (rate({N['output_tokens']}{{{M}}}[{R}]))", "{{boundary}}")],
         "short",
     )
+    _pd_row()
     panel(
         "Collector: spans in, rejected, evicted, late",
         [

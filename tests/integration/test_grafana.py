@@ -13,7 +13,7 @@ import time
 import jsonschema
 import pytest
 from conftest import ROOT, promql
-from support.otlp_helpers import Req, metrics_body, post_metrics, sample_request
+from support.otlp_helpers import Req, metrics_body, pd_bodies, post_metrics, sample_request
 
 from collector.pipeline.stalls import STALL_CLASSES
 from otel_llm.metrics.slo import SLO
@@ -155,6 +155,8 @@ def test_every_panel_query_returns_data(make_collector, prometheus):
     prom = prometheus(c.prometheus.address[1])
     for k in range(6):  # load across several scrapes, so every rate() has samples to differ
         c.accept(sample_request(_stall_reqs(f"r{k}-")).SerializeToString())
+        for b in pd_bodies(k, time.time_ns()):  # a disaggregated request, for the P/D row
+            c.accept(b)
         # and a traced process's report of its own cost, over OTLP/HTTP as the SDK sends it
         costs = ["cpu_time", "spans.exported", "spans.dropped", "events.dropped", "requests.unsampled"]
         assert post_metrics(c, metrics_body([(f"otel_llm.tracer.{m}", "sum", 0.5 * k) for m in costs]))[0] == 200
@@ -173,4 +175,6 @@ def test_every_panel_query_returns_data(make_collector, prometheus):
     statuses = {s["metric"]["status"] for s in promql(prom, "sum by (status) (llm_requests_total)")}
     assert statuses == {"ok", "error"}
     parts = {s["metric"]["part"] for s in promql(prom, "sum by (part) (llm_ttft_part_seconds_count)")}
-    assert parts == {"to_engine", "queue", "prefill", "delivery"}  # no HTTP server span in this load
+    # no HTTP server span in the stall load; the disaggregated requests split to_engine at their prefill leg
+    pd = {"to_prefill", "prefill_leg", "pd_hop", "kv_transfer", "kv_ready", "api_out", "network_out"}
+    assert parts == {"to_engine", "queue", "prefill", "delivery"} | pd

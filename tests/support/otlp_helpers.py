@@ -294,3 +294,49 @@ def post_metrics(c, body: bytes, ctype: str = "application/x-protobuf", **header
             return resp.status, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()
+
+
+def pd_bodies(k: int, base_ns: int, model: str = "tiny") -> list[bytes]:
+    """One disaggregated request at the wire level, as the senders export it (times in ms after
+    ``base_ns``): the client; the proxy's server span; the prefill engine's leg (its server span,
+    llm.request with role prefill, queue, prefill); the decode engine's (the same, role decode,
+    naming the prefill leg); and the engine cores' accounts of the request's KV fetch, the prefill
+    engine's hold and the NIXL worker's transfer, each a trace of its own."""
+    t = lambda ms: base_ns + int(ms * MS)
+    tr, ids = 0x9D00 + k, iter(range(k * 100 + 1, k * 100 + 100))
+    client, proxy, ps, pe, ds, de = (next(ids) for _ in range(6))
+    e = {sc.BOUNDARY: "engine", sc.REQUEST_MODEL: model, sc.PD_CONNECTOR: "NixlConnector"}
+    evs = lambda *ms: {sc.TOKEN_EVENT_OFFSETS: [int(m * MS) for m in ms], sc.TOKEN_EVENT_TOKENS: [1] * len(ms)}
+    rid, p_id, d_id = f"cmpl-pd{k}", f"cmpl-pd{k}-p", f"cmpl-pd{k}-d"
+    traced = [
+        span(tr, client, sc.SPAN_CLIENT_REQUEST, t(0), t(90), {
+            sc.BOUNDARY: "client", sc.REQUEST_ID: rid, sc.STATUS: "ok", sc.REQUEST_MODEL: model,
+            sc.OUTPUT_TOKENS: 3, **evs(62, 70, 80)}, kind=3),
+        span(tr, proxy, "POST /v1/completions", t(1), t(89), {sc.BOUNDARY: "server"}, parent=client),
+        span(tr, ps, "POST /v1/completions", t(2), t(20), {sc.BOUNDARY: "server"}, parent=proxy),
+        span(tr, pe, sc.SPAN_REQUEST, t(3), t(19), {
+            **e, sc.REQUEST_ID: rid, sc.STATUS: "ok", sc.REQUEST_INTERNAL_ID: p_id, sc.PD_ROLE: "prefill",
+            sc.PD_ENGINE_ID: "engine-P", sc.OUTPUT_TOKENS: 1, **evs(15)}, parent=ps),
+        span(tr, next(ids), sc.SPAN_QUEUE, t(4), t(6), {sc.BOUNDARY: "engine"}, parent=pe),
+        span(tr, next(ids), sc.SPAN_PREFILL, t(6), t(17), {sc.BOUNDARY: "engine"}, parent=pe),
+        span(tr, ds, "POST /v1/completions", t(30), t(88), {
+            sc.BOUNDARY: "server", sc.HTTP_CHUNK_OFFSETS: [int(m * MS) for m in (31, 39, 49)]}, parent=proxy),
+        span(tr, de, sc.SPAN_REQUEST, t(31), t(87), {
+            **e, sc.REQUEST_ID: rid, sc.STATUS: "ok", sc.REQUEST_INTERNAL_ID: d_id, sc.PD_ROLE: "decode",
+            sc.PD_ENGINE_ID: "engine-D", sc.PD_PEER_REQUEST_ID: p_id, sc.PD_PEER_ENGINE_ID: "engine-P",
+            sc.OUTPUT_TOKENS: 3, **evs(29, 37, 47)}, parent=ds),
+        span(tr, next(ids), sc.SPAN_QUEUE, t(32), t(55), {sc.BOUNDARY: "engine"}, parent=de),
+        span(tr, next(ids), sc.SPAN_PREFILL, t(55), t(60), {sc.BOUNDARY: "engine"}, parent=de),
+        span(tr, next(ids), sc.SPAN_DECODE, t(60), t(78), {sc.BOUNDARY: "engine"}, parent=de),
+    ]  # fmt: skip
+    own = lambda n: tr * 1000 + n  # the accounts' traces
+    accounts = [
+        span(own(1), next(ids), sc.SPAN_ENGINE_KV_TRANSFER, t(32), t(55), {
+            sc.BOUNDARY: "engine", sc.REQUEST_INTERNAL_ID: d_id, sc.KV_LOAD_OFFSET: 3 * MS,
+            sc.KV_RECEIVED_OFFSET: 18 * MS, sc.KV_BLOCKS: 1}),
+        span(own(2), next(ids), sc.SPAN_ENGINE_KV_HOLD, t(19), t(48), {
+            sc.BOUNDARY: "engine", sc.REQUEST_INTERNAL_ID: p_id, sc.KV_BLOCKS: 1}),
+        span(own(3), next(ids), sc.SPAN_ENGINE_KV_TRANSPORT, t(40), t(47), {
+            sc.BOUNDARY: "engine", sc.REQUEST_INTERNAL_ID: d_id, sc.KV_BYTES: 65536, sc.KV_WIRE: 6 * MS}),
+    ]  # fmt: skip
+    return [body(*accounts), body(*traced)]  # the engine cores' accounts come first, as they do
