@@ -549,11 +549,13 @@ class TraceAssembler:
             if e.waiting is None:
                 e.waiting = {}
             e.waiting[s[sp.SPAN_ID]] = now
-            if e.callers > e.clients:
+            if e.callers > e.clients or e.pd_legs > 0:
                 e.ready_at = now + self._peer_wait()
                 self._peer.append((e.ready_at, tid))
                 return
-        if e.callers > e.clients:  # still waiting for a caller's span: the peer deadline stands
+        # still waiting for a caller's span, or for the decode leg of a prefill leg here (its client may
+        # have given up first: the decode engine aborts the leg later): the peer deadline stands
+        if e.callers > e.clients or e.pd_legs > 0:
             return
         if e.id_until > now + self.config.grace_s:  # a GenAI client span waits for its engine's: that stands
             e.ready_at = e.id_until

@@ -160,6 +160,61 @@ def test_vllms_benchmark_client_through_the_proxy(pd, tiny_model, tmp_path):
     print(f"{d[1]:.1f}, prefill leg {d[2]:.1f}, KV transfer {d[3]:.1f}, KV ready {d[4]:.1f}, decode queue {d[5]:.1f}")
 
 
+def test_clients_that_give_up_while_the_kv_cache_moves(pd, tiny_model):
+    """Clients that cancel at moments across their first token's way (the prefill leg, the hop, the
+    KV transfer, the decode engine's first step): each is still one request at the engine, its legs
+    joined (never a prefill leg left as a request of its own), cancelled at the client; a KV part is
+    known and > 0 or unknown, never 0; and both servers serve the next request."""
+    import asyncio
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from support.otlp_helpers import http_exporter
+
+    from otel_llm.client.traced import TracedClient
+
+    c, _, deployment = pd
+    tp = TracerProvider(resource=Resource({"service.name": "pd-canceller"}))
+    tp.add_span_processor(SimpleSpanProcessor(http_exporter(c.receivers[1].address[1])))
+    delays = (0.02, 0.035, 0.05, 0.065, 0.08, 0.1, 0.15)
+    prompt = list(range(100, 148))
+
+    async def go():
+        async with TracedClient(deployment.proxy_url, model=tiny_model, tracer_provider=tp) as cl:
+            for d in delays:
+                task = asyncio.ensure_future(cl.completion(prompt, 32, extra={"ignore_eos": True}))
+                await asyncio.sleep(d)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await asyncio.sleep(0.3)  # the proxy and the decode engine notice, one at a time
+            return await cl.completion(prompt, 4, extra={"ignore_eos": True})
+
+    before = c.store.count()
+    last = asyncio.run(go())
+    tp.shutdown()
+    assert last.output_tokens == 4  # served after all of it
+    records = _stored(c, before + 3 * (len(delays) + 1))
+    clients = {r.trace_id: r for r in records if r.boundary == "client" and r.service == "pd-canceller"}
+    assert len(clients) == len(delays) + 1
+    engines = [r for r in records if r.boundary == "engine" and r.trace_id in clients]
+    assert len(engines) == len(delays) + 1, sorted((r.pd_role, r.status) for r in engines)
+    seen = []
+    for en in sorted(engines, key=lambda r: r.submit_ns):
+        cl = clients[en.trace_id]
+        assert cl.paired and en.pd_role in ("disaggregated", "prefill"), en.pd_role
+        if en.pd_role == "prefill":  # given up before the proxy reached the decode server: the leg alone,
+            assert en.status == cl.status == "cancelled"  # which served nobody: not a success
+        else:
+            assert en.prefill_request_id and en.prefill_leg > 0
+        for part in (en.kv_transfer, en.kv_handshake, en.kv_wire):
+            assert part is None or part > 0
+        seen.append((cl.status, en.status, en.pd_role))
+    assert seen[-1] == ("ok", "ok", "disaggregated") and all(x[0] == "cancelled" for x in seen[:-1]), seen
+    print("P/D cancels (client, engine, role), by delay:", list(zip((*delays, "-"), seen)))
+
+
 def test_the_decode_server_down(pd, tiny_model):
     """The decode server gone: the client gets the proxy's error, and the request is recorded as
     failed at the client and at its prefill leg, which did not serve it (last: it stops the

@@ -274,3 +274,16 @@ def test_a_leg_that_says_both_without_a_prefill_leg_beside_it_is_its_own_request
     _, _, recs = derived([a], peer_wait_s=1.0)
     roles = sorted(r.pd_role for r in recs if r.boundary == "engine")
     assert roles == ["both", "prefill"]
+
+
+def test_a_decode_leg_that_comes_after_its_client_gave_up_still_joins():
+    """A client that cancels early ends its span before the decode engine has even aborted the
+    leg: the trace waits for the decode leg its prefill leg announces (up to the peer wait), not
+    just the grace after the client, and the request stays one record."""
+    call = pd_call(0)
+    asm = TraceAssembler(AssemblyConfig(grace_s=0.5, peer_wait_s=8.0, timeout_s=60.0))
+    arrivals = [(0.0, call["prefill"]), (0.1, call["proxy"]), (0.2, call["client"]), (2.5, call["decode"])]
+    released = run(asm, arrivals, 30.0)
+    recs = derive(released)[0].records()
+    assert sorted(r.pd_role for r in recs if r.boundary == "engine") == ["disaggregated"]
+    assert asm.counters.spans_late == 0
