@@ -95,18 +95,17 @@ class KvFetchIndex(AccountIndex):
         ``kv_transfer`` (load started -> seen complete, one clock), ``kv_ready`` (seen complete ->
         first scheduled, the engine's own SCHEDULED event) and ``kv_blocks``; its ``queue`` gives
         up their time and keeps queued -> load started."""
-        client_of = _client_of(batch)
-        for i, f in found:
+        for rows, f in _with_clients(batch, found):
+            i = rows[0]
             scheduled = int(batch.first_scheduled_ns[i])
             q = batch.queue[i]
             if f.load_ns is None or f.received_ns is None or f.incomplete or scheduled == NO_NS or not np.isfinite(q):
                 continue  # the queue keeps what it held: nothing is split by a guess
             transfer, ready = (f.received_ns - f.load_ns) / _NS, (scheduled - f.received_ns) / _NS
-            for r in (i, client_of.get(i)):
-                if r is not None:
-                    batch.kv_transfer[r], batch.kv_ready[r] = transfer, ready
-                    batch.kv_blocks[r] = -1 if f.blocks is None else f.blocks
-                    batch.queue[r] = q - transfer - ready
+            for r in rows:
+                batch.kv_transfer[r], batch.kv_ready[r] = transfer, ready
+                batch.kv_blocks[r] = -1 if f.blocks is None else f.blocks
+                batch.queue[r] = q - transfer - ready
 
 
 @dataclass(frozen=True)
@@ -144,17 +143,16 @@ class KvHoldIndex(AccountIndex):
     def fill(self, batch: RecordBatch, found: list[tuple[int, KvHold]]) -> None:
         """``prefill_kv_hold`` on the record and on its client's; unknown where the hold did not end
         (the engine shut down first, or its book was full)."""
-        client_of = _client_of(batch)
-        for i, h in found:
-            if h.incomplete:
-                continue
-            for r in (i, client_of.get(i)):
-                if r is not None:
-                    batch.prefill_kv_hold[r] = (h.end_ns - h.start_ns) / _NS
+        for rows, h in _with_clients(batch, found):
+            if not h.incomplete:
+                batch.prefill_kv_hold[rows] = (h.end_ns - h.start_ns) / _NS
 
 
-def _client_of(batch: RecordBatch) -> dict[int, int]:
-    return dict(zip(batch.pairs[1].tolist(), batch.pairs[0].tolist())) if batch.pairs is not None else {}
+def _with_clients(batch: RecordBatch, found: list[tuple[int, object]]) -> list[tuple[list[int], object]]:
+    """Each found engine record with the client record paired with it (whose columns copy the
+    engine's): ([engine record, its client's if any], account)."""
+    client_of = dict(zip(batch.pairs[1].tolist(), batch.pairs[0].tolist())) if batch.pairs is not None else {}
+    return [([i] if client_of.get(i) is None else [i, client_of[i]], a) for i, a in found]
 
 
 @dataclass(frozen=True)
@@ -188,10 +186,7 @@ class KvTransportIndex(AccountIndex):
 
     def fill(self, batch: RecordBatch, found: list[tuple[int, KvTransport]]) -> None:
         """``kv_bytes`` and ``kv_wire`` on the record and on its client's."""
-        client_of = _client_of(batch)
-        for i, t in found:
-            for r in (i, client_of.get(i)):
-                if r is not None:
-                    batch.kv_bytes[r], batch.kv_wire[r] = t.nbytes, t.wire_ns / _NS
-                    if t.handshake_ns is not None:
-                        batch.kv_handshake[r] = t.handshake_ns / _NS
+        for rows, t in _with_clients(batch, found):
+            batch.kv_bytes[rows], batch.kv_wire[rows] = t.nbytes, t.wire_ns / _NS
+            if t.handshake_ns is not None:
+                batch.kv_handshake[rows] = t.handshake_ns / _NS
