@@ -262,6 +262,9 @@ RequestComparison = make_dataclass(
         ("accepted_tokens", int | None),
         ("acceptance_rate", float | None),
         ("mean_acceptance_length", float | None),
+        # the step that ended the client's largest gap: the drafts it verified for the request, those accepted
+        ("gap_step_draft_tokens", int | None),
+        ("gap_step_accepted_tokens", int | None),
         # disaggregated prefill/decode (None: not a P/D engine): the engine record's role (its parts
         # to_prefill, prefill_leg and pd_hop are among the TTFT's, docs/metrics/disaggregated.md)
         ("pd_role", str | None),
@@ -294,7 +297,8 @@ def _speculation(c: RequestRecord, e: RequestRecord) -> dict:
     """A pair's speculation: the engine record's account, else the client's copy of the server's."""
     src = e if e.draft_tokens is not None else c  # a row view: None where unknown
     keys = ("draft_tokens", "accepted_tokens", "acceptance_rate", "mean_acceptance_length")
-    return {k: getattr(src, k) for k in keys}
+    gap = ("gap_step_draft_tokens", "gap_step_accepted_tokens")
+    return {k: getattr(src, k) for k in keys} | {k: getattr(e, k) for k in gap}
 
 
 def _itl_by_request(records: Sequence[RequestRecord]) -> list[np.ndarray]:

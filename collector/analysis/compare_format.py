@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from otel_llm.metrics.summary_format import grid
 
-from ..pipeline.stalls import STALL_CLASSES
+from ..pipeline.stalls import NONE, STALL_CLASSES, UNKNOWN
 from .compare import TTFT_PARTS, ComparisonSummary, RequestComparison, traces_of_several_calls
 
 
@@ -48,6 +48,7 @@ def format_comparison(
             [["acceptance_rate", str(x.n), rate(x.mean), *(rate(x.percentiles[p]) for p in keys), rate(x.max)]],
             markdown,
         )
+        out += _largest_stall(rows)
     if summary.ttft_share is not None:
         out.append(
             "share of client TTFT: "
@@ -83,6 +84,19 @@ def format_comparison(
     out += _slowest(worst, rows, markdown)
     out += _traces_of_several_calls(rows, top, markdown, h)
     return "\n".join(out) + "\n"
+
+
+def _largest_stall(rows: list[RequestComparison]) -> list[str]:
+    """Speculative decoding: the largest stall, its cause and what the step that ended it
+    verified and accepted for the request (read with the request's own acceptance)."""
+    stalled = [r for r in rows if r.stall not in (NONE, UNKNOWN) and r.stall_gap is not None]
+    if not stalled:
+        return ["largest stall: none over the threshold"]
+    r = max(stalled, key=lambda r: r.stall_gap)
+    d, a = r.gap_step_draft_tokens, r.gap_step_accepted_tokens
+    step = "its step's drafts unknown" if d is None else f"the step that ended it verified {d} drafts, accepted {a}"
+    own = "" if r.acceptance_rate is None else f" (the request's acceptance {r.acceptance_rate:.3f})"
+    return [f"largest stall: {r.id} {_ms(r.stall_gap)} ms ({r.stall}); {step}{own}"]
 
 
 def _offset_lines(o) -> list[str]:

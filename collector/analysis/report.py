@@ -36,6 +36,7 @@ STALL_COLORS = {
     "engine:preemption": "#f56c6c",
     "engine:prefill": "#409eff",
     "engine:batch": "#e6a23c",
+    "engine:rejected-drafts": "#b88230",
     "engine:idle": "#c0c4cc",
     "engine:other": "#fab6b6",
     "unknown": "#909399",
@@ -336,6 +337,44 @@ def _stalls_figure(d: ReportData, go, make_subplots):
     return fig
 
 
+def _acceptance_figure(d: ReportData, go, make_subplots):
+    """Speculative decoding: each request's acceptance rate against its client's largest gap,
+    coloured by the gap's stall cause; the hover says what the step that ended the gap verified
+    and accepted for the request."""
+    if not d.acceptance:
+        return None
+    fig = go.Figure()
+    for cause in dict.fromkeys(r.stall for r in d.acceptance):
+        rows = [r for r in d.acceptance if r.stall == cause]
+        fig.add_scatter(
+            x=[r.acceptance_rate for r in rows],
+            y=[None if r.client_itl_max is None else r.client_itl_max * 1e3 for r in rows],
+            mode="markers",
+            name=cause,
+            marker={"color": STALL_COLORS.get(cause, "#606266"), "size": 7},
+            text=[_gap_step_text(r) for r in rows],
+            hovertemplate="%{text}<extra>%{fullData.name}</extra>",
+        )
+    fig.update_layout(_layout("Acceptance per request against its largest gap (colour: the gap's stall cause)"))
+    fig.update_xaxes(title="acceptance rate (accepted / draft tokens)", range=[-0.02, 1.02])
+    fig.update_yaxes(title="client's largest gap (ms)", rangemode="tozero")
+    return fig
+
+
+def _gap_step_text(r) -> str:
+    """A request's hover in the acceptance figure."""
+    step = (
+        "its step's drafts unknown"
+        if r.gap_step_draft_tokens is None
+        else f"the step that ended it: {r.gap_step_draft_tokens} drafts, {r.gap_step_accepted_tokens} accepted"
+    )
+    length = "-" if r.mean_acceptance_length is None else f"{r.mean_acceptance_length:.2f}"
+    return (
+        f"{html.escape(r.id)}<br>acceptance {r.acceptance_rate:.3f}, {length} tokens per verify step"
+        f"<br>largest gap {_fmt(r.client_itl_max)}; {step}"
+    )
+
+
 def _sweep_figure(d: ReportData, go, make_subplots):
     """Against load: attainment, latency percentiles and the TTFT's parts, one point per run."""
     if not d.sweep:
@@ -381,6 +420,7 @@ FIGURES = {
     "fig-itl": _itl_figure,
     "fig-over-time": _over_time_figure,
     "fig-stalls": _stalls_figure,
+    "fig-acceptance": _acceptance_figure,
     "fig-sweep": _sweep_figure,
 }
 

@@ -23,7 +23,7 @@ from ..pipeline.records import RecordBatch, RequestRecord
 from ..pipeline.stalls import ALL_CLASSES, DEFAULT_FACTOR, DEFAULT_FLOOR_S, STALL_CLASSES, UNKNOWN
 from ..pipeline.steps import StepBatch
 from ..pipeline.ttft_parts import MEANING
-from .compare import Comparison, TraceCalls, compare, traces_of_several_calls, ttft_share
+from .compare import Comparison, RequestComparison, TraceCalls, compare, traces_of_several_calls, ttft_share
 from .run_profile import profile_run
 
 #: What each part of the client TTFT holds (shown in the report beside the bars).
@@ -134,6 +134,8 @@ class ReportData:
     sweep: list[SweepPoint] = field(default_factory=list)
     ttft_share: dict[str, float | None] | None = None  # TTFT part -> share of the summed client TTFT
     traces: list[TraceCalls] = field(default_factory=list)  # traces of several calls, most calls first
+    # speculative decoding: the paired requests whose acceptance is known (compare's rows)
+    acceptance: list[RequestComparison] = field(default_factory=list)
 
 
 def _s(ns: int | None, origin: int) -> float | None:
@@ -381,4 +383,5 @@ def build_report(
         sweep=sweep_points(batch, steps, slo),
         ttft_share=ttft_share(cmp.rows),
         traces=traces_of_several_calls(cmp.rows, slowest),
+        acceptance=[r for r in cmp.rows if r.acceptance_rate is not None],
     )

@@ -217,6 +217,16 @@ COLUMNS: tuple[Column, ...] = (
         "tokens",
         "tokens per verify step: 1 + accepted / verify steps (vLLM's mean acceptance length)",
     ),
+    Column(
+        "gap_step_draft_tokens",
+        INT,
+        "tokens",
+        "the step that ended the request's largest gap between token events (its client's, on both records "
+        "of a pair): the draft tokens it verified for the request (0: none); unknown without the engine's "
+        "per-step account",
+        unknown=-1,
+    ),
+    Column("gap_step_accepted_tokens", INT, "tokens", "of that step's draft tokens, those accepted", unknown=-1),
     # disaggregated prefill/decode (llm.pd.* on llm.request; collector/pipeline/disagg.py): the
     # decode engine's record, its prefill leg joined, and the client record paired with it
     Column(

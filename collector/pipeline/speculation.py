@@ -16,13 +16,14 @@ acceptance length = 1 + accepted / verify steps (docs/metrics/speculative.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import walked_span as sp
 from .engine_accounts import AccountIndex
 from .records import RecordBatch
+from .stalls import gap_end_events
 
 
 def acceptance(draft_tokens: np.ndarray, accepted: np.ndarray, verify_steps: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -59,7 +60,14 @@ def own_columns(fields: list, n: int) -> dict[str, object]:
         "verify_steps": counts[2],
         "acceptance_rate": rate,
         "mean_acceptance_length": length,
+        "gap_step_draft_tokens": np.full(n, -1, np.int64),  # only the engine's per-step account says
+        "gap_step_accepted_tokens": np.full(n, -1, np.int64),
     }
+
+
+def _small(x: np.ndarray) -> np.ndarray:
+    """A per-step array as an account keeps it: int16, clipped."""
+    return np.clip(x, -1, 2**15 - 1).astype(np.int16)
 
 
 def split_accounts(spans: list[tuple]) -> tuple[list[tuple], list[tuple]]:
@@ -69,12 +77,29 @@ def split_accounts(spans: list[tuple]) -> tuple[list[tuple], list[tuple]]:
 
 @dataclass(frozen=True)
 class Account:
-    """One request's speculation, as its engine sent it (totals of its per-step arrays)."""
+    """One request's speculation, as its engine sent it: the totals of its per-step arrays, and
+    the arrays (one entry per step that gave the request tokens: its tokens, the drafts it verified,
+    -1: none, and those accepted; int16, clipped: an account waits in a bounded index)."""
 
     method: str | None
     draft_tokens: int
     accepted_tokens: int
     verify_steps: int
+    step_tokens: np.ndarray | None = field(default=None, compare=False)
+    step_drafts: np.ndarray | None = field(default=None, compare=False)
+    step_accepted: np.ndarray | None = field(default=None, compare=False)
+
+    def step_of_token(self, token: int) -> tuple[int, int] | None:
+        """(drafts verified, accepted) of the step that gave the request its ``token``-th token
+        (1: the first), 0 drafts for a step that verified none; None beyond the steps'
+        tokens, or without the per-step arrays."""
+        if self.step_tokens is None or token < 1:
+            return None
+        k = int(np.searchsorted(np.cumsum(self.step_tokens, dtype=np.int64), token, side="left"))
+        if k >= len(self.step_tokens):
+            return None
+        d = int(self.step_drafts[k])
+        return (d, int(self.step_accepted[k])) if d >= 0 else (0, 0)
 
     @classmethod
     def from_walked(cls, s: tuple) -> Account | None:
@@ -88,11 +113,14 @@ class Account:
             return None
         verify = d >= 0
         method = s[sp.SPEC_METHOD]
+        tokens = s[sp.SPEC_EVENT_TOKENS]
+        steps = tokens if type(tokens) is bytes and len(tokens) == len(drafts) else None
         return cls(
             method[:64] if type(method) is str else None,
             int(d[verify].sum()),
             int(a[verify].sum()),
             int(verify.sum()),
+            *((_small(np.frombuffer(steps, np.int64)), _small(d), _small(a)) if steps is not None else ()),
         )
 
 
@@ -114,3 +142,23 @@ class SpeculationIndex(AccountIndex):
         if said.any():
             rate, length = acceptance(batch.draft_tokens, batch.accepted_tokens, batch.verify_steps)
             batch.acceptance_rate[said], batch.mean_acceptance_length[said] = rate[said], length[said]
+        gap_steps(batch, found)
+
+
+def gap_steps(batch: RecordBatch, found: list[tuple[int, Account]]) -> None:
+    """``gap_step_*`` of the engine records that found their account (in place): the drafts
+    verified and accepted by the step that gave the last token of the event ending the largest gap
+    (the client's, for a paired record: :func:`~collector.pipeline.stalls.gap_end_events`),
+    copied to the paired client record."""
+    end = gap_end_events(batch.event_offsets_ns, batch.event_start, batch.pairs)
+    client_of = dict(zip(batch.pairs[1].tolist(), batch.pairs[0].tolist())) if batch.pairs is not None else {}
+    st, tokens = batch.event_start, batch.event_tokens
+    for i, account in found:
+        if end[i] < 1:
+            continue
+        step = account.step_of_token(int(tokens[st[i] : st[i] + end[i] + 1].sum()))
+        if step is None:
+            continue
+        for r in (i, client_of.get(i)):
+            if r is not None:
+                batch.gap_step_draft_tokens[r], batch.gap_step_accepted_tokens[r] = step

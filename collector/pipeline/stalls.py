@@ -75,6 +75,13 @@ CAUSES: tuple[Cause, ...] = (
         "a batch-mate's prefill",
         from_steps=True,
     ),
+    Cause(
+        "engine:rejected-drafts",
+        "the core, and a step in the gap verified draft tokens, took at least twice the median step and "
+        "accepted fewer than half of its drafts (speculative decoding)",
+        "verifying drafts the target model rejected: the step cost more than the tokens it gave",
+        from_steps=True,
+    ),
     Cause("engine:batch", "the core, and the batch grew during the gap", "more requests sharing each step", True),
     Cause(
         "engine:idle",
@@ -153,7 +160,7 @@ def stall_layers(
     ci, ei = np.asarray(ci, np.int64), np.asarray(ei, np.int64)
     ok = (counts[ci] >= 2) & (counts[ei] >= 2)
     ci, ei = ci[ok], ei[ok]
-    j = np.where(counts[ci] == counts[ei], pos[ci], pos[ei])  # the engine event pair (j, j + 1)
+    j = _engine_pair(pos, counts, ci, ei)
     ev = np.stack([st[ei] + j, st[ei] + j + 1], axis=1)  # the two, in the batch's event arrays
     el = ei.tolist()
     # the HTTP server: the first chunk at or after each of the two was handed out
@@ -200,6 +207,29 @@ def stall_layers(
         at = starts[fine]
         core[ci[r[fine]]] = (flat[at + kk[fine, 1]] - flat[at + kk[fine, 0]]) / 1e9
     return core, server
+
+
+def _engine_pair(pos: np.ndarray, counts: np.ndarray, ci: np.ndarray, ei: np.ndarray) -> np.ndarray:
+    """For pairs (client ``ci[k]``, engine ``ei[k]``), each with two events or more: the engine event
+    pair (j, j + 1) that bounds the client's largest gap, as ``j``: the same tokens when both saw as
+    many events, else the engine's own largest gap stands in."""
+    return np.where(counts[ci] == counts[ei], pos[ci], pos[ei])
+
+
+def gap_end_events(offsets_ns: np.ndarray, event_start: np.ndarray, pairs) -> np.ndarray:
+    """Per record of a batch (``event_start``: n + 1 bounds): which of its token events ends its
+    largest gap between token events (1: the second event; -1: fewer than two events). The engine
+    record of a pair (``pairs``: client and engine indices, or None) takes the event that ends its
+    client's largest gap, picked as :func:`stall_layers` picks it."""
+    st = np.asarray(event_start, np.int64)
+    counts = np.diff(st)
+    pos = _gap_positions(offsets_ns, st, len(counts))
+    end = np.where(pos >= 0, pos + 1, -1)
+    if pairs is not None and len(pairs[0]):
+        ci, ei = np.asarray(pairs[0], np.int64), np.asarray(pairs[1], np.int64)
+        ok = (counts[ci] >= 2) & (counts[ei] >= 2)
+        end[ei[ok]] = _engine_pair(pos, counts, ci[ok], ei[ok]) + 1
+    return end
 
 
 def _gap_positions(offsets_ns: np.ndarray, event_start: np.ndarray, n: int) -> np.ndarray:
@@ -313,6 +343,9 @@ def refine_engine_stall(gap: tuple[int, int], steps: StepBatch, median_step_ns: 
       nothing to run, or the host was busy with something else);
     * ``engine:prefill``: a step in the gap computed prompt tokens and took at least twice the
       median step (a batch-mate's prefill ran in the same step);
+    * ``engine:rejected-drafts``: a step in the gap verified draft tokens, took at least twice the
+      median step and accepted fewer than half of them (speculative decoding spent the step on
+      drafts the target model rejected);
     * ``engine:batch``: the batch grew during the gap (more requests in a step than in the step
       before the gap);
     * ``engine:other``: none of these.
@@ -329,6 +362,9 @@ def refine_engine_stall(gap: tuple[int, int], steps: StepBatch, median_step_ns: 
     dur = en - st
     if np.any((steps.prefill_tokens[i0:i1] > 0) & (dur >= 2 * median_step_ns)):
         return "engine:prefill"
+    drafts, accepted = steps.draft_tokens[i0:i1], steps.accepted_tokens[i0:i1]
+    if np.any((drafts > 0) & (accepted >= 0) & (2 * accepted < drafts) & (dur >= 2 * median_step_ns)):
+        return "engine:rejected-drafts"
     before = steps.batch_size[i0 - 1] if i0 > 0 else steps.batch_size[i0]
     if steps.batch_size[i0:i1].max() > before:
         return "engine:batch"

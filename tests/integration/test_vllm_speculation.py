@@ -187,5 +187,9 @@ def test_bench_against_a_speculative_vllm_server(make_collector, tiny_model):
     # several tokens per event: a gap per token is shorter than the gap per event somewhere
     assert d["client_itl_per_token"]["n"] == d["client_itl"]["n"]
     assert d["client_itl_per_token"]["mean"] < d["client_itl"]["mean"]
+    # the step that ended each request's largest gap: known on every row, within n-gram's k drafts
+    k = NGRAM["num_speculative_tokens"]
+    assert all(0 <= r["gap_step_accepted_tokens"] <= r["gap_step_draft_tokens"] <= k for r in rows), rows
     text = run_cli("compare", "--store", c.config.store).stdout
     assert "Speculative decoding, per request" in text and "client_itl_per_token" in text
+    assert "largest stall: " in text

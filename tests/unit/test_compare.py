@@ -130,6 +130,7 @@ def test_stall_classification(make_collector):
         "delivery": 1,
         "engine:preemption": 1,
         "engine:prefill": 0,
+        "engine:rejected-drafts": 0,
         "engine:batch": 0,
         "engine:idle": 0,
         "engine:other": 1,

@@ -35,7 +35,7 @@ def request(n: int, internal: str | None) -> ReleasedTrace:
     return ReleasedTrace(bytes.fromhex(tid), [s], "grace")
 
 
-def account(internal, drafts, accepted, method="ngram", n=0):
+def account(internal, drafts, accepted, method="ngram", n=0, tokens=None):
     return sp.make_span(
         f"{n + 99:032x}",
         f"{n + 99:016x}",
@@ -44,7 +44,7 @@ def account(internal, drafts, accepted, method="ngram", n=0):
         end=T0 + 40_000_000,
         internal_id=internal,
         spec_method=method,
-        spec_event_tokens=[1] * len(drafts),
+        spec_event_tokens=tokens or [1] * len(drafts),
         spec_event_drafts=drafts,
         spec_event_accepted=accepted,
     )
@@ -147,3 +147,91 @@ def test_a_client_keeps_the_servers_own_account_and_nothing_malformed():
     rec.chunk({"choices": [], "metrics": "junk"}, 1)
     rec.chunk({"choices": [], "metrics": {"speculative_decoding": [1, 2]}}, 2)
     assert rec.speculation is None
+
+
+def test_the_largest_gap_names_the_step_that_ended_it():
+    """The step that gave the last token of the event ending the largest gap: its drafts and those
+    accepted, on the engine record and its client's. The client's largest gap picks the event (not
+    the engine's own largest), and an event the front end merged from two steps takes its last
+    step; an engine record alone takes its own largest gap; no per-step tokens: unknown."""
+    ms, tid = 1_000_000, "ab" * 16
+    # the engine's events: 1, 1 (merged: a step of 0 accepted then one of 1), 4 tokens, 2
+    e_offs, e_toks = [10 * ms, 30 * ms, 80 * ms, 90 * ms], [1, 1 + 2, 4, 2]
+    # the client saw as many events; its largest gap ends on the second (the engine's on the third)
+    c_offs = [12 * ms, 95 * ms, 100 * ms, 110 * ms]
+    client = sp.make_span(tid, "c1" * 8, sc.SPAN_CLIENT_REQUEST, start=T0 - ms, end=T0 + 120 * ms, kind=3,
+                          request_id="cmpl-g", offsets=c_offs, tokens=e_toks)  # fmt: skip
+    engine = sp.make_span(tid, "e1" * 8, sc.SPAN_REQUEST, parent="c1" * 8, start=T0, end=T0 + 100 * ms, kind=2,
+                          request_id="cmpl-g", internal_id="g-1", offsets=e_offs, tokens=e_toks)  # fmt: skip
+    alone = request(7, "h-1")  # events of 1 and 3 tokens: its only gap ends on the second
+    steps = sp.make_span("99" * 16, "98" * 8, sc.SPAN_ENGINE_SPECULATION, start=T0, end=T0 + 90 * ms,
+                         internal_id="g-1", spec_method="ngram", spec_event_tokens=[1, 1, 2, 4, 2],
+                         spec_event_drafts=[-1, 3, 3, 3, 3], spec_event_accepted=[0, 0, 1, 3, 1])  # fmt: skip
+    index = SpeculationIndex(limit=10)
+    index.add([steps, account("h-1", [-1, 3], [0, 2], n=1, tokens=[1, 3])])
+    batch, _ = derive([ReleasedTrace(bytes.fromhex(tid), [client, engine], "grace"), alone])
+    index.join(batch)
+    got = list(zip(batch.boundary, batch.gap_step_draft_tokens.tolist(), batch.gap_step_accepted_tokens.tolist()))
+    assert batch.paired.tolist() == [True, True, False]
+    # the merged event's last step, not the 4-token one; the lone record's own gap
+    assert got == [("client", 3, 1), ("engine", 3, 1), ("engine", 3, 2)]
+    # an account without per-step tokens of the right length: its totals, not the gap's step
+    bare = SpeculationIndex(limit=10)
+    bare.add([replaced(account("h-1", [-1, 3], [0, 2], n=1), sp.SPEC_EVENT_TOKENS, None)])
+    again, _ = derive([request(7, "h-1")])
+    bare.join(again)
+    assert again.draft_tokens.tolist() == [3] and again.gap_step_draft_tokens.tolist() == [-1]
+
+
+def test_compare_reads_the_largest_stall_with_its_steps_acceptance():
+    """A verify step twice the median that accepted 2 of 16 drafts fills the engine's gap: compare
+    names the stall engine:rejected-drafts and prints it with what its step verified and accepted
+    for the request; without the steps the same stall is engine:other, its step's drafts still shown."""
+    from collector.analysis.compare import compare, summarize_comparison
+    from collector.analysis.compare_format import format_comparison
+    from collector.pipeline.steps import StepBatch
+
+    ms, tid = 1_000_000, "cd" * 16
+    e_offs, c_offs, toks = [10 * ms, 30 * ms, 250 * ms, 260 * ms], [12 * ms, 32 * ms, 255 * ms, 265 * ms], [1, 2, 1, 4]
+    client = sp.make_span(tid, "c2" * 8, sc.SPAN_CLIENT_REQUEST, start=T0 - ms, end=T0 + 270 * ms, kind=3,
+                          request_id="cmpl-s", offsets=c_offs, tokens=toks)  # fmt: skip
+    engine = sp.make_span(tid, "e2" * 8, sc.SPAN_REQUEST, parent="c2" * 8, start=T0, end=T0 + 262 * ms, kind=2,
+                          request_id="cmpl-s", internal_id="s-1", offsets=e_offs, tokens=toks,
+                          service="vllm")  # fmt: skip
+    steps = sp.make_span("97" * 16, "96" * 8, sc.SPAN_ENGINE_SPECULATION, start=T0, end=T0 + 260 * ms,
+                         internal_id="s-1", spec_method="ngram", spec_event_tokens=toks,
+                         spec_event_drafts=[-1, 3, 3, 3], spec_event_accepted=[0, 1, 0, 3])  # fmt: skip
+    index = SpeculationIndex(limit=10)
+    index.add([steps])
+    batch, _ = derive([ReleasedTrace(bytes.fromhex(tid), [client, engine], "grace")])
+    index.join(batch)
+    records = batch.records()
+    starts = [t for t in range(0, 300, 10) if not 30 <= t < 250] + [30]
+    rows = sorted((T0 + a * ms, T0 + (a + (215 if a == 30 else 9)) * ms) for a in starts)
+    n = len(rows)
+    long_step = [a for a, _ in rows].index(T0 + 30 * ms)
+    run = StepBatch(
+        trace_id=["s"] * n, span_id=[str(i) for i in range(n)], service=["vllm"] * n,
+        start_ns=np.array([a for a, _ in rows]), end_ns=np.array([b for _, b in rows]), step_index=np.arange(n),
+        batch_size=np.full(n, 4), prefill_tokens=np.zeros(n, np.int64), decode_tokens=np.full(n, 4),
+        preempted=np.zeros(n, np.int64), kv_usage=np.full(n, 0.5), gpu_time_ns=np.full(n, -1),
+        draft_tokens=np.where(np.arange(n) == long_step, 16, 4),
+        accepted_tokens=np.where(np.arange(n) == long_step, 2, 3),
+    )  # fmt: skip
+    for given, cause in ((run, "engine:rejected-drafts"), (None, "engine:other")):
+        cmp = compare(records, 0.0, steps=given)
+        (row,) = cmp.rows
+        assert (row.stall, row.gap_step_draft_tokens, row.gap_step_accepted_tokens) == (cause, 3, 0)
+        text = format_comparison(cmp.rows, summarize_comparison(cmp))
+        assert f"largest stall: cmpl-s 223.0 ms ({cause}); the step that ended it verified 3 drafts, accepted 0" in text
+        assert "(the request's acceptance 0.444)" in text
+    # the report: the request's acceptance against its largest gap, coloured by the cause, the step in the hover
+    from collector.analysis.report import figures
+    from collector.analysis.report_data import build_report
+
+    figs = figures(build_report(batch, run, source="test"))
+    (dot,) = figs["fig-acceptance"].data
+    assert dot.name == "engine:rejected-drafts" and dot.x == (pytest.approx(4 / 9),)
+    assert dot.y == (pytest.approx(223.0),) and "the step that ended it: 3 drafts, 0 accepted" in dot.text[0]
+    plain, _ = derive([request(3, None)])  # no speculation: no acceptance figure
+    assert "fig-acceptance" not in figures(build_report(plain, None, source="test"))

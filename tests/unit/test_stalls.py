@@ -166,8 +166,9 @@ def test_engine_stalls_are_refined_from_the_steps():
 
     ms = 1_000_000
 
-    def steps(rows):  # (start ms, end ms, batch, prefill tokens)
+    def steps(rows, drafts=None):  # (start ms, end ms, batch, prefill tokens); drafts: (drafted, accepted) per row
         n = len(rows)
+        drafted, accepted = zip(*drafts) if drafts else ([-1] * n, [-1] * n)
         return StepBatch(
             trace_id=["s"] * n,
             span_id=[str(i) for i in range(n)],
@@ -181,6 +182,8 @@ def test_engine_stalls_are_refined_from_the_steps():
             preempted=np.zeros(n, np.int64),
             kv_usage=np.full(n, 0.5),
             gpu_time_ns=np.full(n, -1),
+            draft_tokens=np.array(drafted, np.int64),
+            accepted_tokens=np.array(accepted, np.int64),
         )
 
     regular = [(t, t + 9, 4, 0) for t in range(0, 300, 10)]  # 9 ms decode steps, batch of 4
@@ -193,6 +196,22 @@ def test_engine_stalls_are_refined_from_the_steps():
     assert refine_engine_stall(gap, steps(grown), median) == "engine:batch"
     idle = [r for r in regular if not 100 <= r[0] < 220]
     assert refine_engine_stall(gap, steps(idle), median) == "engine:idle"
+    # speculative decoding: a long verify step that accepted fewer than half its drafts; one that
+    # accepted most of them, or a short one, is not the cause
+    verify = sorted(idle + [(100, 215, 4, 0)])
+    at = verify.index((100, 215, 4, 0))
+
+    def with_drafts(d, a, rows=verify, i=at):
+        return [(d, a) if k == i else (4, 3) for k in range(len(rows))]
+
+    assert refine_engine_stall(gap, steps(verify, with_drafts(16, 7)), median) == "engine:rejected-drafts"
+    assert refine_engine_stall(gap, steps(verify, with_drafts(16, 8)), median) == "engine:other"
+    assert refine_engine_stall(gap, steps(verify, with_drafts(-1, -1)), median) == "engine:other"
+    short = sorted(regular[:10] + [(100, 109, 4, 0)] + regular[22:])
+    assert refine_engine_stall(gap, steps(short, [(0, 0)] * len(short)), median) == "engine:idle"
+    assert refine_engine_stall((100 * ms, 110 * ms), steps(short, with_drafts(16, 0, short, 10)), median) == (
+        "engine:other"
+    )
     # the gap is the engine's own, at the token where the client's largest gap ends
     from types import SimpleNamespace as R
 
