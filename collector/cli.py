@@ -13,42 +13,11 @@ import time
 
 from otel_llm import environment
 from otel_llm.cli_options import add_selection_options, number, percentile_list, selection_of
+from otel_llm.declared_options import add_option
 from otel_llm.metrics.percentiles import METHODS
 from otel_llm.semconv import Boundary
 
 from .config import AssemblyConfig, CollectorConfig, options_of, parse_slos
-
-
-def _add_option(p: argparse.ArgumentParser, f) -> None:
-    """One option from a configuration field (:func:`collector.config.option`): the command line
-    converts with the field's parser (a usage error when it fails); its variable
-    ``OTEL_LLM_COLLECTOR_<OPTION>`` gives the default (logged and ignored when it does not parse)."""
-    m = f.metadata
-    parse, low = m["parse"], m["minimum"]
-
-    def check(text: str):
-        v = parse(text)
-        if low is not None and v is not None and v < low:
-            raise ValueError(f"must be >= {low}")
-        return v
-
-    def convert(text: str):
-        try:
-            return check(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
-
-    var = environment.collector_variable(m["flag"])
-    default = environment.parsed(var, f.default, check)
-    shown = "off" if default is None else default
-    p.add_argument(
-        m["flag"],
-        dest=f.name,
-        type=convert,
-        default=default,
-        metavar=m["metavar"],
-        help=f"{m['help']} (default {shown}; ${var})",
-    )
 
 
 def register(sub) -> None:
@@ -62,10 +31,8 @@ def register(sub) -> None:
         "OTEL_LLM_COLLECTOR_MAX_TRACES); the command line wins. Addresses, URLs and paths take 'off' to "
         "disable. Receivers bind to loopback by default. SIGINT / SIGTERM flush what was accepted to the store.",
     )
-    for f in options_of(CollectorConfig):
-        _add_option(p, f)
-    for f in options_of(AssemblyConfig):
-        _add_option(p, f)
+    for f in options_of(CollectorConfig) + options_of(AssemblyConfig):
+        add_option(p, f, environment.collector_variable(f.metadata["flag"]))
     slo_var, tpot_var = environment.collector_variable("slo"), environment.collector_variable("tpot-undefined")
     env_slo = environment.env_str(slo_var)
     p.add_argument(

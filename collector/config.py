@@ -10,9 +10,12 @@ line, a configuration that exists is a usable one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
+from otel_llm.declared_options import check_minimums as _check_minimums
+from otel_llm.declared_options import one_of, options_of, yes_no
+from otel_llm.declared_options import option as declared_option
 from otel_llm.metrics.fluidity import FluidityTarget
 from otel_llm.metrics.slo import SLO
 
@@ -90,19 +93,6 @@ def text_or_off(text: str) -> str | None:
     return None if text.strip().lower() in OFF else text
 
 
-def one_of(*choices: str) -> Callable[[str], str]:
-    """A parser for an option taking one of ``choices``."""
-
-    def parse(text: str) -> str:
-        t = text.strip().lower()
-        if t not in choices:
-            raise ValueError(f"expected one of {', '.join(choices)}, got {text!r}")
-        return t
-
-    parse.choices = choices
-    return parse
-
-
 def policy_or_off(text: str) -> TracePolicy | None:
     """The ``--forward-traces-policy`` rules, or ``off`` (forward every span as it came)."""
     return None if text.strip().lower() in OFF else TracePolicy.parse(text)
@@ -113,34 +103,12 @@ def fluidity_or_off(text: str) -> FluidityTarget | None:
     return None if text.strip().lower() in OFF else FluidityTarget.parse(text)
 
 
-def yes_no(text: str) -> bool:
-    """A switch option: true/false, yes/no, on/off, 1/0."""
-    low = text.strip().lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off", ""):
-        return False
-    raise ValueError("expected true or false")
-
-
 def option(default: Any, flag: str, metavar: str, help: str, parse: Callable[[str], Any] = str, minimum=None):
     """A configuration field that is also a command-line option (``flag``) and an environment
-    variable. ``parse`` turns the option's text into the field's value (ValueError: bad text);
-    ``minimum`` bounds a number."""
-    meta = {"flag": flag, "metavar": metavar, "help": help, "parse": parse, "minimum": minimum}
-    return field(default=default, metadata=meta)
-
-
-def options_of(cls) -> list:
-    """The fields of a configuration dataclass that are options."""
-    return [f for f in fields(cls) if "flag" in f.metadata]
-
-
-def _check_minimums(obj) -> None:
-    for f in options_of(type(obj)):
-        low, v = f.metadata["minimum"], getattr(obj, f.name)
-        if low is not None and v is not None and v < low:
-            raise ValueError(f"{f.metadata['flag']} must be >= {low}, got {v}")
+    variable (:func:`otel_llm.declared_options.option`; a default of None reads ``off``).
+    ``parse`` turns the option's text into the field's value (ValueError: bad text); ``minimum``
+    bounds a number."""
+    return declared_option(default, flag, metavar, help, parse, minimum, unset="off")
 
 
 @dataclass

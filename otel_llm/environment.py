@@ -92,6 +92,7 @@ DETAIL_LEVELS = tuple(DETAIL_SENDS)
 DEFAULT_DETAIL = Detail.PHASES  # what the tracing budget is counted at (docs/architecture.md, "The hot path")
 PURE_PYTHON = "OTEL_LLM_PURE_PYTHON"  # no C accelerator: the collector parses with protobuf, the hooks scan in Python
 COLLECTOR_PREFIX = "OTEL_LLM_COLLECTOR_"  # + an `otel-llm collector` option, e.g. _STORE, _MAX_TRACES
+BENCH_PREFIX = "OTEL_LLM_BENCH_"  # + an `otel-llm bench` option, e.g. _BASE_URL, _RATE
 OPENAI_API_KEY = "OPENAI_API_KEY"  # bench's --api-key default
 
 _TRUE = ("1", "true", "yes", "on")
@@ -175,3 +176,8 @@ def collector_variable(option: str) -> str:
     """The variable of an ``otel-llm collector`` option: ``--max-traces`` ->
     ``OTEL_LLM_COLLECTOR_MAX_TRACES``."""
     return COLLECTOR_PREFIX + option.lstrip("-").upper().replace("-", "_")
+
+
+def bench_variable(option: str) -> str:
+    """The variable of an ``otel-llm bench`` option: ``--base-url`` -> ``OTEL_LLM_BENCH_BASE_URL``."""
+    return BENCH_PREFIX + option.lstrip("-").upper().replace("-", "_")

@@ -19,14 +19,16 @@ from urllib.parse import urlsplit
 
 from .. import environment
 from .. import semconv as sc
-from ..cli_options import CLIError, add_analysis_options, analysis_text, check_output_path, number
+from ..cli_options import CLIError, add_analysis_options, analysis_text, check_output_path
 from ..client.traced import ClientResult, TracedClient
+from ..declared_options import add_options, settle
 from ..metrics.timeline import TimelineBatch
 from ..metrics.timeline_file import timeline_to_json
 from ..otlp.export import unreachable_endpoint
 from ..otlp.tracing import make_provider
 from ..semconv import RequestStatus
 from . import replay
+from .bench_options import BenchOptions
 from .bench_sweep import Sweeper, points_size, print_results, run_capacity, run_sweep
 from .capacity import CapacitySearch, Sweep
 from .load import BenchRun, LengthDist, LoadRunner, LoadSpec, Progress, Sent, conditions, measured
@@ -46,162 +48,9 @@ def register(sub) -> None:
         "is in flight, counts it, still prints the summary and exits 130. A run in which no request "
         "succeeded exits 1; a bad option exits 2.",
     )
-    p.add_argument("--base-url", required=True, help="server API root, e.g. http://127.0.0.1:8000/v1")
-    p.add_argument("--model", required=True, help="model name to request")
-    p.add_argument(
-        "--api-key", default=environment.raw(environment.OPENAI_API_KEY), help="bearer token (default $OPENAI_API_KEY)"
-    )
-    g = p.add_mutually_exclusive_group(required=True)
-    g.add_argument("--rate", type=float, help="open loop: arrivals per second")
-    g.add_argument("--concurrency", type=int, help="closed loop: workers sending back to back")
-    g.add_argument(
-        "--sweep",
-        metavar="KNOB=VALUES",
-        help="one run per load point: rate=1,2,4,8 (open loop), concurrency=1,4,16 (closed loop) or "
-        "KNOB=geom:LO:HI:N; each point has its own run id (<run-id>-rate4), warm-up and window",
-    )
-    g.add_argument(
-        "--find-capacity",
-        action="store_true",
-        help="search for the largest request rate at which --attainment of the requests sent meet --slo "
-        "(docs/metrics/capacity.md): doubling until a rate fails, then bisecting to --resolution",
-    )
-    g.add_argument(
-        "--replay",
-        metavar="FILE",
-        help="send the arrivals and lengths recorded in FILE: a collector store, an OTLP trace file, a "
-        "timelines file or a Mooncake JSONL trace (see --replay-format)",
-    )
-    p.add_argument(
-        "--arrival",
-        choices=("poisson", "constant", "gamma"),
-        default="poisson",
-        help="open loop arrival process (default poisson)",
-    )
-    p.add_argument("--burstiness", type=float, default=1.0, help="gamma shape: 1 = Poisson, < 1 burstier")
-    p.add_argument("--max-concurrency", type=int, help="cap on requests in flight in an open loop")
-    n = p.add_mutually_exclusive_group()
-    n.add_argument("--num-requests", type=int, help="measured requests (default 100)")
-    n.add_argument("--duration", type=float, help="measured seconds instead of a count")
-    p.add_argument("--warmup", type=int, default=0, help="warm-up requests, sent first and excluded (default 0)")
-    p.add_argument("--input-tokens", default="128", help="N, uniform:LO:HI or normal:MEAN:SD (default 128)")
-    p.add_argument("--output-tokens", default="128", help="N, uniform:LO:HI or normal:MEAN:SD (default 128)")
-    p.add_argument("--vocab-size", type=int, default=500, help="prompt token ids are drawn below this (default 500)")
-    p.add_argument("--no-ignore-eos", action="store_true", help="let the model stop early (default: ignore_eos)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the arrival times and lengths (default 0)")
-    p.add_argument(
-        "--run-id",
-        metavar="ID",
-        help="this run's id, on every span it sends and every record derived from them (default: UTC start "
-        "time and random hex); select it later with analyze/compare --run ID",
-    )
-    p.add_argument("--engine", default="unknown", help="engine and version, recorded with the run")
-    p.add_argument("--hardware", default="unknown", help="server hardware, recorded with the run")
-    p.add_argument("--output", metavar="FILE", help="write per-request timelines (the analyze input format)")
+    add_options(p, BenchOptions, environment.bench_variable)
     add_analysis_options(p)
-    _add_sweep_options(p)
-    _add_replay_options(p)
     p.set_defaults(func=cmd_bench)
-
-
-def _add_sweep_options(p: argparse.ArgumentParser) -> None:
-    s = p.add_argument_group("sweeps and the capacity search (--sweep, --find-capacity)")
-    s.add_argument(
-        "--attainment",
-        type=number(float, 0, strict=True),
-        default=0.9,
-        metavar="F",
-        help="--find-capacity: the share of requests sent that must meet --slo (default 0.9)",
-    )
-    s.add_argument(
-        "--attainment-error",
-        type=number(float, 0, strict=True),
-        default=0.1,
-        metavar="E",
-        help="--find-capacity: requests per point are enough for the attainment to be known within +-E at "
-        "--confidence (Wilson interval at the target; default 0.1: 37 requests at 0.9); --num-requests or "
-        "--duration instead fix the points' size",
-    )
-    s.add_argument(
-        "--min-point-duration",
-        type=number(float, 0),
-        default=None,
-        metavar="S",
-        help="each rate point sends for at least S seconds (rate x S requests where that is more than the count "
-        "--attainment-error asks for): a burst that a server absorbs is not a sustained rate, and past capacity "
-        "the queue grows for as long as a point lasts (default: 30 with --find-capacity, 0 with --sweep)",
-    )
-    s.add_argument(
-        "--settle",
-        type=number(float, 0),
-        default=None,
-        metavar="F",
-        help="the first F of each rate point's sending time is left out of its verdict (its queue settles); the "
-        "rest is the measured window, over which the server must complete what it is sent (default: 0.25 with "
-        "--find-capacity, 0 with --sweep)",
-    )
-    s.add_argument(
-        "--confidence",
-        type=number(float, 0, strict=True),
-        default=0.95,
-        metavar="C",
-        help="of each point's attainment interval (default 0.95)",
-    )
-    s.add_argument(
-        "--resolution",
-        type=number(float, 0.001),
-        default=0.1,
-        metavar="F",
-        help="--find-capacity stops once the lowest failing rate is within 1 + F of the highest passing one "
-        "(default 0.1)",
-    )
-    for flag, default, what in (
-        ("--start-rate", 1.0, "the first rate measured, requests/s (default 1)"),
-        ("--min-rate", 0.05, "below this the search gives up: capacity < R (default 0.05)"),
-        ("--max-rate", 1000.0, "the search goes no higher: capacity >= R (default 1000)"),
-    ):
-        s.add_argument(
-            flag, type=number(float, 0, strict=True), default=default, metavar="R", help="--find-capacity: " + what
-        )
-    s.add_argument(
-        "--max-points", type=number(int, 1), default=12, metavar="N", help="--find-capacity: at most N points"
-    )
-    s.add_argument(
-        "--results", metavar="FILE", help="JSON lines: one object per point as it completes, then the conclusion"
-    )
-    s.add_argument(
-        "--store",
-        metavar="PATH",
-        help="the collector's store that receives this run's spans: each point then gets the server and engine "
-        "boundaries, the client TTFT in its parts and the engine's batch size, KV usage and preemptions",
-    )
-    s.add_argument(
-        "--store-wait",
-        type=number(float, 0),
-        default=30.0,
-        metavar="S",
-        help="after each point, wait up to S seconds for the store to hold its records (default 30)",
-    )
-
-
-def _add_replay_options(p: argparse.ArgumentParser) -> None:
-    r = p.add_argument_group("replay (--replay FILE)")
-    r.add_argument("--replay-format", choices=replay.FORMATS, default="auto", help="default: from the file")
-    r.add_argument(
-        "--replay-speed",
-        type=number(float, 0, strict=True),
-        default=1.0,
-        metavar="F",
-        help="time runs F times faster than recorded (default 1)",
-    )
-    r.add_argument("--replay-run", metavar="ID", help="from a store or a traces file: only this bench run")
-    r.add_argument(
-        "--replay-block-size",
-        type=number(int, 1),
-        default=replay.MOONCAKE_BLOCK,
-        metavar="N",
-        help="prompt tokens per Mooncake hash id (default 512)",
-    )
 
 
 def load_spec(args: argparse.Namespace) -> tuple[LoadSpec, LengthDist, LengthDist]:
@@ -423,7 +272,19 @@ def no_collector() -> None:
     os.environ[environment.TRACES_EXPORTER] = "none"
 
 
+def settle_options(args: argparse.Namespace) -> None:
+    """What the parser cannot settle (:func:`otel_llm.declared_options.settle`): the variables of
+    the exclusive groups, the required options; the API key's fallback (CLIError: a usage error)."""
+    try:
+        settle(args, BenchOptions, environment.bench_variable)
+    except ValueError as exc:
+        raise CLIError(str(exc)) from None
+    if args.api_key is None:
+        args.api_key = environment.raw(environment.OPENAI_API_KEY)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    settle_options(args)
     sweep_checks(args)
     check_output_path(args.output, "--output")
     check_output_path(args.results, "--results")

@@ -150,6 +150,7 @@ LEAVES = {
     "collector.health",
     "otel_llm.semconv",
     "otel_llm.environment",
+    "otel_llm.declared_options",
     "otel_llm.clock",
     "otel_llm.accelerator",
 }
