@@ -229,6 +229,7 @@ KV_BLOCKS = "llm.kv_transfer.blocks"
 KV_BYTES = "llm.kv_transfer.bytes"  # bytes moved, as the transport says (NIXL's telemetry), summed
 KV_HANDSHAKE = "llm.kv_transfer.handshake_ns"  # its wait for the worker's handshake with a new peer
 KV_WIRE = "llm.kv_transfer.wire_ns"  # the transport's own time for the request's transfers (NIXL xferDuration)
+KV_FAILED_OFFSET = "llm.kv_transfer.failed_offset_ns"  # the connector said the load failed, ns after the start
 KV_INCOMPLETE = "llm.kv_transfer.incomplete"  # still in the fetch at shutdown, or evicted
 REQUEST_INCOMPLETE = "llm.request.incomplete"  # exported at shutdown before it finished
 QUEUE_INCOMPLETE = "llm.queue.incomplete"  # on llm.queue: the engine never saw the request scheduled

@@ -54,7 +54,7 @@ FORMATS = ("vllm-bench", "guidellm")
 
 #: what a client record takes from its engine record (engine internals and the server's times)
 #: what a tool's request takes from its engine record: what otel-llm's client record takes
-_FROM_ENGINE = (*FROM_ENGINE, *disagg.FROM_ENGINE, "model", "input_tokens")
+_FROM_ENGINE = (*FROM_ENGINE, *disagg.FROM_ENGINE, "kv_load", "model", "input_tokens")
 
 
 @dataclass

@@ -682,6 +682,7 @@ def decompose(rq: Requests, fields: list, events: TokenEvents) -> dict[str, np.n
         "kv_ready": np.full(n, np.nan),  # (collector/pipeline/kv_fetch.py)
         "kv_blocks": np.full(n, -1, np.int64),
         "kv_bytes": np.full(n, -1, np.int64),
+        "kv_load": [None] * n,
         "kv_wire": np.full(n, np.nan),
         "kv_handshake": np.full(n, np.nan),
         "prefill": seconds(ph.prefill),

@@ -15,7 +15,8 @@ still sum to it exactly (docs/metrics/disaggregated.md):
 * ``kv_ready``: that step -> first scheduled (the engine's own SCHEDULED event, which ends the queue).
 
 Where a moment is missing (a fetch that never started a load: the connector had nothing to load,
-the request is recomputed), the parts it bounds stay unknown and the queue keeps their time.
+the request is recomputed), the parts it bounds stay unknown and the queue keeps their time; so
+too for a load the connector said failed (``kv_load`` says which it was).
 The account leaves the engine when the request leaves the fetch (it is scheduled): well before
 its ``llm.request`` span, which ends when the request finishes.
 
@@ -59,15 +60,27 @@ class KvFetch:
     end_ns: int
     blocks: int | None
     incomplete: bool
+    failed_ns: int | None = None  # the connector said the load failed
+
+    @property
+    def load(self) -> str:
+        """What became of the load (the ``kv_load`` column): failed, loaded (seen complete), or none
+        (none started: nothing to load, the prompt recomputed); unknown (None) for an account cut
+        short (shutdown, evicted) before it said."""
+        if self.failed_ns is not None:
+            return "failed"
+        if self.received_ns is not None:
+            return "loaded"
+        return None if self.incomplete or self.load_ns is not None else "none"
 
     @classmethod
     def from_walked(cls, s: tuple) -> KvFetch | None:
         """None where its times are not ints in order within the span."""
         start, end = s[sp.START], s[sp.END]
-        load, seen = s[sp.KV_LOAD_OFFSET], s[sp.KV_RECEIVED_OFFSET]
+        load, seen, failed = s[sp.KV_LOAD_OFFSET], s[sp.KV_RECEIVED_OFFSET], s[sp.KV_FAILED_OFFSET]
         if type(start) is not int or type(end) is not int or end < start:
             return None
-        for v in (load, seen):
+        for v in (load, seen, failed):
             if v is not None and (type(v) is not int or not 0 <= v <= end - start):
                 return None
         if load is not None and seen is not None and seen < load:
@@ -79,6 +92,7 @@ class KvFetch:
             end,
             blocks if type(blocks) is int and 0 <= blocks < 2**40 else None,
             s[sp.KV_INCOMPLETE] is True,
+            None if failed is None else start + failed,
         )
 
 
@@ -97,10 +111,14 @@ class KvFetchIndex(AccountIndex):
         up their time and keeps queued -> load started."""
         for rows, f in _with_clients(batch, found):
             i = rows[0]
+            for r in rows:
+                batch.kv_load[r] = f.load
             scheduled = int(batch.first_scheduled_ns[i])
             q = batch.queue[i]
             if f.load_ns is None or f.received_ns is None or f.incomplete or scheduled == NO_NS or not np.isfinite(q):
                 continue  # the queue keeps what it held: nothing is split by a guess
+            if f.failed_ns is not None:  # a load that failed (then recomputed): no transfer to show
+                continue
             transfer, ready = (f.received_ns - f.load_ns) / _NS, (scheduled - f.received_ns) / _NS
             for r in rows:
                 batch.kv_transfer[r], batch.kv_ready[r] = transfer, ready

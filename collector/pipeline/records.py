@@ -252,6 +252,15 @@ COLUMNS: tuple[Column, ...] = (
         unknown=-1,
     ),
     Column(
+        "kv_load",
+        TEXT,
+        "",
+        "a P/D decode engine's KV load of the request (llm.engine.kv_transfer): loaded (its scheduler saw "
+        "it complete) | failed (its connector said so: vLLM's kv_load_failure_policy then failed the request, "
+        "status error, or recomputed its prompt) | none (nothing to load: the prompt recomputed); None: no "
+        "such account",
+    ),
+    Column(
         "kv_bytes",
         INT,
         "bytes",

@@ -39,6 +39,7 @@ class KvFetchRecord:
     received_ns: int | None = None  # the scheduler saw the transfer complete (completed, waiting)
     blocks: int | None = None  # the KV blocks the load asked for
     incomplete: bool = False  # still in the fetch at shutdown, or evicted
+    failed_ns: int | None = None  # the connector said its load failed (vLLM then fails or recomputes it)
 
 
 @dataclass
@@ -141,3 +142,10 @@ class KvFetchBook(OpenBook[KvFetchRecord]):
             rec.blocks = blocks
         elif stage == COMPLETED_WAITING and rec.received_ns is None:
             rec.received_ns = wall_ns
+
+    def failed(self, wall_ns: int, request_ids) -> None:
+        """The connector said the loads of ``request_ids`` failed (those in a fetch here)."""
+        for rid in request_ids:
+            rec = self._open.get(rid)
+            if rec is not None and rec.failed_ns is None:
+                rec.failed_ns = wall_ns

@@ -336,6 +336,8 @@ class SpanFactory:
                     a[sc.KV_LOAD_OFFSET] = r.load_ns - r.start_ns
                 if r.received_ns is not None:
                     a[sc.KV_RECEIVED_OFFSET] = r.received_ns - r.start_ns
+                if r.failed_ns is not None:
+                    a[sc.KV_FAILED_OFFSET] = r.failed_ns - r.start_ns
             elif isinstance(r, KvTransportRecord):
                 name = sc.SPAN_ENGINE_KV_TRANSPORT
                 a[sc.KV_BYTES], a[sc.KV_WIRE] = int(r.nbytes), int(r.wire_ns)

@@ -13,6 +13,10 @@ starts, the blocks it asked for; booked in the span process
 ``llm.engine.kv_transfer`` spans. The scheduler calls it with ``None`` for every request it schedules
 from its waiting queue: the book ignores those it never saw fetch.
 
+A load that fails (the connector's worker reports it: a handshake or a transfer that failed) reaches
+the scheduler as ``Scheduler._handle_failed_recving(request_ids)``, also hooked: the fetch says when
+(vLLM then fails the request or recomputes its prompt, by its ``kv_load_failure_policy``).
+
 On the prefill side, the scheduler asks its connector, as a request finishes, whether to keep its
 blocks for the decode engine (``Scheduler._connector_finished(request)`` -> ``(delay_free,
 kv_transfer_params)``), and frees them later with ``Scheduler._free_blocks(request)``, once the
@@ -57,6 +61,15 @@ def _stage(res, request, stage, *a, **k) -> tuple:
         stage,
         _blocks(getattr(request, "kv_transfer_params", None)) if stage == IN_PROGRESS else None,
     )
+
+
+def _failed(res, failed_req_ids, *a, **k) -> tuple:
+    return tuple(failed_req_ids)
+
+
+@plain_already
+def expand_kv_failed(tracker: RequestTracker, mono_ns: int, request_ids: tuple) -> None:
+    tracker.kv_fetches.failed(tracker.anchor.wall_ns(mono_ns), request_ids)
 
 
 def _held(res, request, *a, **k) -> tuple | None:
@@ -218,6 +231,8 @@ def hook_kv_fetch(scheduler, hooks: EngineHooks) -> bool:
     if getattr(scheduler, "connector", None) is None or not hasattr(scheduler, "_set_kv_fetch_stage"):
         return False
     scheduler._set_kv_fetch_stage = hooks.raw(_stage, expand_kv_fetch)(scheduler._set_kv_fetch_stage)
+    if hasattr(scheduler, "_handle_failed_recving"):  # the connector's failed loads, at a step
+        scheduler._handle_failed_recving = hooks.raw(_failed, expand_kv_failed)(scheduler._handle_failed_recving)
     if hasattr(scheduler, "_connector_finished") and hasattr(scheduler, "_free_blocks"):
         scheduler._connector_finished = hooks.raw(_held, expand_kv_held)(scheduler._connector_finished)
         scheduler._free_blocks = hooks.raw(_freed, expand_kv_freed)(scheduler._free_blocks)

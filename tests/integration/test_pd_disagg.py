@@ -215,6 +215,51 @@ def test_clients_that_give_up_while_the_kv_cache_moves(pd, tiny_model):
     print("P/D cancels (client, engine, role), by delay:", list(zip((*delays, "-"), seen)))
 
 
+def test_a_kv_load_that_fails_is_said_and_fails_the_request(pd, tiny_model):
+    """A decode request whose prefill engine is gone (its kv_transfer_params name a peer nobody
+    listens for: NIXL's handshake times out, 5 s): vLLM's default kv_load_failure_policy (fail)
+    fails it, and the record says kv_load failed, status error, with no KV transfer shown; the
+    server serves the next request."""
+    import asyncio
+
+    import httpx
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from support.otlp_helpers import http_exporter
+
+    from engine_hooks.tiny_model import free_port
+    from otel_llm.client.traced import TracedClient
+
+    c, _, deployment = pd
+    tp = TracerProvider(resource=Resource({"service.name": "pd-lost-peer"}))
+    tp.add_span_processor(SimpleSpanProcessor(http_exporter(c.receivers[1].address[1])))
+    params = {
+        "do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "gone-engine",
+        "remote_request_id": "cmpl-gone-0", "remote_block_ids": [[0]], "remote_host": "127.0.0.1",
+        "remote_port": free_port(), "tp_size": 1,
+    }  # fmt: skip
+
+    async def go():
+        async with TracedClient(deployment.decode_url, model=tiny_model, tracer_provider=tp) as cl:
+            return await cl.completion(list(range(100, 148)), 4, extra={"kv_transfer_params": params})
+
+    before = c.store.count()
+    try:
+        result = asyncio.run(go())
+    except Exception as exc:  # an error answer may raise: what counts is the record
+        result = exc
+    tp.shutdown()
+    records = _stored(c, before + 3)
+    (cl,) = [r for r in records if r.boundary == "client" and r.service == "pd-lost-peer"]
+    (en,) = [r for r in records if r.boundary == "engine" and r.trace_id == cl.trace_id]
+    assert cl.status == "error", (cl.status, result)
+    assert en.pd_role == "decode" and en.kv_load == "failed" and en.status == "error"
+    assert en.kv_transfer is None and en.kv_bytes is None
+    r = httpx.post(f"{deployment.decode_url}/completions", json={"model": tiny_model, "prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 200
+
+
 def test_the_decode_server_down(pd, tiny_model):
     """The decode server gone: the client gets the proxy's error, and the request is recorded as
     failed at the client and at its prefill leg, which did not serve it (last: it stops the

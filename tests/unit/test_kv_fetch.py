@@ -42,6 +42,9 @@ def scheduler_class():
         def _free_blocks(self, request):
             return None
 
+        def _handle_failed_recving(self, failed_req_ids):  # vLLM's, under kv_load_failure_policy=fail
+            return set(failed_req_ids)
+
         def shutdown(self):
             return None
 
@@ -373,3 +376,52 @@ def test_the_perfetto_export_draws_both_engines_and_the_transfer_between_them():
     assert at["queue"] == pytest.approx((32, 35)) and at["KV transfer"] == pytest.approx((35, 50))
     assert at["KV ready"] == pytest.approx((50, 55)) and at["prefill"] == pytest.approx((55, 60))
     assert {e["cat"] for e in ev if e["name"] == "prefill engine's leg"} == {"prefill engine"}
+
+
+def test_a_load_the_connector_says_failed_is_said_and_splits_nothing(tmp_path):
+    """The scheduler hears of a failed load (a handshake or a transfer that failed) at a step: the
+    fetch says when; the collector's record says kv_load failed and the queue keeps its time (no
+    transfer is shown for a load that did not happen). vLLM's own answer is unchanged."""
+    path = tmp_path / "spans.jsonl"
+    pipeline = TracingPipeline(FileSpanExporter(str(path)), service_name="core", interval_s=60, detail="phases")
+    cls = scheduler_class()
+    assert instrument_scheduler_class(cls, EngineHooks(pipeline))
+    s = cls()
+    bad, good = request("bad", [1]), request("good", [2])
+    for r in (bad, good):
+        s._set_kv_fetch_stage(r, "waiting_to_start")
+        s._set_kv_fetch_stage(r, "in_progress")
+    time.sleep(0.002)
+    assert s._handle_failed_recving({"bad", "unknown"}) == {"bad", "unknown"}
+    s._set_kv_fetch_stage(good, "completed_waiting")
+    for r in (bad, good):
+        s._set_kv_fetch_stage(r, None)
+    pipeline.shutdown()
+    spans = {x.attributes[sc.REQUEST_INTERNAL_ID]: x.attributes for x in read_trace_file(path)}
+    assert spans["bad"][sc.KV_FAILED_OFFSET] >= 2 * MS and sc.KV_FAILED_OFFSET not in spans["good"]
+
+    _, released, _ = derived([pd_call(0)])
+    accounts = every_kind(10)
+    _, said = accounts.split([account("cmpl-0-d", 32, 35, 50, 55, kv_failed_offset=10 * MS)])
+    accounts.add(said)
+    recs = {r.boundary: r for r in accounts.join(derive(released)[0]).records()}
+    en, cl = recs["engine"], recs["client"]
+    assert en.kv_load == cl.kv_load == "failed"
+    assert en.queue == pytest.approx(0.023) and en.kv_transfer is None  # the queue keeps its time
+
+
+@pytest.mark.parametrize(
+    "said, load",
+    [
+        (dict(load_ms=35, seen_ms=50), "loaded"),
+        (dict(load_ms=None, seen_ms=None), "none"),  # nothing to load: the prompt recomputed
+        (dict(load_ms=35, seen_ms=None, kv_incomplete=True), None),  # cut short: not known
+    ],
+)
+def test_the_record_says_what_became_of_the_load(said, load):
+    _, released, _ = derived([pd_call(0)])
+    accounts = every_kind(10)
+    _, spans = accounts.split([account("cmpl-0-d", 32, end_ms=55, **said)])
+    accounts.add(spans)
+    en = next(r for r in accounts.join(derive(released)[0]).records() if r.boundary == "engine")
+    assert en.kv_load == load
