@@ -122,7 +122,9 @@ class AssemblyConfig:
         10.0,
         "--peer-wait",
         "S",
-        "an engine span whose caller sent a traceparent waits this long for the client's span",
+        "an engine span whose caller sent a traceparent waits this long for the client's span, and a client "
+        "span that says cancelled for its engine's (an engine sends an aborted request's span after its abort "
+        "grace, 1 s)",
         float,
         0.0,
     )

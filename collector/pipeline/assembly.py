@@ -10,7 +10,10 @@ again as a new request group. A trace's group is released when
   has a client span beside it: request spans are exported when they end, so their phases and the
   other boundary have had time to arrive. While the group holds more such engine spans than
   client spans it waits ``peer_wait_s`` after the last of them instead: the client's span ends
-  later and its exporter batches (5 s by default in the OpenTelemetry SDK); or
+  later and its exporter batches (5 s by default in the OpenTelemetry SDK); so too while it holds
+  more client spans that say ``cancelled`` than such engine spans: an engine keeps an aborted
+  request's span for its abort grace (``OTEL_LLM_ABORT_GRACE``, 1 s) to count the tokens it made
+  after the abort, so a client that exports at once (a ``SimpleSpanProcessor``) is ahead of it; or
 * ``timeout_s`` has passed since its first span arrived (a group with no request span, one
   boundary missing, or calls back to back): the engine spans still waiting for their client
   within ``peer_wait_s`` of their arrival, with their phases and server span, are kept back as
@@ -49,7 +52,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from otel_llm.semconv import PdRole
+from otel_llm.semconv import PdRole, RequestStatus
 
 from ..config import AssemblyConfig
 from . import walked_span as sp
@@ -165,6 +168,7 @@ class _Entry:
     # P/D legs waiting for their other leg (collector/pipeline/disagg.py): > 0 prefill legs (their
     # decode leg answers for them), < 0 decode legs (counted once more in callers until it comes)
     pd_legs: int = 0
+    cancelled: int = 0  # client request spans that say cancelled: their engines send theirs late
     waiting: dict | None = None  # span id -> arrival of those engine spans (kept back at a timeout)
     late: bool = False  # opened by a boundary of a request released without it
     held: set | None = None  # engine span ids a timeout kept back once: the next releases them
@@ -529,6 +533,14 @@ class TraceAssembler:
         wait while it holds more engine spans with a caller than client spans."""
         if bit == _CLIENT_BIT:
             e.clients += 1
+            if s[sp.STATUS] == RequestStatus.CANCELLED and not late and not e.late:
+                # its engine holds an aborted request for its abort grace (1 s) before it sends its
+                # span: the group waits for it as an engine span waits for its caller's
+                e.cancelled += 1
+                if e.cancelled > e.callers:
+                    e.ready_at = now + self._peer_wait()
+                    self._peer.append((e.ready_at, tid))
+                    return
         elif s[sp.PARENT_ID] and not late and not e.late:  # the caller's span may be on its way
             e.callers += 1
             role = s[sp.PD_ROLE]
@@ -553,9 +565,10 @@ class TraceAssembler:
                 e.ready_at = now + self._peer_wait()
                 self._peer.append((e.ready_at, tid))
                 return
-        # still waiting for a caller's span, or for the decode leg of a prefill leg here (its client may
-        # have given up first: the decode engine aborts the leg later): the peer deadline stands
-        if e.callers > e.clients or e.pd_legs > 0:
+        # still waiting for a caller's span, for the decode leg of a prefill leg here (its client may
+        # have given up first: the decode engine aborts the leg later), or for the engine span of a
+        # cancelled client's: the peer deadline stands
+        if e.callers > e.clients or e.pd_legs > 0 or e.cancelled > e.callers:
             return
         if e.id_until > now + self.config.grace_s:  # a GenAI client span waits for its engine's: that stands
             e.ready_at = e.id_until

@@ -279,6 +279,34 @@ def test_engine_span_with_a_caller_waits_for_the_client_span():
     assert [r.trace_id.hex() for r in a.expire(18.0)] == [u]
 
 
+def test_a_cancelled_client_span_waits_for_its_engines_late_span():
+    """An engine keeps an aborted request's span for its abort grace (1 s) before it sends it: a
+    client span that says cancelled, exported at once, waits for it (up to peer_wait) and the two
+    are released together, one request paired; one whose engine never comes is released after
+    peer_wait; a client span that says ok is released after the grace, as before."""
+    from collector.pipeline.derive import derive
+
+    a = TraceAssembler(AssemblyConfig(grace_s=1.0, peer_wait_s=8.0, timeout_s=30.0))
+    t, u, v = "c1" * 16, "d1" * 16, "e1" * 16
+    gone = make_span(t, "0c" * 8, sc.SPAN_CLIENT_REQUEST, start=1, end=2, kind=3, request_id="r-c", status="cancelled")
+    a.add([gone], now=0.0)
+    assert a.expire(1.5) == []  # past the grace: its engine's span is still on its way
+    engine = make_span(t, "0e" * 8, sc.SPAN_REQUEST, parent="0c" * 8, start=1, end=2, kind=2, request_id="r-c-0",
+                       status="cancelled")  # fmt: skip
+    a.add([engine], now=1.3)
+    assert a.expire(2.2) == []
+    (rel,) = a.expire(2.3)  # the grace after the engine's span
+    batch, _ = derive([rel])
+    assert batch.boundary == ["client", "engine"] and batch.paired.all()
+    alone = make_span(u, "0c" * 8, sc.SPAN_CLIENT_REQUEST, start=1, end=2, kind=3, request_id="r-u", status="cancelled")
+    a.add([alone], now=10.0)
+    assert a.expire(17.9) == []
+    assert [r.trace_id.hex() for r in a.expire(18.0)] == [u]
+    done = make_span(v, "0c" * 8, sc.SPAN_CLIENT_REQUEST, start=1, end=2, kind=3, request_id="r-v", status="ok")
+    a.add([done], now=20.0)
+    assert [r.trace_id.hex() for r in a.expire(21.0)] == [v]
+
+
 def test_assembly_timeout_and_ring_buffer_bound():
     a = TraceAssembler(AssemblyConfig(grace_s=1.0, timeout_s=3.0, max_traces=3))
     evicted = []
