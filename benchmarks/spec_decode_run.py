@@ -2,7 +2,8 @@
 tiny model) decoding with n-gram drafts, its spans to an in-process collector; prints each
 request's acceptance as the hooks measured it (engine records) against vLLM's own per-request
 account (``--per-request-spec-decode-metrics detailed``, copied by the client), ITL per token
-event and per token, and the run's totals against vLLM's Prometheus counters.
+event and per token, the largest stall (and the largest gap) with what the step that ended it
+verified and accepted, and the run's totals against vLLM's Prometheus counters.
 
 Run: ``.venv/bin/python benchmarks/spec_decode_run.py [--requests 32] [--concurrency 4]``
 (about a minute and a half here). Exit 1 when a request's counts disagree with vLLM's.
@@ -117,6 +118,18 @@ def main() -> int:
     print(f"engine ITL per token:       {ms('engine_itl_per_token')}")
     drafted = int(engine.draft_tokens[engine.draft_tokens >= 0].sum())
     accepted = int(engine.accepted_tokens[engine.accepted_tokens >= 0].sum())
+    text = subprocess.run(
+        [sys.executable, "-m", "otel_llm", "compare", "--store", cfg.store], capture_output=True, text=True, check=True
+    ).stdout
+    print(next((ln for ln in text.splitlines() if ln.startswith("largest stall:")), "largest stall: not printed"))
+    gaps = np.nan_to_num(np.asarray(client.itl_max, float), nan=-1.0)
+    w = int(np.argmax(gaps))
+    if gaps[w] >= 0:  # stalled or not: the largest gap of the run, read with its step's acceptance
+        print(
+            f"largest gap of any request: {client.request_id[w]} {gaps[w] * 1e3:.1f} ms; the step that ended it "
+            f"verified {client.gap_step_draft_tokens[w]} drafts, accepted {client.gap_step_accepted_tokens[w]} "
+            f"(the request's acceptance {client.acceptance_rate[w]:.3f})"
+        )
     print(f"draft tokens: records {drafted}, vLLM {vllm['draft_tokens']:.0f}", end="; ")
     print(f"accepted: records {accepted}, vLLM {vllm['accepted_tokens']:.0f}")
     return 1 if disagree else 0

@@ -116,6 +116,41 @@ def test_step_spans_count_verify_steps_as_decode_with_vllms_draft_counts(tmp_pat
     assert 'llm_spec_decode_acceptance_rate_count{boundary="engine"' in text
 
 
+def cancel_while_drafting(base_url: str, model: str, c) -> list:
+    """Three streams of a prompt that repeats itself (n-gram drafts from its first decode step),
+    each given up after its first few chunks, while the engine drafts for it; returns them."""
+    import asyncio
+
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from support.otlp_helpers import http_exporter
+
+    from otel_llm.client.traced import TracedClient
+
+    tp = TracerProvider(resource=Resource({"service.name": "spec-canceller"}))
+    tp.add_span_processor(SimpleSpanProcessor(http_exporter(c.receivers[1].address[1])))
+    prompt = [7, 9, 11, 13] * 8
+
+    async def go() -> list:
+        gone = []
+        async with TracedClient(base_url, model=model, tracer_provider=tp) as cl:
+            for delay in (0.15, 0.3, 0.45):
+                task = asyncio.ensure_future(cl.completion(prompt, 400, extra={"ignore_eos": True}))
+                await asyncio.sleep(delay)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                gone.append(delay)
+                await asyncio.sleep(0.5)  # the server notices and aborts it
+        return gone
+
+    try:
+        return asyncio.run(go())
+    finally:
+        tp.shutdown()
+
+
 def check_records(batch, reqs) -> None:
     """Each engine record carries its request's speculation, equal to vLLM's own account."""
     engine = batch.at_boundary("engine")
@@ -133,7 +168,9 @@ def test_bench_against_a_speculative_vllm_server(make_collector, tiny_model):
     """``otel-llm bench`` against vLLM's OpenAI server with n-gram speculation and its own
     per-request account on (``--per-request-spec-decode-metrics detailed``): each request's client
     record carries the account vLLM's response gave (zero code on the engine), its engine record
-    the hooks' own; they agree, request by request, and their sums are vLLM's counters."""
+    the hooks' own; they agree, request by request, and their sums are vLLM's counters. Streams
+    given up while the engine drafts for them are one cancelled request at each boundary, their
+    accounts joined, and what they drafted is in vLLM's counters and in ours alike."""
     c = make_collector(assembly=AssemblyConfig(grace_s=0.5, timeout_s=30))
     otlp = {
         "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{c.receivers[1].address[1]}",
@@ -152,6 +189,7 @@ def test_bench_against_a_speculative_vllm_server(make_collector, tiny_model):
             env={**otlp, "OTEL_TRACES_EXPORTER": "otlp"},
         )
         assert json.loads(out.stdout)["conditions"]["statuses"]["ok"] == 12
+        cancelled = cancel_while_drafting(base_url, tiny_model, c)
         with urllib.request.urlopen(base_url.removesuffix("/v1") + "/metrics", timeout=10) as resp:
             exposition = resp.read().decode()
     finally:
@@ -161,10 +199,20 @@ def test_bench_against_a_speculative_vllm_server(make_collector, tiny_model):
         for name in ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total")
     }
     deadline = time.monotonic() + 30
-    while c.records_derived < 3 * 12 and time.monotonic() < deadline:
+    while c.records_derived < 3 * (12 + len(cancelled)) and time.monotonic() < deadline:
         time.sleep(0.1)
     c.store_writer.drain()
     batch = c.store.batch()
+    # the streams given up while the engine drafted: each one request at each boundary, cancelled,
+    # its engine's account joined (what it drafted before the abort counts in vLLM's counters too)
+    gone = [i for i, svc in enumerate(batch.service) if svc == "spec-canceller"]
+    assert len(gone) == len(cancelled) and all(batch.status[i] == "cancelled" for i in gone)
+    gone_engine = [i for i, p in enumerate(batch.peer_request_id) if p in {batch.request_id[g] for g in gone}]
+    assert len(gone_engine) == len(cancelled) and all(batch.draft_tokens[i] >= 0 for i in gone_engine)
+    assert all(batch.status[i] == "cancelled" for i in gone_engine), [batch.status[i] for i in gone_engine]
+    drafted_by_cancelled = sum(int(batch.draft_tokens[i]) for i in gone_engine)
+    all_engine = batch.at_boundary("engine")
+    batch = batch.take([i for i in range(len(batch)) if i not in set(gone) | set(gone_engine)])
     client, engine = batch.at_boundary("client"), batch.at_boundary("engine")
     assert (len(client) == len(engine) == 12 and batch.pairs is not None) or client.paired.all()
     by_id = {rid: i for i, rid in enumerate(engine.request_id)}
@@ -174,13 +222,17 @@ def test_bench_against_a_speculative_vllm_server(make_collector, tiny_model):
         theirs = (client.draft_tokens[i], client.accepted_tokens[i], client.verify_steps[i])
         assert ours == theirs and theirs[0] >= 0, (client.request_id[i], ours, theirs)
         assert engine.spec_method[e] == "ngram" and client.spec_method[i] is None  # the client is not told
-    assert int(engine.draft_tokens.sum()) == vllm_counts["vllm:spec_decode_num_draft_tokens_total"] > 0
-    assert int(engine.accepted_tokens.sum()) == vllm_counts["vllm:spec_decode_num_accepted_tokens_total"]
+    # the run's sums are vLLM's counters, the cancelled requests' drafts included
+    assert drafted_by_cancelled > 0
+    assert int(all_engine.draft_tokens.sum()) == vllm_counts["vllm:spec_decode_num_draft_tokens_total"] > 0
+    assert int(all_engine.accepted_tokens.sum()) == vllm_counts["vllm:spec_decode_num_accepted_tokens_total"]
     # compare: each request's acceptance, and ITL per token event and per token side by side
     c.store_writer.drain()
     cmp = json.loads(run_cli("compare", "--store", c.config.store, "--format", "json").stdout)
-    rows = cmp["requests"]
-    assert len(rows) == 12 and all(r["draft_tokens"] is not None for r in rows)
+    every = cmp["requests"]  # the cancelled streams are paired requests too
+    assert len(every) == 12 + len(cancelled) and all(r["draft_tokens"] is not None for r in every)
+    rows = [r for r in every if r["status"] == "ok"]  # the summary's distributions are of ok requests
+    assert len(rows) == 12
     rates = [r["accepted_tokens"] / r["draft_tokens"] for r in rows if r["draft_tokens"]]
     d = cmp["summary"]["distributions"]
     assert d["acceptance_rate"]["n"] == len(rates) and d["acceptance_rate"]["max"] == pytest.approx(max(rates))
