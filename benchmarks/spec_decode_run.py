@@ -108,7 +108,14 @@ def main() -> int:
     )
     d = json.loads(out.stdout)["summary"]["distributions"]
     ms = lambda k: ", ".join(f"{p} {v * 1e3:.1f} ms" for p, v in d[k].items() if p[0] == "p" and p[1:].isdigit())
-    print(f"requests paired: {len(pairs)} of {a.requests}; counts that disagree with vLLM's own: {len(disagree)}")
+    print(
+        f"requests paired: {len(pairs)} of {a.requests}; counts that disagree with vLLM's own: {len(disagree)}"
+        + (
+            f" ({', '.join(disagree)}: an account that came after its record was derived is unknown)"
+            if disagree
+            else ""
+        )
+    )
     print(f"acceptance per request, hooks (engine):    {pct(engine.acceptance_rate)}")
     print(f"acceptance per request, vLLM's own (client): {pct(client.acceptance_rate)}")
     print(f"mean acceptance length, hooks: {pct(engine.mean_acceptance_length)}")
