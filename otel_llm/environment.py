@@ -172,12 +172,16 @@ def excluded_urls():
         return re.compile("|".join(f"(?:{p})" for p in DEFAULT_EXCLUDED_URLS.split(",")))
 
 
+def _option_variable(prefix: str, option: str) -> str:
+    return prefix + option.lstrip("-").upper().replace("-", "_")
+
+
 def collector_variable(option: str) -> str:
     """The variable of an ``otel-llm collector`` option: ``--max-traces`` ->
     ``OTEL_LLM_COLLECTOR_MAX_TRACES``."""
-    return COLLECTOR_PREFIX + option.lstrip("-").upper().replace("-", "_")
+    return _option_variable(COLLECTOR_PREFIX, option)
 
 
 def bench_variable(option: str) -> str:
     """The variable of an ``otel-llm bench`` option: ``--base-url`` -> ``OTEL_LLM_BENCH_BASE_URL``."""
-    return BENCH_PREFIX + option.lstrip("-").upper().replace("-", "_")
+    return _option_variable(BENCH_PREFIX, option)

@@ -22,6 +22,13 @@ from . import walked_span as sp
 from .records import RecordBatch
 
 
+def with_clients(batch: RecordBatch, found: list[tuple[int, Any]]) -> list[tuple[list[int], Any]]:
+    """Each found engine record with the client record paired with it (whose columns copy the
+    engine's): ([engine record, its client's if any], account)."""
+    client_of = dict(zip(batch.pairs[1].tolist(), batch.pairs[0].tolist())) if batch.pairs is not None else {}
+    return [([i] if client_of.get(i) is None else [i, client_of[i]], a) for i, a in found]
+
+
 class AccountIndex:
     """One kind of account by internal id, at most ``limit`` (the oldest go first, counted in
     ``evicted``); each joins one record and is then dropped. A kind says its span ``code``, how to

@@ -43,7 +43,7 @@ import numpy as np
 from otel_llm.semconv import Boundary, PdRole
 
 from . import walked_span as sp
-from .engine_accounts import AccountIndex
+from .engine_accounts import AccountIndex, with_clients
 from .records import NO_NS, RecordBatch
 
 _NS = 1e9
@@ -109,7 +109,7 @@ class KvFetchIndex(AccountIndex):
         ``kv_transfer`` (load started -> seen complete, one clock), ``kv_ready`` (seen complete ->
         first scheduled, the engine's own SCHEDULED event) and ``kv_blocks``; its ``queue`` gives
         up their time and keeps queued -> load started."""
-        for rows, f in _with_clients(batch, found):
+        for rows, f in with_clients(batch, found):
             i = rows[0]
             for r in rows:
                 batch.kv_load[r] = f.load
@@ -161,16 +161,9 @@ class KvHoldIndex(AccountIndex):
     def fill(self, batch: RecordBatch, found: list[tuple[int, KvHold]]) -> None:
         """``prefill_kv_hold`` on the record and on its client's; unknown where the hold did not end
         (the engine shut down first, or its book was full)."""
-        for rows, h in _with_clients(batch, found):
+        for rows, h in with_clients(batch, found):
             if not h.incomplete:
                 batch.prefill_kv_hold[rows] = (h.end_ns - h.start_ns) / _NS
-
-
-def _with_clients(batch: RecordBatch, found: list[tuple[int, object]]) -> list[tuple[list[int], object]]:
-    """Each found engine record with the client record paired with it (whose columns copy the
-    engine's): ([engine record, its client's if any], account)."""
-    client_of = dict(zip(batch.pairs[1].tolist(), batch.pairs[0].tolist())) if batch.pairs is not None else {}
-    return [([i] if client_of.get(i) is None else [i, client_of[i]], a) for i, a in found]
 
 
 @dataclass(frozen=True)
@@ -204,7 +197,7 @@ class KvTransportIndex(AccountIndex):
 
     def fill(self, batch: RecordBatch, found: list[tuple[int, KvTransport]]) -> None:
         """``kv_bytes`` and ``kv_wire`` on the record and on its client's."""
-        for rows, t in _with_clients(batch, found):
+        for rows, t in with_clients(batch, found):
             batch.kv_bytes[rows], batch.kv_wire[rows] = t.nbytes, t.wire_ns / _NS
             if t.handshake_ns is not None:
                 batch.kv_handshake[rows] = t.handshake_ns / _NS

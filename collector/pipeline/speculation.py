@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from . import walked_span as sp
-from .engine_accounts import AccountIndex
+from .engine_accounts import AccountIndex, with_clients
 from .records import RecordBatch
 from .stalls import gap_end_events
 
@@ -151,14 +151,11 @@ def gap_steps(batch: RecordBatch, found: list[tuple[int, Account]]) -> None:
     (the client's, for a paired record: :func:`~collector.pipeline.stalls.gap_end_events`),
     copied to the paired client record."""
     end = gap_end_events(batch.event_offsets_ns, batch.event_start, batch.pairs)
-    client_of = dict(zip(batch.pairs[1].tolist(), batch.pairs[0].tolist())) if batch.pairs is not None else {}
     st, tokens = batch.event_start, batch.event_tokens
-    for i, account in found:
+    for rows, account in with_clients(batch, found):
+        i = rows[0]
         if end[i] < 1:
             continue
         step = account.step_of_token(int(tokens[st[i] : st[i] + end[i] + 1].sum()))
-        if step is None:
-            continue
-        for r in (i, client_of.get(i)):
-            if r is not None:
-                batch.gap_step_draft_tokens[r], batch.gap_step_accepted_tokens[r] = step
+        if step is not None:
+            batch.gap_step_draft_tokens[rows], batch.gap_step_accepted_tokens[rows] = step
