@@ -114,13 +114,15 @@ class Account:
         verify = d >= 0
         method = s[sp.SPEC_METHOD]
         tokens = s[sp.SPEC_EVENT_TOKENS]
-        steps = tokens if type(tokens) is bytes and len(tokens) == len(drafts) else None
+        steps = np.frombuffer(tokens, np.int64) if type(tokens) is bytes and len(tokens) == len(drafts) else None
+        if steps is not None and (steps < 1).any():  # a step gave its request a token at least: else not kept
+            steps = None
         return cls(
             method[:64] if type(method) is str else None,
             int(d[verify].sum()),
             int(a[verify].sum()),
             int(verify.sum()),
-            *((_small(np.frombuffer(steps, np.int64)), _small(d), _small(a)) if steps is not None else ()),
+            *((_small(steps), _small(d), _small(a)) if steps is not None else ()),
         )
 
 

@@ -181,6 +181,12 @@ def test_the_largest_gap_names_the_step_that_ended_it():
     again, _ = derive([request(7, "h-1")])
     bare.join(again)
     assert again.draft_tokens.tolist() == [3] and again.gap_step_draft_tokens.tolist() == [-1]
+    # per-step tokens an attacker shaped (a step of 0 or fewer tokens): the totals stand, no gap step
+    shaped = SpeculationIndex(limit=10)
+    shaped.add([account("h-1", [-1, 3], [0, 2], n=1, tokens=[4, -3])])
+    again, _ = derive([request(7, "h-1")])
+    shaped.join(again)
+    assert again.draft_tokens.tolist() == [3] and again.gap_step_draft_tokens.tolist() == [-1]
 
 
 def test_compare_reads_the_largest_stall_with_its_steps_acceptance():
